@@ -1,0 +1,128 @@
+//! The block-device contract that every stics layer speaks, and the simple backends.
+//!
+//! Everything in stics is a [`BlockDev`]: backends (`mem`, `null`, `file`), the initiator's
+//! remote LUN, the cache that wraps another device. The target exports any of them over iSCSI.
+//!
+//! Durability follows SCSI: a completed write may sit in a volatile cache
+//! ([`BlockDev::volatile_cache`]); a write with `fua`, and every write completed before a
+//! [`BlockDev::flush`] that has completed, is durable.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+pub mod file;
+pub mod mem;
+pub mod null;
+pub mod spec;
+
+pub use file::FileDev;
+pub use mem::MemDev;
+pub use null::NullDev;
+pub use spec::{open, DevSpec, SpecError};
+
+/// Size and shape of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Logical block size in bytes (512 or 4096 in practice).
+    pub block_size: u32,
+    /// Number of logical blocks.
+    pub num_blocks: u64,
+}
+
+impl Geometry {
+    /// Total capacity in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.num_blocks * u64::from(self.block_size)
+    }
+
+    /// Checks that `blocks` blocks starting at `lba` lie inside the device.
+    pub fn check_range(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        match lba.checked_add(blocks) {
+            Some(end) if end <= self.num_blocks => Ok(()),
+            _ => Err(BlockError::OutOfRange { lba, blocks, num_blocks: self.num_blocks }),
+        }
+    }
+}
+
+/// Provisioning state of a run of blocks, as GET LBA STATUS reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provisioning {
+    /// Blocks hold data.
+    Mapped,
+    /// Blocks were discarded (a hole) and read as zeros.
+    Deallocated,
+}
+
+/// Errors a block device reports; the SCSI layer turns each into sense data.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BlockError {
+    /// The range `lba..lba+blocks` is outside the device.
+    #[error("blocks {lba}+{blocks} outside a device of {num_blocks} blocks")]
+    OutOfRange { lba: u64, blocks: u64, num_blocks: u64 },
+    /// A buffer whose length is not a whole number of blocks.
+    #[error("buffer of {len} bytes is not a multiple of the {block_size}-byte block")]
+    Misaligned { len: usize, block_size: u32 },
+    /// The device does not support the operation (for example discard).
+    #[error("operation not supported: {0}")]
+    Unsupported(&'static str),
+    /// The medium failed (local I/O error).
+    #[error("I/O error at block {lba}: {source}")]
+    Io {
+        lba: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A remote device could not be reached within its time limit.
+    #[error("device unreachable: {0}")]
+    Unreachable(String),
+}
+
+/// A device that reads and writes ranges of logical blocks.
+///
+/// Buffers are owned (`Bytes`) so that implementations may hand them to threads or sockets
+/// without copying.
+#[async_trait]
+pub trait BlockDev: Send + Sync + 'static {
+    /// Size and block size; constant for the life of the device.
+    fn geometry(&self) -> Geometry;
+
+    /// True when completed writes may sit in a volatile cache until [`BlockDev::flush`]
+    /// (the target then advertises WCE=1).
+    fn volatile_cache(&self) -> bool;
+
+    /// True when [`BlockDev::discard`] frees space (thin provisioning).
+    fn supports_discard(&self) -> bool {
+        false
+    }
+
+    /// Reads `blocks` blocks from `lba`.
+    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError>;
+
+    /// Writes `data` (a whole number of blocks) at `lba`; with `fua` it is durable on return.
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError>;
+
+    /// Makes every completed write durable.
+    async fn flush(&self) -> Result<(), BlockError>;
+
+    /// Deallocates blocks; afterwards they read as zeros.
+    async fn discard(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        let _ = (lba, blocks);
+        Err(BlockError::Unsupported("discard"))
+    }
+
+    /// Provisioning state at `lba` and how many blocks from there share it.
+    async fn provisioning(&self, lba: u64) -> Result<(Provisioning, u64), BlockError> {
+        let g = self.geometry();
+        g.check_range(lba, 1)?;
+        Ok((Provisioning::Mapped, g.num_blocks - lba))
+    }
+}
+
+/// Checks that a write buffer is a whole number of blocks and returns that number.
+pub fn blocks_in(data: &[u8], block_size: u32) -> Result<u64, BlockError> {
+    if data.len() % block_size as usize != 0 {
+        return Err(BlockError::Misaligned { len: data.len(), block_size });
+    }
+    Ok((data.len() / block_size as usize) as u64)
+}

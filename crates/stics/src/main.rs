@@ -1,0 +1,45 @@
+//! The `stics` command: argument parsing and wiring; every subcommand lives in `cmd/`.
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+/// SCSI-to-IP storage: an iSCSI target, an initiator, the STICS cache, a WAN emulator and models.
+#[derive(Parser)]
+#[command(name = "stics", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve block devices over iSCSI (RFC 7143). With no arguments: a 1 GiB memory LUN on 127.0.0.1:3260.
+    Target(cmd::target::Args),
+    /// List the targets and LUNs behind an iscsi:// URL, with size and block size.
+    Ls(cmd::ls::Args),
+    /// Expose a remote LUN as a regular file through FUSE.
+    Mount(cmd::mount::Args),
+    /// Analytical and queueing models of iSCSI over TCP (seeds 000 and 003).
+    Model(cmd::model::Args),
+    /// Emulate a WAN (delay, loss, rate, background load) between two network namespaces.
+    Wan(cmd::wan::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Target(a) => cmd::target::run(a),
+        Command::Ls(a) => cmd::ls::run(a),
+        Command::Mount(a) => cmd::mount::run(a),
+        Command::Model(a) => cmd::model::run(a),
+        Command::Wan(a) => cmd::wan::run(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("stics: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
