@@ -1,1 +1,1 @@
-//! (being written)
+//! Scratch.

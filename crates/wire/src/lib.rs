@@ -1,1 +1,19 @@
-//! (being written)
+//! The iSCSI wire codec (RFC 7143): typed PDUs, framing with digests, text keys and the
+//! negotiation rules for every operational key, plus CHAP arithmetic.
+//!
+//! **Architecture Invariant:** this crate does no I/O, spawns nothing, logs nothing and knows
+//! nothing about SCSI semantics. It turns bytes into values and values into bytes; callers own
+//! sockets and state.
+
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
+pub mod chap;
+pub mod digest;
+pub mod frame;
+pub mod keys;
+pub mod lun;
+pub mod pdu;
+pub mod text;
+
+pub use frame::{check, encode, parse, DecodeError, Digests, FrameError};
+pub use pdu::*;
