@@ -108,37 +108,138 @@ pub struct Rw {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cdb {
     TestUnitReady,
-    RequestSense { desc: bool, alloc: u32 },
-    Inquiry { evpd: bool, page: u8, alloc: u32 },
-    ReportLuns { select: u8, alloc: u32 },
+    RequestSense {
+        desc: bool,
+        alloc: u32,
+    },
+    Inquiry {
+        evpd: bool,
+        page: u8,
+        alloc: u32,
+    },
+    ReportLuns {
+        select: u8,
+        alloc: u32,
+    },
     ReadCapacity10,
-    ReadCapacity16 { alloc: u32 },
-    GetLbaStatus { lba: u64, alloc: u32 },
+    ReadCapacity16 {
+        alloc: u32,
+    },
+    GetLbaStatus {
+        lba: u64,
+        alloc: u32,
+    },
     Read(Rw),
     Write(Rw),
-    WriteVerify { rw: Rw, bytchk: bool },
+    WriteVerify {
+        rw: Rw,
+        bytchk: bool,
+    },
     /// `bytchk`: 0 = medium check only, 1 = compare with data-out.
-    Verify { rw: Rw, bytchk: bool },
+    Verify {
+        rw: Rw,
+        bytchk: bool,
+    },
     OrWrite(Rw),
-    CompareAndWrite { lba: u64, blocks: u8, fua: bool },
-    WriteSame { lba: u64, blocks: u32, unmap: bool, anchor: bool, ndob: bool, sixteen: bool },
-    Unmap { anchor: bool, param_len: u32 },
-    SyncCache { lba: u64, blocks: u32, immed: bool },
-    PreFetch { lba: u64, blocks: u32, immed: bool },
-    ModeSense { ten: bool, dbd: bool, llbaa: bool, pc: u8, page: u8, subpage: u8, alloc: u32 },
-    ModeSelect { ten: bool, pf: bool, sp: bool, param_len: u32 },
-    StartStopUnit { immed: bool, power_condition: u8, loej: bool, start: bool },
-    PreventAllow { prevent: u8 },
-    Reserve { ten: bool },
-    Release { ten: bool },
-    PrIn { sa: u8, alloc: u32 },
-    PrOut { sa: u8, scope: u8, ptype: u8, param_len: u32 },
-    ReportSupportedOpcodes { rctd: bool, options: u8, opcode: u8, sa: u16, alloc: u32 },
-    ReportSupportedTmfs { repd: bool, alloc: u32 },
-    LogSense { ppc: bool, sp: bool, pc: u8, page: u8, subpage: u8, alloc: u32 },
-    SendDiagnostic { selftest: bool, param_len: u32 },
-    ReceiveDiagnostic { pcv: bool, page: u8, alloc: u32 },
-    ReadDefectData { twelve: bool, alloc: u32 },
+    CompareAndWrite {
+        lba: u64,
+        blocks: u8,
+        fua: bool,
+    },
+    WriteSame {
+        lba: u64,
+        blocks: u32,
+        unmap: bool,
+        anchor: bool,
+        ndob: bool,
+        sixteen: bool,
+    },
+    Unmap {
+        anchor: bool,
+        param_len: u32,
+    },
+    SyncCache {
+        lba: u64,
+        blocks: u32,
+        immed: bool,
+    },
+    PreFetch {
+        lba: u64,
+        blocks: u32,
+        immed: bool,
+    },
+    ModeSense {
+        ten: bool,
+        dbd: bool,
+        llbaa: bool,
+        pc: u8,
+        page: u8,
+        subpage: u8,
+        alloc: u32,
+    },
+    ModeSelect {
+        ten: bool,
+        pf: bool,
+        sp: bool,
+        param_len: u32,
+    },
+    StartStopUnit {
+        immed: bool,
+        power_condition: u8,
+        loej: bool,
+        start: bool,
+    },
+    PreventAllow {
+        prevent: u8,
+    },
+    Reserve {
+        ten: bool,
+    },
+    Release {
+        ten: bool,
+    },
+    PrIn {
+        sa: u8,
+        alloc: u32,
+    },
+    PrOut {
+        sa: u8,
+        scope: u8,
+        ptype: u8,
+        param_len: u32,
+    },
+    ReportSupportedOpcodes {
+        rctd: bool,
+        options: u8,
+        opcode: u8,
+        sa: u16,
+        alloc: u32,
+    },
+    ReportSupportedTmfs {
+        repd: bool,
+        alloc: u32,
+    },
+    LogSense {
+        ppc: bool,
+        sp: bool,
+        pc: u8,
+        page: u8,
+        subpage: u8,
+        alloc: u32,
+    },
+    SendDiagnostic {
+        selftest: bool,
+        param_len: u32,
+    },
+    ReceiveDiagnostic {
+        pcv: bool,
+        page: u8,
+        alloc: u32,
+    },
+    ReadDefectData {
+        twelve: bool,
+        alloc: u32,
+    },
 }
 
 impl Cdb {
@@ -216,13 +317,9 @@ fn rw(f: &Fields, form: RwForm) -> Rw {
             let blocks = if n == 0 { 256 } else { u32::from(n) };
             Rw { lba, blocks, fua: false, dpo: false, form }
         }
-        RwForm::Ten => Rw {
-            lba: u64::from(f.u32(2)),
-            blocks: u32::from(f.u16(7)),
-            fua: f.bit(1, 3),
-            dpo: f.bit(1, 4),
-            form,
-        },
+        RwForm::Ten => {
+            Rw { lba: u64::from(f.u32(2)), blocks: u32::from(f.u16(7)), fua: f.bit(1, 3), dpo: f.bit(1, 4), form }
+        }
         RwForm::Twelve => Rw { lba: u64::from(f.u32(2)), blocks: f.u32(6), fua: f.bit(1, 3), dpo: f.bit(1, 4), form },
         RwForm::Sixteen => Rw { lba: f.u64(2), blocks: f.u32(10), fua: f.bit(1, 3), dpo: f.bit(1, 4), form },
     }
@@ -433,18 +530,27 @@ mod tests {
         b[2..10].copy_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
         b[10..14].copy_from_slice(&0x20u32.to_be_bytes());
         let c = decode_cdb(&b).unwrap();
-        assert_eq!(c, Cdb::Write(Rw { lba: 0x0102_0304_0506_0708, blocks: 0x20, fua: false, dpo: false, form: RwForm::Sixteen }));
+        assert_eq!(
+            c,
+            Cdb::Write(Rw { lba: 0x0102_0304_0506_0708, blocks: 0x20, fua: false, dpo: false, form: RwForm::Sixteen })
+        );
     }
 
     #[test]
     fn rdprotect_is_invalid_field_at_byte_1_bit_7() {
-        assert_eq!(decode_cdb(&[0x28, 0x20, 0, 0, 0, 0, 0, 0, 1, 0]), Err(CdbError::InvalidField { byte: 1, bit: Some(7) }));
+        assert_eq!(
+            decode_cdb(&[0x28, 0x20, 0, 0, 0, 0, 0, 0, 1, 0]),
+            Err(CdbError::InvalidField { byte: 1, bit: Some(7) })
+        );
     }
 
     #[test]
     fn inquiry_page_without_evpd_is_invalid_field_at_byte_2() {
         assert_eq!(decode_cdb(&[0x12, 0, 0x80, 0, 0xff, 0]), Err(CdbError::InvalidField { byte: 2, bit: None }));
-        assert_eq!(decode_cdb(&[0x12, 1, 0x80, 0x01, 0x00, 0]), Ok(Cdb::Inquiry { evpd: true, page: 0x80, alloc: 256 }));
+        assert_eq!(
+            decode_cdb(&[0x12, 1, 0x80, 0x01, 0x00, 0]),
+            Ok(Cdb::Inquiry { evpd: true, page: 0x80, alloc: 256 })
+        );
     }
 
     #[test]

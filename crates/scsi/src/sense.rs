@@ -55,22 +55,19 @@ impl Sense {
 
     /// INVALID FIELD IN CDB pointing at `byte` (and `bit`, the most significant bit of the field).
     pub const fn invalid_cdb_field(byte: u16, bit: Option<u8>) -> Self {
-        Sense {
-            sks: Some(Sks::Field { cdb: true, byte, bit }),
-            ..Sense::new(key::ILLEGAL_REQUEST, 0x24, 0x00)
-        }
+        Sense { sks: Some(Sks::Field { cdb: true, byte, bit }), ..Sense::new(key::ILLEGAL_REQUEST, 0x24, 0x00) }
     }
 
     /// INVALID FIELD IN PARAMETER LIST pointing at `byte` of the parameter data.
     pub const fn invalid_param_field(byte: u16, bit: Option<u8>) -> Self {
-        Sense {
-            sks: Some(Sks::Field { cdb: false, byte, bit }),
-            ..Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x00)
-        }
+        Sense { sks: Some(Sks::Field { cdb: false, byte, bit }), ..Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x00) }
     }
 
     pub const fn invalid_opcode() -> Self {
-        Sense { sks: Some(Sks::Field { cdb: true, byte: 0, bit: None }), ..Sense::new(key::ILLEGAL_REQUEST, 0x20, 0x00) }
+        Sense {
+            sks: Some(Sks::Field { cdb: true, byte: 0, bit: None }),
+            ..Sense::new(key::ILLEGAL_REQUEST, 0x20, 0x00)
+        }
     }
 
     pub const fn lba_out_of_range() -> Self {
@@ -162,10 +159,7 @@ mod tests {
     #[test]
     fn invalid_field_in_cdb_carries_field_pointer() {
         let b = Sense::invalid_cdb_field(2, Some(7)).to_array();
-        assert_eq!(
-            b,
-            [0x70, 0, 5, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0x80 | 0x40 | 0x08 | 7, 0, 2]
-        );
+        assert_eq!(b, [0x70, 0, 5, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0x80 | 0x40 | 0x08 | 7, 0, 2]);
     }
 
     #[test]

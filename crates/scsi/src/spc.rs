@@ -1,0 +1,294 @@
+//! Data-in payloads of the SPC/SBC informational commands: INQUIRY and its VPD pages, mode pages,
+//! READ CAPACITY, and the table of supported operation codes.
+
+use std::sync::atomic::Ordering;
+
+use crate::lu::LogicalUnit;
+use crate::Nexus;
+
+/// Maximum UNMAP LBA count and block descriptor count (Block Limits VPD).
+pub const MAX_UNMAP_LBAS: u32 = 0x40_0000;
+pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
+/// Maximum WRITE SAME length in blocks.
+pub const MAX_WRITE_SAME_BLOCKS: u64 = 0x1_0000;
+/// Maximum COMPARE AND WRITE length in blocks.
+pub const MAX_CAW_BLOCKS: u8 = 255;
+
+fn pad(s: &str, n: usize) -> Vec<u8> {
+    // SPC-4 4.4.1: printable ASCII only, left-aligned, space padded.
+    let mut v: Vec<u8> = s.bytes().map(|b| if (0x20..0x7f).contains(&b) { b } else { b'_' }).take(n).collect();
+    v.resize(n, b' ');
+    v
+}
+
+/// Standard INQUIRY data for a present LU.
+pub fn standard_inquiry(lu: &LogicalUnit) -> Vec<u8> {
+    let mut v = vec![0u8; 74];
+    v[0] = 0x00; // connected, direct access block device
+    v[2] = 0x06; // SPC-4
+    v[3] = 0x12; // HISUP, response data format 2
+    v[4] = (v.len() - 5) as u8;
+    v[7] = 0x02; // CMDQUE
+    v[8..16].copy_from_slice(&pad(&lu.cfg.vendor, 8));
+    v[16..32].copy_from_slice(&pad(&lu.cfg.product, 16));
+    v[32..36].copy_from_slice(&pad(&lu.cfg.revision, 4));
+    // Version descriptors: SAM-5, iSCSI (no version claimed), SPC-4, SBC-3.
+    for (i, d) in [0x00a0u16, 0x0960, 0x0460, 0x04c0].iter().enumerate() {
+        v[58 + 2 * i..60 + 2 * i].copy_from_slice(&d.to_be_bytes());
+    }
+    v
+}
+
+/// Standard INQUIRY data for a LUN with no logical unit behind it (qualifier 011b, type 1Fh).
+pub fn missing_lun_inquiry() -> Vec<u8> {
+    let mut v = vec![0u8; 36];
+    v[0] = 0x7f;
+    v[2] = 0x06;
+    v[3] = 0x12;
+    v[4] = 31;
+    v
+}
+
+/// VPD pages we serve, ascending.
+pub const VPD_PAGES: [u8; 6] = [0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2];
+
+fn vpd(page: u8, body: Vec<u8>) -> Vec<u8> {
+    let mut v = Vec::with_capacity(4 + body.len());
+    v.extend_from_slice(&[0x00, page]);
+    v.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    v.extend_from_slice(&body);
+    v
+}
+
+fn designator(code_set: u8, piv_assoc_type: u8, data: &[u8]) -> Vec<u8> {
+    let mut v = vec![code_set, piv_assoc_type, 0, data.len() as u8];
+    v.extend_from_slice(data);
+    v
+}
+
+fn scsi_name(s: &str) -> Vec<u8> {
+    let mut v = s.as_bytes().to_vec();
+    v.truncate(250);
+    v.push(0);
+    while v.len() & 3 != 0 {
+        v.push(0);
+    }
+    v
+}
+
+/// One VPD page, or None when the page is not supported.
+pub fn vpd_page(lu: &LogicalUnit, nexus: &Nexus, page: u8) -> Option<Vec<u8>> {
+    let bs = lu.geo.block_size.max(1);
+    Some(match page {
+        0x00 => vpd(0x00, VPD_PAGES.to_vec()),
+        0x80 => vpd(0x80, lu.cfg.serial.bytes().filter(|b| (0x20..0x7f).contains(b)).collect()),
+        0x83 => {
+            let naa = if lu.cfg.naa_id >> 60 == 0 { lu.cfg.naa_id | (0x5 << 60) } else { lu.cfg.naa_id };
+            let mut body = designator(0x01, 0x03, &naa.to_be_bytes());
+            let mut t10 = pad(&lu.cfg.vendor, 8);
+            t10.extend(lu.cfg.serial.bytes().filter(|b| (0x20..0x7f).contains(b)).take(200));
+            body.extend(designator(0x02, 0x01, &t10));
+            // Relative target port (association: target port, protocol iSCSI, PIV).
+            body.extend(designator(0x51, 0x94, &[0, 0, 0, 1]));
+            // SCSI name string of the target port (iSCSI: name,t,0xTPGT).
+            if !nexus.target_name.is_empty() {
+                let port = format!("{},t,0x{:04x}", nexus.target_name, nexus.tpgt);
+                body.extend(designator(0x53, 0x98, &scsi_name(&port)));
+                // And of the target device.
+                body.extend(designator(0x53, 0xa8, &scsi_name(&nexus.target_name)));
+            }
+            vpd(0x83, body)
+        }
+        0xb0 => {
+            let mut b = vec![0u8; 0x3c];
+            // WSNZ = 0: a WRITE SAME of 0 blocks runs to the end of the medium.
+            b[1] = MAX_CAW_BLOCKS;
+            b[2..4].copy_from_slice(&1u16.to_be_bytes());
+            b[4..8].copy_from_slice(&(lu.max_transfer_blocks() as u32).to_be_bytes());
+            b[8..12].copy_from_slice(&((1u32 << 20) / bs).max(1).to_be_bytes());
+            b[12..16].copy_from_slice(&(lu.max_transfer_blocks() as u32).to_be_bytes());
+            if lu.discard {
+                b[16..20].copy_from_slice(&MAX_UNMAP_LBAS.to_be_bytes());
+                b[20..24].copy_from_slice(&MAX_UNMAP_DESCRIPTORS.to_be_bytes());
+                b[24..28].copy_from_slice(&(1u32 << lu.cfg.lbppbe.min(16)).to_be_bytes());
+            }
+            b[32..40].copy_from_slice(&MAX_WRITE_SAME_BLOCKS.to_be_bytes());
+            vpd(0xb0, b)
+        }
+        0xb1 => {
+            let mut b = vec![0u8; 0x3c];
+            b[0..2].copy_from_slice(&1u16.to_be_bytes()); // non-rotating medium
+            vpd(0xb1, b)
+        }
+        0xb2 => {
+            let mut b = vec![0u8; 4];
+            if lu.discard {
+                b[1] = 0x80 | 0x40 | 0x20 | 0x04; // LBPU, LBPWS, LBPWS10, LBPRZ
+                b[2] = 0x02; // thin provisioned
+            }
+            vpd(0xb2, b)
+        }
+        _ => return None,
+    })
+}
+
+/// READ CAPACITY (10) data.
+pub fn read_capacity10(lu: &LogicalUnit) -> Vec<u8> {
+    let last = lu.geo.num_blocks.saturating_sub(1);
+    let mut v = Vec::with_capacity(8);
+    v.extend_from_slice(&(last.min(0xffff_ffff) as u32).to_be_bytes());
+    v.extend_from_slice(&lu.geo.block_size.to_be_bytes());
+    v
+}
+
+/// READ CAPACITY (16) data.
+pub fn read_capacity16(lu: &LogicalUnit) -> Vec<u8> {
+    let mut v = vec![0u8; 32];
+    v[0..8].copy_from_slice(&lu.geo.num_blocks.saturating_sub(1).to_be_bytes());
+    v[8..12].copy_from_slice(&lu.geo.block_size.to_be_bytes());
+    v[13] = lu.cfg.lbppbe & 0x0f;
+    if lu.discard {
+        v[14] = 0x80 | 0x40; // LBPME, LBPRZ
+    }
+    v
+}
+
+/// Mode page codes we implement, in the order MODE SENSE returns them for 3Fh.
+pub const MODE_PAGES: [u8; 5] = [0x01, 0x02, 0x08, 0x0a, 0x1c];
+
+/// Page control values of MODE SENSE.
+pub const PC_CURRENT: u8 = 0;
+pub const PC_CHANGEABLE: u8 = 1;
+pub const PC_DEFAULT: u8 = 2;
+
+/// One mode page (with its two-byte header) for a page control.
+pub fn mode_page(lu: &LogicalUnit, page: u8, pc: u8) -> Option<Vec<u8>> {
+    let changeable = pc == PC_CHANGEABLE;
+    let mut v = match page {
+        0x01 => vec![0x01, 0x0a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        0x02 => vec![0x02, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        0x08 => {
+            let mut p = vec![0u8; 20];
+            p[0] = 0x08;
+            p[1] = 0x12;
+            let wce = match pc {
+                PC_CURRENT => lu.wce.load(Ordering::Acquire),
+                // Changeable only when the device has a cache to turn off; default follows it.
+                PC_CHANGEABLE | PC_DEFAULT => lu.volatile,
+                _ => lu.volatile,
+            };
+            if wce {
+                p[2] |= 0x04;
+            }
+            p
+        }
+        0x0a => {
+            let mut p = vec![0u8; 12];
+            p[0] = 0x0a;
+            p[1] = 0x0a;
+            if !changeable {
+                p[3] = 0x10; // unrestricted reordering allowed
+                p[8..10].copy_from_slice(&0xffffu16.to_be_bytes()); // busy timeout: unlimited
+            }
+            p
+        }
+        0x1c => vec![0x1c, 0x0a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        _ => return None,
+    };
+    if changeable && page != 0x08 {
+        // Nothing but WCE is changeable; the masks are all zero.
+        for b in v.iter_mut().skip(2) {
+            *b = 0;
+        }
+    }
+    Some(v)
+}
+
+/// One row of the supported operation codes table.
+pub struct OpInfo {
+    pub opcode: u8,
+    pub sa: Option<u8>,
+    /// CDB usage data: which bits of each CDB byte the device server looks at.
+    pub usage: &'static [u8],
+}
+
+macro_rules! op {
+    ($o:expr, [$($u:expr),*]) => { OpInfo { opcode: $o, sa: None, usage: &[$o, $($u),*] } };
+    ($o:expr, $sa:expr, [$($u:expr),*]) => { OpInfo { opcode: $o, sa: Some($sa), usage: &[$o, $($u),*] } };
+}
+
+const F: u8 = 0xff;
+
+/// Every command we implement with its CDB usage bitmap.
+pub static OPS: &[OpInfo] = &[
+    op!(0x00, [0, 0, 0, 0, 0x07]),
+    op!(0x03, [0x01, 0, 0, F, 0x07]),
+    op!(0x08, [0x1f, F, F, F, 0x07]),
+    op!(0x0a, [0x1f, F, F, F, 0x07]),
+    op!(0x12, [0x01, F, F, F, 0x07]),
+    op!(0x15, [0x11, 0, 0, F, 0x07]),
+    op!(0x16, [0, 0, 0, 0, 0x07]),
+    op!(0x17, [0, 0, 0, 0, 0x07]),
+    op!(0x1a, [0x08, F, F, F, 0x07]),
+    op!(0x1b, [0x01, 0, 0x0f, 0xf3, 0x07]),
+    op!(0x1c, [0x01, F, F, F, 0x07]),
+    op!(0x1d, [0x04, 0, F, F, 0x07]),
+    op!(0x1e, [0, 0, 0, 0x03, 0x07]),
+    op!(0x25, [0, F, F, F, F, 0, 0, 0x01, 0x07]),
+    op!(0x28, [0x18, F, F, F, F, 0x1f, F, F, 0x07]),
+    op!(0x2a, [0x1a, F, F, F, F, 0x1f, F, F, 0x07]),
+    op!(0x2e, [0x12, F, F, F, F, 0x1f, F, F, 0x07]),
+    op!(0x2f, [0x12, F, F, F, F, 0x1f, F, F, 0x07]),
+    op!(0x34, [0x02, F, F, F, F, 0x1f, F, F, 0x07]),
+    op!(0x35, [0x02, F, F, F, F, 0x1f, F, F, 0x07]),
+    op!(0x37, [0, 0x1f, 0, 0, 0, 0, F, F, 0x07]),
+    op!(0x41, [0x08, F, F, F, F, 0x1f, F, F, 0x07]),
+    op!(0x42, [0, 0, 0, 0, 0, 0x1f, F, F, 0x07]),
+    op!(0x4d, [0x03, F, F, 0, 0, 0, F, F, 0x07]),
+    op!(0x55, [0x11, 0, 0, 0, 0, 0, F, F, 0x07]),
+    op!(0x56, [0, 0, 0, 0, 0, 0, 0, 0, 0x07]),
+    op!(0x57, [0, 0, 0, 0, 0, 0, 0, 0, 0x07]),
+    op!(0x5a, [0x18, F, F, 0, 0, 0, F, F, 0x07]),
+    op!(0x5e, 0x00, [0x1f, 0, 0, 0, 0, 0, F, F, 0x07]),
+    op!(0x5e, 0x01, [0x1f, 0, 0, 0, 0, 0, F, F, 0x07]),
+    op!(0x5e, 0x02, [0x1f, 0, 0, 0, 0, 0, F, F, 0x07]),
+    op!(0x5e, 0x03, [0x1f, 0, 0, 0, 0, 0, F, F, 0x07]),
+    op!(0x5f, 0x00, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
+    op!(0x5f, 0x01, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
+    op!(0x5f, 0x02, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
+    op!(0x5f, 0x03, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
+    op!(0x5f, 0x04, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
+    op!(0x5f, 0x05, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
+    op!(0x5f, 0x06, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
+    op!(0x88, [0x18, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(0x89, [0x18, F, F, F, F, F, F, F, F, 0, 0, 0, F, 0x1f, 0x07]),
+    op!(0x8a, [0x1a, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(0x8b, [0x18, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(0x8e, [0x12, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(0x8f, [0x12, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(0x90, [0x02, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(0x91, [0x02, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(0x93, [0x09, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(0x9e, 0x10, [0x1f, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0x07]),
+    op!(0x9e, 0x12, [0x1f, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0x07]),
+    op!(0xa0, [0, F, 0, 0, 0, F, F, F, F, 0, 0x07]),
+    op!(0xa3, 0x0c, [0x1f, 0x87, F, F, F, F, F, F, F, 0, 0x07]),
+    op!(0xa3, 0x0d, [0x1f, 0x80, 0, 0, 0, F, F, F, F, 0, 0x07]),
+    op!(0xa8, [0x18, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(0xaa, [0x1a, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(0xae, [0x12, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(0xaf, [0x12, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(0xb7, [0x1f, 0, 0, 0, 0, F, F, F, F, 0, 0x07]),
+];
+
+/// Commands not offered on this LU (UNMAP without discard support).
+pub fn op_supported(lu: &LogicalUnit, o: &OpInfo) -> bool {
+    o.opcode != 0x42 || lu.discard
+}
+
+/// The command timeouts descriptor (12 bytes; no timeouts are given).
+pub fn timeouts_descriptor() -> [u8; 12] {
+    let mut t = [0u8; 12];
+    t[1] = 0x0a;
+    t
+}

@@ -1,0 +1,571 @@
+//! Command-family tests: a `Device` over memory, null and file devices, no network.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use proptest::prelude::*;
+use stics_block::{BlockDev, BlockError, FileDev, Geometry, MemDev, NullDev};
+
+use crate::*;
+
+const BS: u32 = 512;
+const NB: u64 = 4096;
+
+fn nexus(id: u64) -> Nexus {
+    Nexus {
+        id,
+        initiator_name: format!("iqn.2024-01.org.test:init{id}"),
+        isid: [0x80, 0, 0, 0, 0, id as u8],
+        target_name: "iqn.2024-01.org.test:target".into(),
+        tpgt: 1,
+    }
+}
+
+fn mem_device() -> Device {
+    let lu = LogicalUnit::new(Arc::new(MemDev::new(BS, NB)), LuConfig::default());
+    Device::new(vec![Arc::new(lu)])
+}
+
+fn cmd(cdb: &[u8], expected_len: u32, data_out: &[u8]) -> Command {
+    let mut c = cdb.to_vec();
+    c.resize(16.max(cdb.len()), 0);
+    Command {
+        lun: 0,
+        cdb: Bytes::from(c),
+        expected_len,
+        direction: if data_out.is_empty() { Direction::Read } else { Direction::Write },
+        data_out: Bytes::copy_from_slice(data_out),
+        attr: TaskAttr::Simple,
+    }
+}
+
+async fn run(d: &Device, n: &Nexus, cdb: &[u8], edtl: u32, out: &[u8]) -> Response {
+    d.execute(n, cmd(cdb, edtl, out)).await
+}
+
+fn read10(lba: u32, blocks: u16) -> Vec<u8> {
+    let mut c = vec![0x28, 0];
+    c.extend_from_slice(&lba.to_be_bytes());
+    c.push(0);
+    c.extend_from_slice(&blocks.to_be_bytes());
+    c.push(0);
+    c
+}
+
+fn write10(lba: u32, blocks: u16) -> Vec<u8> {
+    let mut c = read10(lba, blocks);
+    c[0] = 0x2a;
+    c
+}
+
+fn sense(r: &Response) -> (u8, u8, u8) {
+    r.sense_triple().expect("sense data")
+}
+
+const ILLEGAL: u8 = 0x05;
+
+#[tokio::test]
+async fn write_then_read_round_trips() {
+    let d = mem_device();
+    let n = nexus(1);
+    let data: Vec<u8> = (0..4 * BS).map(|i| i as u8).collect();
+    let r = run(&d, &n, &write10(10, 4), 4 * BS, &data).await;
+    assert_eq!((r.status, r.residual), (0, Residual::None));
+    let r = run(&d, &n, &read10(10, 4), 4 * BS, &[]).await;
+    assert_eq!(r.status, 0);
+    assert_eq!(&r.data_in[..], &data[..]);
+}
+
+#[tokio::test]
+async fn read_residuals_follow_rfc7143() {
+    let d = mem_device();
+    let n = nexus(1);
+    let r = run(&d, &n, &read10(0, 1), 0, &[]).await;
+    assert_eq!((r.status, r.residual, r.data_in.len()), (0, Residual::Overflow(BS), 0));
+    let r = run(&d, &n, &read10(0, 1), 10000, &[]).await;
+    assert_eq!((r.status, r.residual, r.data_in.len()), (0, Residual::Underflow(10000 - BS), BS as usize));
+    let r = run(&d, &n, &read10(0, 1), 200, &[]).await;
+    assert_eq!((r.status, r.residual, r.data_in.len()), (0, Residual::Overflow(BS - 200), 200));
+    let r = run(&d, &n, &read10(0, 2), BS, &[]).await;
+    assert_eq!((r.status, r.residual, r.data_in.len()), (0, Residual::Overflow(BS), BS as usize));
+}
+
+#[tokio::test]
+async fn write_overflow_is_refused_and_underflow_writes_only_the_cdb_length() {
+    let d = mem_device();
+    let n = nexus(1);
+    run(&d, &n, &write10(0, 2), 2 * BS, &vec![b'a'; 2 * BS as usize]).await;
+    // EDTL one block, CDB two blocks: INVALID FIELD IN INFORMATION UNIT, overflow of one block.
+    let r = run(&d, &n, &write10(0, 2), BS, &vec![b'b'; BS as usize]).await;
+    assert_eq!((r.status, sense(&r), r.residual), (2, (ILLEGAL, 0x0e, 0x03), Residual::Overflow(BS)));
+    let r = run(&d, &n, &read10(0, 2), 2 * BS, &[]).await;
+    assert!(r.data_in.iter().all(|&b| b == b'a'));
+    // EDTL two blocks, CDB one block: one block written, underflow of one block.
+    let r = run(&d, &n, &write10(0, 1), 2 * BS, &vec![b'c'; 2 * BS as usize]).await;
+    assert_eq!((r.status, r.residual), (0, Residual::Underflow(BS)));
+    let r = run(&d, &n, &read10(0, 2), 2 * BS, &[]).await;
+    assert!(r.data_in[..BS as usize].iter().all(|&b| b == b'c'));
+    assert!(r.data_in[BS as usize..].iter().all(|&b| b == b'a'));
+}
+
+#[tokio::test]
+async fn zero_length_transfers_and_read6_256() {
+    let d = mem_device();
+    let n = nexus(1);
+    let r = run(&d, &n, &read10(0, 0), 0, &[]).await;
+    assert_eq!((r.status, r.residual), (0, Residual::None));
+    let r = run(&d, &n, &read10(NB as u32 + 1, 0), 0, &[]).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x21, 0));
+    let r = run(&d, &n, &[0x08, 0, 0, 0, 0, 0], 256 * BS, &[]).await;
+    assert_eq!((r.status, r.data_in.len()), (0, 256 * BS as usize));
+    let r = run(&d, &n, &write10(0, 0), 0, &[]).await;
+    assert_eq!(r.status, 0);
+}
+
+#[tokio::test]
+async fn beyond_end_is_lba_out_of_range() {
+    let d = mem_device();
+    let n = nexus(1);
+    for (lba, blocks) in [(NB as u32, 1u16), (NB as u32 - 1, 2), (u32::MAX, 1), (0x8000_0000, 1)] {
+        let r = run(&d, &n, &read10(lba, blocks), u32::from(blocks) * BS, &[]).await;
+        assert_eq!(sense(&r), (ILLEGAL, 0x21, 0), "lba {lba}");
+        let r = run(&d, &n, &write10(lba, blocks), u32::from(blocks) * BS, &vec![0; usize::from(blocks) * 512]).await;
+        assert_eq!(sense(&r), (ILLEGAL, 0x21, 0), "lba {lba}");
+    }
+}
+
+#[tokio::test]
+async fn large_reads_work_and_oversized_transfers_are_invalid_field() {
+    let lu = LogicalUnit::new(Arc::new(NullDev::new(512, 1 << 24)), LuConfig::default());
+    let d = Device::new(vec![Arc::new(lu)]);
+    let n = nexus(1);
+    let mut c = vec![0xa8, 0, 0, 0, 0, 0];
+    c.extend_from_slice(&65536u32.to_be_bytes());
+    c.extend_from_slice(&[0, 0]);
+    let r = run(&d, &n, &c, 32 << 20, &[]).await;
+    assert_eq!((r.status, r.data_in.len()), (0, 32 << 20));
+    let too_many = (MAX_TRANSFER_BYTES / 512 + 1) as u32;
+    c[6..10].copy_from_slice(&too_many.to_be_bytes());
+    let r = run(&d, &n, &c, 0, &[]).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x24, 0));
+    assert_eq!(&r.sense.unwrap()[15..18], &[0xc0, 0, 6]);
+}
+
+#[tokio::test]
+async fn inquiry_standard_vpd_and_missing_lun() {
+    let d = mem_device();
+    let n = nexus(1);
+    let r = run(&d, &n, &[0x12, 0, 0, 0, 255, 0], 255, &[]).await;
+    assert_eq!(r.status, 0);
+    let b = &r.data_in;
+    assert_eq!((b[0], b[2], b[3] & 0x0f, usize::from(b[4]) + 5), (0, 6, 2, b.len()));
+    assert_eq!(r.residual, Residual::Underflow(255 - b.len() as u32));
+    assert!(b[58..74].chunks(2).any(|c| c == [0x04, 0x60]));
+    let r = run(&d, &n, &[0x12, 1, 0, 0, 255, 0], 255, &[]).await;
+    assert_eq!(&r.data_in[4..], &[0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2]);
+    let r = run(&d, &n, &[0x12, 1, 0xb0, 0, 255, 0], 255, &[]).await;
+    assert_eq!((r.data_in.len(), r.data_in[3]), (64, 0x3c));
+    let r = run(&d, &n, &[0x12, 1, 0xb2, 0, 255, 0], 255, &[]).await;
+    assert_eq!(r.data_in[5] & 0xe0, 0xe0);
+    let r = run(&d, &n, &[0x12, 1, 0x83, 0, 255, 0], 255, &[]).await;
+    assert_eq!(&r.data_in[4..8], &[0x01, 0x03, 0x00, 0x08]);
+    let r = run(&d, &n, &[0x12, 1, 0x99, 0, 255, 0], 255, &[]).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x24, 0));
+    let mut c = cmd(&[0x12, 0, 0, 0, 96, 0], 96, &[]);
+    c.lun = 5;
+    let r = d.execute(&n, c).await;
+    assert_eq!((r.status, r.data_in[0]), (0, 0x7f));
+    let mut c = cmd(&read10(0, 1), 512, &[]);
+    c.lun = 5;
+    assert_eq!(sense(&d.execute(&n, c).await), (ILLEGAL, 0x25, 0));
+}
+
+#[tokio::test]
+async fn read_capacity_reports_size_and_thin_provisioning() {
+    let d = mem_device();
+    let n = nexus(1);
+    let r = run(&d, &n, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], 8, &[]).await;
+    assert_eq!(&r.data_in[..], &[0, 0, 0x0f, 0xff, 0, 0, 2, 0]);
+    let r = run(&d, &n, &[0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0], 32, &[]).await;
+    assert_eq!(&r.data_in[..12], &[0, 0, 0, 0, 0, 0, 0x0f, 0xff, 0, 0, 2, 0]);
+    assert_eq!(r.data_in[14] & 0xc0, 0xc0);
+}
+
+#[tokio::test]
+async fn unit_attention_after_login_is_reported_once_and_spares_inquiry() {
+    let d = mem_device();
+    let n = nexus(1);
+    d.nexus_added(&n);
+    let r = run(&d, &n, &[0x12, 0, 0, 0, 36, 0], 36, &[]).await;
+    assert_eq!(r.status, 0);
+    let r = run(&d, &n, &[0, 0, 0, 0, 0, 0], 0, &[]).await;
+    assert_eq!(sense(&r), (0x06, 0x29, 0x00));
+    let r = run(&d, &n, &[0, 0, 0, 0, 0, 0], 0, &[]).await;
+    assert_eq!(r.status, 0);
+    d.lun_reset(0, &n);
+    let r = run(&d, &n, &[0x03, 0, 0, 0, 18, 0], 18, &[]).await;
+    assert_eq!((r.status, r.data_in[2], r.data_in[12], r.data_in[13]), (0, 0x06, 0x29, 0x03));
+    let r = run(&d, &n, &[0, 0, 0, 0, 0, 0], 0, &[]).await;
+    assert_eq!(r.status, 0);
+}
+
+#[tokio::test]
+async fn report_luns_lists_every_lun_on_any_lun() {
+    let lus =
+        (0..3).map(|_| Arc::new(LogicalUnit::new(Arc::new(NullDev::new(512, 64)), LuConfig::default()))).collect();
+    let d = Device::new(lus);
+    let n = nexus(1);
+    let mut c = cmd(&[0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], 256, &[]);
+    c.lun = 9;
+    let r = d.execute(&n, c).await;
+    assert_eq!(r.status, 0);
+    assert_eq!(&r.data_in[..8], &[0, 0, 0, 24, 0, 0, 0, 0]);
+    assert_eq!(&r.data_in[16..24], &lun_to_bytes(1));
+    let r = run(&d, &n, &[0xa0, 0, 7, 0, 0, 0, 0, 0, 1, 0, 0, 0], 256, &[]).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x24, 0));
+    assert_eq!(lun_from_bytes(lun_to_bytes(300)), 300);
+}
+
+#[tokio::test]
+async fn mode_sense_pages_and_mode_select_of_wce() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = FileDev::open(&dir.path().join("lun"), Some(1 << 20), 512).unwrap();
+    let d = Device::new(vec![Arc::new(LogicalUnit::new(Arc::new(f), LuConfig::default()))]);
+    let (a, b) = (nexus(1), nexus(2));
+    let r = run(&d, &a, &[0x1a, 0, 0x3f, 0, 255, 0], 255, &[]).await;
+    assert_eq!(r.status, 0);
+    assert_eq!(usize::from(r.data_in[0]) + 1, r.data_in.len());
+    assert_eq!((r.data_in[2], r.data_in[3]), (0x10, 8));
+    let r = run(&d, &a, &[0x1a, 0x08, 0x08, 0, 255, 0], 255, &[]).await;
+    assert_eq!((r.data_in[4], r.data_in[6] & 0x04), (0x08, 0x04), "WCE follows the volatile cache");
+    let r = run(&d, &a, &[0x1a, 0x08, 0x48, 0, 255, 0], 255, &[]).await;
+    assert_eq!(r.data_in[6], 0x04, "only WCE is changeable");
+    let r = run(&d, &a, &[0x1a, 0x08, 0xc8, 0, 255, 0], 255, &[]).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x39, 0));
+    let r = run(&d, &a, &[0x5a, 0x10, 0x3f, 0, 0, 0, 0, 0x10, 0, 0], 4096, &[]).await;
+    assert_eq!((r.status, r.data_in[4] & 1, r.data_in[7]), (0, 1, 16));
+    d.nexus_added(&a);
+    d.nexus_added(&b);
+    run(&d, &a, &[0, 0, 0, 0, 0, 0], 0, &[]).await;
+    run(&d, &b, &[0, 0, 0, 0, 0, 0], 0, &[]).await;
+    // Turn the write cache off.
+    let mut page = vec![0u8, 0, 0x10, 0, 0x08, 0x12];
+    page.resize(4 + 20, 0);
+    let r = run(&d, &a, &[0x15, 0x10, 0, 0, 24, 0], 24, &page).await;
+    assert_eq!(r.status, 0, "{:?}", r.sense_triple());
+    let r = run(&d, &a, &[0x1a, 0x08, 0x08, 0, 255, 0], 255, &[]).await;
+    assert_eq!(r.data_in[6] & 0x04, 0);
+    let r = run(&d, &b, &[0, 0, 0, 0, 0, 0], 0, &[]).await;
+    assert_eq!(sense(&r), (0x06, 0x2a, 0x01));
+    // Changing a field that is not changeable is refused with a pointer to it.
+    page[4 + 3] = 0xff;
+    let r = run(&d, &a, &[0x15, 0x10, 0, 0, 24, 0], 24, &page).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x26, 0));
+    assert_eq!(&r.sense.unwrap()[15..18], &[0x80, 0, 7]);
+    let r = run(&d, &a, &[0x15, 0x10, 0, 0, 2, 0], 2, &page[..2]).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x1a, 0));
+}
+
+#[tokio::test]
+async fn reserve6_conflicts_for_others_and_goes_with_the_session_or_reset() {
+    let d = mem_device();
+    let (a, b) = (nexus(1), nexus(2));
+    d.nexus_added(&a);
+    d.nexus_added(&b);
+    run(&d, &a, &[0, 0, 0, 0, 0, 0], 0, &[]).await;
+    run(&d, &b, &[0, 0, 0, 0, 0, 0], 0, &[]).await;
+    assert_eq!(run(&d, &a, &[0x16, 0, 0, 0, 0, 0], 0, &[]).await.status, 0);
+    assert_eq!(run(&d, &a, &[0x16, 0, 0, 0, 0, 0], 0, &[]).await.status, 0);
+    assert_eq!(run(&d, &b, &[0x16, 0, 0, 0, 0, 0], 0, &[]).await.status, 0x18);
+    assert_eq!(run(&d, &b, &[0x17, 0, 0, 0, 0, 0], 0, &[]).await.status, 0);
+    assert_eq!(run(&d, &b, &[0x1a, 0, 0x3f, 0, 255, 0], 255, &[]).await.status, 0x18);
+    assert_eq!(run(&d, &b, &[0x12, 0, 0, 0, 36, 0], 36, &[]).await.status, 0);
+    assert_eq!(run(&d, &a, &read10(0, 1), 512, &[]).await.status, 0);
+    d.nexus_removed(&a);
+    assert_eq!(run(&d, &b, &[0x16, 0, 0, 0, 0, 0], 0, &[]).await.status, 0);
+    assert_eq!(run(&d, &a, &[0x16, 0, 0, 0, 0, 0], 0, &[]).await.status, 0x18);
+    d.lun_reset(0, &a);
+    run(&d, &b, &[0, 0, 0, 0, 0, 0], 0, &[]).await;
+    assert_eq!(run(&d, &a, &[0x16, 0, 0, 0, 0, 0], 0, &[]).await.status, 0, "LUN reset cleared b's reservation");
+}
+
+fn prout(sa: u8, ptype: u8) -> Vec<u8> {
+    vec![0x5f, sa, ptype, 0, 0, 0, 0, 0, 24, 0]
+}
+
+fn prout_params(key: u64, sa_key: u64) -> Vec<u8> {
+    let mut p = vec![0u8; 24];
+    p[..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    p
+}
+
+#[tokio::test]
+async fn persistent_reservation_write_exclusive_blocks_other_writers_only() {
+    let d = mem_device();
+    let (a, b) = (nexus(1), nexus(2));
+    assert_eq!(run(&d, &a, &prout(6, 0), 24, &prout_params(0, 0xaa)).await.status, 0);
+    assert_eq!(run(&d, &b, &prout(6, 0), 24, &prout_params(0, 0xbb)).await.status, 0);
+    assert_eq!(run(&d, &a, &prout(1, 1), 24, &prout_params(0xaa, 0)).await.status, 0);
+    let blk = vec![1u8; 512];
+    assert_eq!(run(&d, &a, &write10(0, 1), 512, &blk).await.status, 0);
+    assert_eq!(run(&d, &b, &read10(0, 1), 512, &[]).await.status, 0);
+    assert_eq!(run(&d, &b, &write10(0, 1), 512, &blk).await.status, 0x18);
+    // READ RESERVATION shows a's key and type 1.
+    let r = run(&d, &b, &[0x5e, 1, 0, 0, 0, 0, 0, 0, 255, 0], 255, &[]).await;
+    assert_eq!(&r.data_in[4..24], &[0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0xaa, 0, 0, 0, 0, 0, 1, 0, 0]);
+    // b preempts a: a's key goes and a gets REGISTRATIONS PREEMPTED.
+    d.nexus_added(&a);
+    run(&d, &a, &[0, 0, 0, 0, 0, 0], 0, &[]).await;
+    assert_eq!(run(&d, &b, &prout(4, 3), 24, &prout_params(0xbb, 0xaa)).await.status, 0);
+    let r = run(&d, &a, &read10(0, 1), 512, &[]).await;
+    assert_eq!(sense(&r), (0x06, 0x2a, 0x05));
+    assert_eq!(run(&d, &a, &read10(0, 1), 512, &[]).await.status, 0x18);
+    let r = run(&d, &a, &[0x5e, 0, 0, 0, 0, 0, 0, 0, 255, 0], 255, &[]).await;
+    assert_eq!(&r.data_in[4..16], &[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0xbb]);
+    // RESERVE(6) while registrations exist conflicts; PR IN REPORT CAPABILITIES is always allowed.
+    assert_eq!(run(&d, &a, &[0x16, 0, 0, 0, 0, 0], 0, &[]).await.status, 0x18);
+    let r = run(&d, &a, &[0x5e, 2, 0, 0, 0, 0, 0, 0, 8, 0], 8, &[]).await;
+    assert_eq!((r.status, r.data_in[1]), (0, 8));
+    // Bad parameter list length.
+    let r = run(&d, &b, &[0x5f, 3, 0, 0, 0, 0, 0, 0, 20, 0], 20, &prout_params(0xbb, 0)[..20]).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x1a, 0));
+    assert_eq!(run(&d, &b, &prout(3, 0), 24, &prout_params(0xbb, 0)).await.status, 0);
+    assert_eq!(run(&d, &a, &write10(0, 1), 512, &blk).await.status, 0);
+}
+
+#[tokio::test]
+async fn compare_and_write_miscompare_reports_offset() {
+    let d = mem_device();
+    let n = nexus(1);
+    run(&d, &n, &write10(3, 1), 512, &[7u8; 512]).await;
+    let caw = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 1, 0, 0];
+    let mut data = vec![7u8; 512];
+    data[100] = 8;
+    data.extend_from_slice(&[9u8; 512]);
+    let r = run(&d, &n, &caw, 1024, &data).await;
+    assert_eq!(sense(&r), (0x0e, 0x1d, 0));
+    assert_eq!(&r.sense.as_ref().unwrap()[3..7], &100u32.to_be_bytes());
+    data[100] = 7;
+    assert_eq!(run(&d, &n, &caw, 1024, &data).await.status, 0);
+    let r = run(&d, &n, &read10(3, 1), 512, &[]).await;
+    assert!(r.data_in.iter().all(|&b| b == 9));
+    // Data-out not exactly twice the blocks is refused.
+    assert_eq!(run(&d, &n, &caw, 2048, &[0u8; 2048]).await.status, 2);
+}
+
+/// A device that writes block by block and yields between blocks, so that unlocked
+/// read-compare-write sequences would interleave with other writes.
+struct SlowDev(MemDev);
+
+#[async_trait]
+impl BlockDev for SlowDev {
+    fn geometry(&self) -> Geometry {
+        self.0.geometry()
+    }
+    fn volatile_cache(&self) -> bool {
+        false
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
+        tokio::task::yield_now().await;
+        self.0.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
+        for (i, c) in data.chunks(512).enumerate() {
+            tokio::task::yield_now().await;
+            self.0.write(lba + i as u64, Bytes::copy_from_slice(c), fua).await?;
+        }
+        Ok(())
+    }
+    async fn flush(&self) -> Result<(), BlockError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_and_write_is_atomic_against_concurrent_writes() {
+    let lu = LogicalUnit::new(Arc::new(SlowDev(MemDev::new(512, 64))), LuConfig::default());
+    let d = Arc::new(Device::new(vec![Arc::new(lu)]));
+    let caw8 = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0];
+    for round in 0..200u32 {
+        let a = vec![0xaa; 4096];
+        run(&d, &nexus(1), &write10(0, 8), 4096, &a).await;
+        let d1 = Arc::clone(&d);
+        let caw = tokio::spawn(async move {
+            let mut data = vec![0xaa; 4096];
+            data.extend_from_slice(&[0xbb; 4096]);
+            run(&d1, &nexus(1), &caw8, 8192, &data).await.status
+        });
+        let d2 = Arc::clone(&d);
+        let w = tokio::spawn(async move { run(&d2, &nexus(2), &write10(0, 8), 4096, &[0xcc; 4096]).await.status });
+        let (s1, s2) = (caw.await.unwrap(), w.await.unwrap());
+        assert_eq!(s2, 0);
+        let r = run(&d, &nexus(1), &read10(0, 8), 4096, &[]).await;
+        let first = r.data_in[0];
+        assert!(r.data_in.iter().all(|&b| b == first), "torn result in round {round}");
+        if s1 == 0 {
+            // CAW succeeded: it ran before the write (result cc) or after (result bb).
+            assert!(first == 0xbb || first == 0xcc);
+        } else {
+            assert_eq!(first, 0xcc);
+        }
+    }
+    // Counter increments by CAW from many tasks: none is lost.
+    let zero = vec![0u8; 512];
+    run(&d, &nexus(1), &write10(0, 1), 512, &zero).await;
+    let caw1 = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0];
+    let mut tasks = Vec::new();
+    for t in 0..4u64 {
+        let d = Arc::clone(&d);
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0;
+            while done < 25 {
+                let cur = run(&d, &nexus(t), &read10(0, 1), 512, &[]).await.data_in;
+                let v = u64::from_be_bytes(cur[..8].try_into().unwrap());
+                let mut data = cur.to_vec();
+                let mut next = vec![0u8; 512];
+                next[..8].copy_from_slice(&(v + 1).to_be_bytes());
+                data.extend_from_slice(&next);
+                if run(&d, &nexus(t), &caw1, 1024, &data).await.status == 0 {
+                    done += 1;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let cur = run(&d, &nexus(1), &read10(0, 1), 512, &[]).await.data_in;
+    assert_eq!(u64::from_be_bytes(cur[..8].try_into().unwrap()), 100);
+}
+
+#[tokio::test]
+async fn verify_bytchk_compares_and_reports_miscompare() {
+    let d = mem_device();
+    let n = nexus(1);
+    run(&d, &n, &write10(0, 2), 1024, &[5u8; 1024]).await;
+    let mut v = read10(0, 2);
+    v[0] = 0x2f;
+    v[1] = 0x02;
+    assert_eq!(run(&d, &n, &v, 1024, &[5u8; 1024]).await.status, 0);
+    let mut data = vec![5u8; 1024];
+    data[700] = 0;
+    let r = run(&d, &n, &v, 1024, &data).await;
+    assert_eq!(sense(&r), (0x0e, 0x1d, 0));
+    assert_eq!(&r.sense.unwrap()[3..7], &700u32.to_be_bytes());
+    v[1] = 0;
+    assert_eq!(run(&d, &n, &v, 0, &[]).await.status, 0);
+}
+
+#[tokio::test]
+async fn unmap_write_same_and_get_lba_status() {
+    let d = mem_device();
+    let n = nexus(1);
+    run(&d, &n, &write10(0, 256), 256 * 512, &vec![0xff; 256 * 512]).await;
+    let mut p = vec![0, 22, 0, 16, 0, 0, 0, 0];
+    p.extend_from_slice(&0u64.to_be_bytes());
+    p.extend_from_slice(&2048u32.to_be_bytes());
+    p.extend_from_slice(&[0; 4]);
+    let r = run(&d, &n, &[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0], 24, &p).await;
+    assert_eq!(r.status, 0);
+    let r = run(&d, &n, &read10(0, 4), 2048, &[]).await;
+    assert!(r.data_in.iter().all(|&b| b == 0));
+    let r = run(&d, &n, &[0x9e, 0x12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 24, 0, 0], 24, &[]).await;
+    assert_eq!((r.status, r.data_in[20]), (0, 1), "deallocated");
+    // Out-of-range descriptor.
+    p[8..16].copy_from_slice(&(NB - 1).to_be_bytes());
+    let r = run(&d, &n, &[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0], 24, &p).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x21, 0));
+    // Parameter list shorter than the header.
+    let r = run(&d, &n, &[0x42, 0, 0, 0, 0, 0, 0, 0, 4, 0], 4, &p[..4]).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x1a, 0));
+    // WRITE SAME(10) of 16 blocks of 0x5a, then with UNMAP and zeros.
+    let ws = [0x41, 0, 0, 0, 0, 8, 0, 0, 16, 0];
+    assert_eq!(run(&d, &n, &ws, 512, &[0x5a; 512]).await.status, 0);
+    let r = run(&d, &n, &read10(8, 16), 16 * 512, &[]).await;
+    assert!(r.data_in.iter().all(|&b| b == 0x5a));
+    let mut wsu = ws;
+    wsu[1] = 0x08;
+    assert_eq!(run(&d, &n, &wsu, 512, &[0; 512]).await.status, 0);
+    let r = run(&d, &n, &read10(8, 16), 16 * 512, &[]).await;
+    assert!(r.data_in.iter().all(|&b| b == 0));
+    // Wrong data-out size and ANCHOR are refused.
+    assert_eq!(run(&d, &n, &ws, 1024, &[0x5a; 1024]).await.status, 2);
+    assert_eq!(run(&d, &n, &ws, 256, &[0x5a; 256]).await.status, 2);
+    let mut wsa = ws;
+    wsa[1] = 0x10;
+    assert_eq!(sense(&run(&d, &n, &wsa, 512, &[0; 512]).await), (ILLEGAL, 0x24, 0));
+}
+
+#[tokio::test]
+async fn report_supported_opcodes_all_and_one() {
+    let d = mem_device();
+    let n = nexus(1);
+    let r = run(&d, &n, &[0xa3, 0x0c, 0x80, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0], 65535, &[]).await;
+    assert_eq!(r.status, 0);
+    let len = u32::from_be_bytes(r.data_in[..4].try_into().unwrap()) as usize;
+    assert_eq!(len + 4, r.data_in.len());
+    assert_eq!(len % 20, 0, "descriptors with timeouts are 20 bytes");
+    let r = run(&d, &n, &[0xa3, 0x0c, 0x01, 0x28, 0, 0, 0, 0, 0xff, 0xff, 0, 0], 65535, &[]).await;
+    assert_eq!(&r.data_in[..5], &[0, 3, 0, 10, 0x28]);
+    assert_eq!(r.data_in[5] & 0x18, 0x18);
+    let r = run(&d, &n, &[0xa3, 0x0c, 0x01, 0x9e, 0, 0, 0, 0, 0xff, 0xff, 0, 0], 65535, &[]).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x24, 0));
+    let r = run(&d, &n, &[0xa3, 0x0c, 0x02, 0x9e, 0, 0x10, 0, 0, 0xff, 0xff, 0, 0], 65535, &[]).await;
+    assert_eq!(&r.data_in[..6], &[0, 3, 0, 16, 0x9e, 0x1f]);
+    let r = run(&d, &n, &[0xa3, 0x0c, 0x01, 0xc5, 0, 0, 0, 0, 0xff, 0xff, 0, 0], 65535, &[]).await;
+    assert_eq!(&r.data_in[..], &[0, 1, 0, 0]);
+}
+
+#[tokio::test]
+async fn sync_cache_flushes_file_device_and_checks_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = FileDev::open(&dir.path().join("lun"), Some(1 << 20), 512).unwrap();
+    let d = Device::new(vec![Arc::new(LogicalUnit::new(Arc::new(f), LuConfig::default()))]);
+    let n = nexus(1);
+    let mut w = write10(1, 1);
+    w[1] = 0x08;
+    assert_eq!(run(&d, &n, &w, 512, &[3; 512]).await.status, 0);
+    assert_eq!(run(&d, &n, &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], 0, &[]).await.status, 0);
+    let r = run(&d, &n, &[0x35, 0, 0, 0, 0x08, 0, 0, 0, 1, 0], 0, &[]).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x21, 0));
+}
+
+#[tokio::test]
+async fn expected_data_out_follows_the_cdb() {
+    let d = mem_device();
+    assert_eq!(d.expected_data_out(0, &write10(0, 3)), Some(1536));
+    assert_eq!(d.expected_data_out(0, &read10(0, 3)), None);
+    assert_eq!(d.expected_data_out(0, &[0x89, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0]), Some(2048));
+    assert_eq!(d.expected_data_out(0, &[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0]), Some(24));
+    assert_eq!(d.expected_data_out(1, &write10(0, 3)), None);
+}
+
+#[tokio::test]
+async fn read_only_lun_refuses_writes_with_write_protected() {
+    let cfg = LuConfig { read_only: true, ..LuConfig::default() };
+    let d = Device::new(vec![Arc::new(LogicalUnit::new(Arc::new(MemDev::new(512, 64)), cfg))]);
+    let r = run(&d, &nexus(1), &write10(0, 1), 512, &[0; 512]).await;
+    assert_eq!(sense(&r), (0x07, 0x27, 0));
+    let r = run(&d, &nexus(1), &[0x1a, 0, 0x3f, 0, 255, 0], 255, &[]).await;
+    assert_eq!(r.data_in[2] & 0x80, 0x80);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #[test]
+    fn execute_never_panics(cdb in proptest::collection::vec(any::<u8>(), 0..24),
+                            data in proptest::collection::vec(any::<u8>(), 0..1100),
+                            edtl in 0u32..4096, lun in 0u64..3) {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let d = Device::new(vec![Arc::new(LogicalUnit::new(Arc::new(MemDev::new(512, 64)), LuConfig::default()))]);
+        let n = nexus(1);
+        d.nexus_added(&n);
+        let c = Command { lun, cdb: Bytes::from(cdb), expected_len: edtl, direction: Direction::Bidi,
+                          data_out: Bytes::from(data), attr: TaskAttr::Simple };
+        let r = rt.block_on(d.execute(&n, c));
+        prop_assert!(r.data_in.len() <= edtl as usize);
+        prop_assert_eq!(r.status == 2, r.sense.is_some());
+    }
+}
