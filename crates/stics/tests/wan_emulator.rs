@@ -1,0 +1,198 @@
+//! The WAN emulator end to end: `stics wan up` builds a link whose ping RTT, iperf3 rate and
+//! loss behaviour match the settings, `set` changes it live, `status` counts, and `down` (or a
+//! crash of the daemon) leaves no namespace, daemon or state behind. Needs root.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stics");
+
+struct Link {
+    name: String,
+    dir: PathBuf,
+}
+
+impl Link {
+    fn new(tag: &str) -> Link {
+        let name = format!("wt{tag}{}", std::process::id());
+        let dir = std::env::temp_dir().join(format!("stics-wan-test-{name}"));
+        Link { name, dir }
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("wan").arg("--name").arg(&self.name).arg("--runtime-dir").arg(&self.dir).args(args);
+        c
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out: Output = self.cmd(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "stics wan {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn status(&self) -> serde_json::Value {
+        serde_json::from_str(&self.ok(&["status", "--json"])).unwrap()
+    }
+
+    fn namespaces_left(&self) -> Vec<String> {
+        ["host", "storage", "wan"]
+            .iter()
+            .map(|r| format!("{}-{r}", self.name))
+            .filter(|ns| Path::new("/run/netns").join(ns).exists())
+            .collect()
+    }
+
+    /// Median RTT in ms of `count` pings from host to storage, timestamped after the receive path.
+    fn ping_median(&self, count: u32) -> f64 {
+        let out =
+            self.ok(&["exec", "host", "--", "ping", "-U", "-n", "-i", "0.05", "-c", &count.to_string(), "10.201.2.2"]);
+        let mut rtts: Vec<f64> = out
+            .lines()
+            .filter_map(|l| l.split("time=").nth(1))
+            .filter_map(|t| t.split_whitespace().next())
+            .map(|t| t.parse().unwrap())
+            .collect();
+        assert!(rtts.len() as u32 >= count * 9 / 10, "too few replies: {out}");
+        rtts.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        rtts[rtts.len() / 2]
+    }
+
+    /// Runs iperf3 from host to storage for `secs` seconds; returns received bit/s.
+    fn iperf(&self, port: u16, secs: u32) -> f64 {
+        let port_s = port.to_string();
+        let mut server: Child = self
+            .cmd(&["exec", "storage", "--", "iperf3", "-s", "-1", "-p", &port_s])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        let out = loop {
+            let out = self
+                .cmd(&[
+                    "exec",
+                    "host",
+                    "--",
+                    "iperf3",
+                    "-c",
+                    "10.201.2.2",
+                    "-p",
+                    &port_s,
+                    "-t",
+                    &secs.to_string(),
+                    "-J",
+                ])
+                .output()
+                .unwrap();
+            if out.status.success() || start.elapsed() > Duration::from_secs(10) {
+                break out;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let _ = server.kill();
+        let _ = server.wait();
+        assert!(out.status.success(), "iperf3: {}", String::from_utf8_lossy(&out.stdout));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["end"]["sum_received"]["bits_per_second"].as_f64().unwrap()
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["down"]).output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn counter(s: &serde_json::Value, dir: usize, key: &str) -> u64 {
+    s["paths"][dir][key].as_u64().unwrap()
+}
+
+fn port() -> u16 {
+    20_000 + (std::process::id() % 30_000) as u16
+}
+
+#[test]
+fn wan_link_meets_delay_rate_and_loss_settings_and_down_leaves_nothing() {
+    let link = Link::new("a");
+    link.ok(&["up", "--delay", "5ms", "--seed", "7"]);
+    assert_eq!(link.ok(&["addr", "storage"]).trim(), "10.201.2.2");
+    assert_eq!(link.ok(&["addr", "host"]).trim(), "10.201.1.2");
+
+    // 5 ms each way: the median RTT lies within 10.0 ms + 0.5 ms.
+    let median = link.ping_median(40);
+    eprintln!("ping -U median at 5 ms each way: {median:.3} ms");
+    assert!((10.0..=10.5).contains(&median), "ping median {median} ms");
+
+    // Live change to 1 ms and 100 Mbit/s: iperf3 gets 85-100 Mbit/s.
+    link.ok(&["set", "--delay", "1ms", "--rate", "100mbit"]);
+    let s = link.status();
+    assert_eq!(s["params"]["rate_bps"].as_u64(), Some(100_000_000));
+    assert_eq!(s["params"]["paths"][0]["delay_ns"].as_u64(), Some(1_000_000));
+    let bps = link.iperf(port(), 3);
+    eprintln!("iperf3 at 1 ms, 100mbit: {:.1} Mbit/s", bps / 1e6);
+    assert!((85e6..=100e6).contains(&bps), "iperf3 {bps} bit/s through a 100mbit link");
+    let s = link.status();
+    assert!(counter(&s, 0, "packets") > 10_000, "{s}");
+    assert!(counter(&s, 0, "bytes") > 30_000_000, "{s}");
+    assert_eq!(counter(&s, 0, "dropped"), 0);
+    assert_eq!(s["links"][0]["qdisc"], "tbf");
+    assert!(s["links"][0]["sent_bytes"].as_u64().unwrap() > 30_000_000);
+
+    // Reno at 5 ms and 1 % loss: throughput within 0.5x-2.5x of Mathis, loss per segment as set.
+    link.ok(&["set", "--delay", "5ms", "--rate", "none", "--loss", "1e-2", "--cc", "reno"]);
+    let before = link.status();
+    assert_eq!(before["cc"], "reno");
+    let bps = link.iperf(port() + 1, 5);
+    let after = link.status();
+    let mathis = 0.93 * 1448.0 * 8.0 / (0.010 * 0.01f64.sqrt());
+    let ratio = bps / mathis;
+    eprintln!("reno at 5 ms, 1e-2: {:.2} Mbit/s, {ratio:.2}x Mathis", bps / 1e6);
+    assert!((0.5..=2.5).contains(&ratio), "reno {bps} bit/s is {ratio}x Mathis");
+    let n = (counter(&after, 0, "packets") - counter(&before, 0, "packets")) as f64;
+    let lost = (counter(&after, 0, "dropped") - counter(&before, 0, "dropped")) as f64;
+    let sigma = (n * 0.01 * 0.99).sqrt();
+    assert!((lost - n * 0.01).abs() <= 4.0 * sigma + 1.0, "lost {lost} of {n} segments at p=0.01");
+
+    link.ok(&["down"]);
+    assert!(link.namespaces_left().is_empty(), "{:?}", link.namespaces_left());
+    assert!(!link.dir.join(&link.name).exists(), "runtime directory left behind");
+    let rules = Command::new("iptables").args(["-w", "-t", "raw", "-S"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&rules.stdout).contains("-i rh "), "queue rules in the root namespace");
+    // Idempotent: a second down is fine.
+    link.ok(&["down"]);
+}
+
+#[test]
+fn crash_of_the_daemon_leaves_nothing_behind() {
+    let link = Link::new("c");
+    link.ok(&["up", "--delay", "1ms"]);
+    link.ok(&["up", "--delay", "2ms"]);
+    let pid: i32 =
+        std::fs::read_to_string(link.dir.join(&link.name).join("daemon.pid")).unwrap().trim().parse().unwrap();
+    assert_eq!(link.namespaces_left().len(), 3);
+    // SAFETY: sending SIGKILL to the daemon this test started.
+    unsafe { libc_kill(pid, 9) };
+    let start = Instant::now();
+    while (!link.namespaces_left().is_empty() || link.dir.join(&link.name).exists())
+        && start.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(link.namespaces_left().is_empty(), "{:?}", link.namespaces_left());
+    assert!(!link.dir.join(&link.name).exists());
+    let err = link.cmd(&["status"]).output().unwrap();
+    assert!(!err.status.success());
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
