@@ -1,8 +1,147 @@
-//! (being written)
+//! `stics target`: serve block devices over iSCSI, from command-line options or a TOML file.
 
-#[derive(clap::Args)]
-pub struct Args {}
+use std::path::PathBuf;
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+use anyhow::Context;
+use stics_target::config::DEFAULT_IQN;
+use stics_target::{Config, Credentials, Server, TargetConfig};
+
+/// Serve block devices over iSCSI (RFC 7143).
+///
+/// With no options: a 1 GiB memory LUN as iqn.2024-01.org.stics:target0 on 127.0.0.1:3260.
+/// With --config, the file's targets are served; --listen replaces its listen addresses and
+/// --iqn/--lun add one more target.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Address to listen on, HOST:PORT; repeat for several. Default 127.0.0.1:3260 (or the config file's).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: Vec<String>,
+
+    /// Target name. Default iqn.2024-01.org.stics:target0.
+    #[arg(long, value_name = "IQN")]
+    pub iqn: Option<String>,
+
+    /// A LUN, numbered from 0 in the order given: mem:SIZE, null:SIZE (reads zeros, drops
+    /// writes) or file:PATH[:SIZE] (created at SIZE if missing; block devices work too).
+    /// Default: one mem:1GiB LUN when there is no config file.
+    #[arg(long, value_name = "SPEC")]
+    pub lun: Vec<String>,
+
+    /// TargetAlias to announce at login.
+    #[arg(long)]
+    pub alias: Option<String>,
+
+    /// TOML configuration with several targets, CHAP and limits (see examples/target.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// CHAP user the initiator must log in as (with --chap-secret). Default: no CHAP.
+    #[arg(long, requires = "chap_secret")]
+    pub chap_user: Option<String>,
+
+    /// CHAP secret of --chap-user; better passed in the environment than on the command line.
+    #[arg(long, env = "STICS_CHAP_SECRET", hide_env_values = true, requires = "chap_user")]
+    pub chap_secret: Option<String>,
+
+    /// User name the target answers mutual CHAP with (with --mutual-secret).
+    #[arg(long, requires = "mutual_secret")]
+    pub mutual_user: Option<String>,
+
+    /// Secret the target answers mutual CHAP with.
+    #[arg(long, env = "STICS_MUTUAL_SECRET", hide_env_values = true, requires = "mutual_user")]
+    pub mutual_secret: Option<String>,
+
+    /// Most sessions at once. Default 64 (or the config file's).
+    #[arg(long)]
+    pub max_sessions: Option<usize>,
+
+    /// Commands a session may have outstanding (the CmdSN window). Default 128.
+    #[arg(long)]
+    pub queue_depth: Option<u32>,
+
+    /// Runtime worker threads. Default 2.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+
+    /// Print the effective configuration as TOML (secrets redacted) and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+fn build_config(args: &Args) -> anyhow::Result<Config> {
+    let mut config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+            Config::from_toml(&text).with_context(|| format!("in {}", path.display()))?
+        }
+        None => Config { targets: Vec::new(), ..Config::default() },
+    };
+    if !args.listen.is_empty() {
+        config.listen = args.listen.clone();
+    }
+    let cli_target = args.config.is_none() || args.iqn.is_some() || !args.lun.is_empty();
+    if cli_target {
+        let luns = if args.lun.is_empty() { vec!["mem:1GiB".to_string()] } else { args.lun.clone() };
+        let cred = |u: &Option<String>, s: &Option<String>| {
+            u.clone().zip(s.clone()).map(|(user, secret)| Credentials { user, secret })
+        };
+        config.targets.push(TargetConfig {
+            iqn: args.iqn.clone().unwrap_or_else(|| DEFAULT_IQN.to_string()),
+            alias: args.alias.clone(),
+            luns,
+            chap: cred(&args.chap_user, &args.chap_secret),
+            mutual_chap: cred(&args.mutual_user, &args.mutual_secret),
+            initiators: Vec::new(),
+        });
+    }
+    if let Some(n) = args.max_sessions {
+        config.limits.max_sessions = n;
+    }
+    if let Some(n) = args.queue_depth {
+        config.limits.queue_depth = n;
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let config = build_config(&args)?;
+    if args.print_config {
+        print!("{}", config.to_toml_redacted());
+        return Ok(());
+    }
+    super::logging::init("info");
+    stics_target::tune_allocator();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(1))
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
+    rt.block_on(async {
+        let server = Server::bind(&config).await?;
+        for a in server.local_addrs() {
+            for t in &config.targets {
+                tracing::info!("serving {} ({} LUNs) on {a}", t.iqn, t.luns.len());
+            }
+        }
+        server.run(shutdown_signal()).await?;
+        anyhow::Ok(())
+    })?;
+    tracing::info!("stopped");
+    Ok(())
 }

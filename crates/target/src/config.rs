@@ -1,0 +1,337 @@
+//! The target's configuration: listen addresses, limits and one or more targets with their LUNs,
+//! CHAP credentials and allowed initiators, read from TOML or built from the command line.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+use stics_block::DevSpec;
+
+/// The port iSCSI uses (RFC 7143 §13.5 registers 3260).
+pub const DEFAULT_PORT: u16 = 3260;
+/// The target name `stics target` serves when none is given.
+pub const DEFAULT_IQN: &str = "iqn.2024-01.org.stics:target0";
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The TOML does not parse or has unknown fields (the parser's message).
+    #[error("config: {0}")]
+    Toml(String),
+    /// A value breaks a rule; the message says which.
+    #[error("config: {0}")]
+    Invalid(String),
+}
+
+fn invalid(msg: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid(msg.into())
+}
+
+/// Everything `stics target` serves.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Addresses to listen on (`HOST:PORT`).
+    #[serde(default = "default_listen")]
+    pub listen: Vec<String>,
+    /// Resource limits and the values the target offers in negotiation.
+    #[serde(default)]
+    pub limits: Limits,
+    /// The targets, each with its own LUNs.
+    #[serde(default, rename = "target")]
+    pub targets: Vec<TargetConfig>,
+}
+
+fn default_listen() -> Vec<String> {
+    vec![format!("127.0.0.1:{DEFAULT_PORT}")]
+}
+
+/// Limits that bound memory and work whatever peers send, and the target's negotiation offers.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Sessions in full feature phase at once, over all targets.
+    pub max_sessions: usize,
+    /// TCP connections at once (logged in or not).
+    pub max_connections: usize,
+    /// Connections in the login phase at once; more wait in the kernel's accept queue.
+    pub max_logins: usize,
+    /// Seconds a connection may take to log in before it is closed.
+    pub login_timeout_secs: u64,
+    /// MaxRecvDataSegmentLength the target declares: the largest data segment it accepts.
+    pub max_recv_data_segment_length: u32,
+    /// MaxBurstLength offered (the smaller of both sides' values wins).
+    pub max_burst_length: u32,
+    /// FirstBurstLength offered.
+    pub first_burst_length: u32,
+    /// MaxOutstandingR2T offered.
+    pub max_outstanding_r2t: u32,
+    /// Whether the target asks for InitialR2T=Yes (no unsolicited Data-Out).
+    pub initial_r2t: bool,
+    /// Whether the target accepts immediate data.
+    pub immediate_data: bool,
+    /// CmdSN window: commands a session may have queued or running at once.
+    pub queue_depth: u32,
+    /// Largest Expected Data Transfer Length of one write the target buffers.
+    pub max_command_bytes: u32,
+    /// Write data a session may hold buffered for commands still waiting for more data.
+    pub session_write_buffer_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_sessions: 64,
+            max_connections: 256,
+            max_logins: 16,
+            login_timeout_secs: 15,
+            max_recv_data_segment_length: 256 * 1024,
+            max_burst_length: 1024 * 1024,
+            first_burst_length: 256 * 1024,
+            max_outstanding_r2t: 8,
+            initial_r2t: false,
+            immediate_data: true,
+            queue_depth: 128,
+            max_command_bytes: 32 * 1024 * 1024,
+            session_write_buffer_bytes: 128 * 1024 * 1024,
+        }
+    }
+}
+
+/// One iSCSI target.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    /// iSCSI name (iqn., eui. or naa. form).
+    pub iqn: String,
+    /// TargetAlias sent at login.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    /// LUN specs (`mem:SIZE`, `null:SIZE`, `file:PATH[:SIZE]`); LUN n is the n-th.
+    pub luns: Vec<String>,
+    /// One-way CHAP: the initiator must prove it knows this user's secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chap: Option<Credentials>,
+    /// Mutual CHAP: what the target answers when the initiator challenges it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mutual_chap: Option<Credentials>,
+    /// Initiator names allowed to log in; empty allows all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub initiators: Vec<String>,
+}
+
+/// A CHAP user name and secret. `Debug` never shows the secret.
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Credentials {
+    pub user: String,
+    pub secret: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials").field("user", &self.user).field("secret", &"<redacted>").finish()
+    }
+}
+
+impl Default for Config {
+    /// One target with a 1 GiB memory LUN on 127.0.0.1:3260.
+    fn default() -> Self {
+        Config {
+            listen: default_listen(),
+            limits: Limits::default(),
+            targets: vec![TargetConfig {
+                iqn: DEFAULT_IQN.into(),
+                alias: None,
+                luns: vec!["mem:1GiB".into()],
+                chap: None,
+                mutual_chap: None,
+                initiators: Vec::new(),
+            }],
+        }
+    }
+}
+
+/// RFC 3722 names: `iqn.YYYY-MM.reversed.domain[:anything]`, `eui.` + 16 hex digits, `naa.` + 16 or
+/// 32 hex digits. Checked loosely: the prefix, length and character set.
+pub fn valid_iscsi_name(name: &str) -> bool {
+    let ok_chars = name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':'));
+    let hex = |s: &str| s.bytes().all(|b| b.is_ascii_hexdigit());
+    if name.len() > 223 || !ok_chars {
+        return false;
+    }
+    if let Some(rest) = name.strip_prefix("iqn.") {
+        rest.len() > 8 && rest.as_bytes().get(4) == Some(&b'-')
+    } else if let Some(rest) = name.strip_prefix("eui.") {
+        rest.len() == 16 && hex(rest)
+    } else if let Some(rest) = name.strip_prefix("naa.") {
+        (rest.len() == 16 || rest.len() == 32) && hex(rest)
+    } else {
+        false
+    }
+}
+
+impl Config {
+    /// Parses TOML and validates it.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let c: Config = toml::from_str(text).map_err(|e| ConfigError::Toml(e.to_string()))?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The configuration as TOML with every CHAP secret replaced by `<redacted>`.
+    pub fn to_toml_redacted(&self) -> String {
+        let mut c = self.clone();
+        for t in &mut c.targets {
+            for cred in [&mut t.chap, &mut t.mutual_chap].into_iter().flatten() {
+                cred.secret = "<redacted>".into();
+            }
+        }
+        toml::to_string_pretty(&c).unwrap_or_else(|e| format!("# cannot print configuration: {e}\n"))
+    }
+
+    /// The listen addresses, parsed.
+    pub fn listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
+        self.listen
+            .iter()
+            .map(|s| s.parse::<SocketAddr>().map_err(|_| invalid(format!("listen address {s:?} is not HOST:PORT"))))
+            .collect()
+    }
+
+    /// Checks every rule a running target relies on.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.listen.is_empty() {
+            return Err(invalid("no listen address"));
+        }
+        self.listen_addrs()?;
+        if self.targets.is_empty() {
+            return Err(invalid("no [[target]]"));
+        }
+        let l = &self.limits;
+        let range = |name: &str, v: u64, lo: u64, hi: u64| {
+            if v < lo || v > hi {
+                Err(invalid(format!("limits.{name} = {v} is outside {lo}..={hi}")))
+            } else {
+                Ok(())
+            }
+        };
+        range("max_sessions", l.max_sessions as u64, 1, 65535)?;
+        range("max_connections", l.max_connections as u64, 1, 1 << 20)?;
+        range("max_logins", l.max_logins as u64, 1, 1 << 16)?;
+        range("login_timeout_secs", l.login_timeout_secs, 1, 3600)?;
+        range("max_recv_data_segment_length", l.max_recv_data_segment_length.into(), 512, 16_777_215)?;
+        range("max_burst_length", l.max_burst_length.into(), 512, 16_777_215)?;
+        range("first_burst_length", l.first_burst_length.into(), 512, 16_777_215)?;
+        range("max_outstanding_r2t", l.max_outstanding_r2t.into(), 1, 65535)?;
+        range("queue_depth", l.queue_depth.into(), 1, 1 << 16)?;
+        range("max_command_bytes", l.max_command_bytes.into(), 512, 1 << 30)?;
+        range("session_write_buffer_bytes", l.session_write_buffer_bytes, 1 << 20, 1 << 40)?;
+        let mut seen = std::collections::HashSet::new();
+        for t in &self.targets {
+            if !valid_iscsi_name(&t.iqn) {
+                return Err(invalid(format!("target name {:?} is not an iqn./eui./naa. name", t.iqn)));
+            }
+            if !seen.insert(t.iqn.to_ascii_lowercase()) {
+                return Err(invalid(format!("target {} is configured twice", t.iqn)));
+            }
+            if t.luns.is_empty() {
+                return Err(invalid(format!("target {} has no LUNs", t.iqn)));
+            }
+            if t.luns.len() > 16384 {
+                return Err(invalid(format!("target {} has more than 16384 LUNs", t.iqn)));
+            }
+            for spec in &t.luns {
+                spec.parse::<DevSpec>().map_err(|e| invalid(format!("target {}: {e}", t.iqn)))?;
+            }
+            for (what, cred) in [("chap", &t.chap), ("mutual_chap", &t.mutual_chap)] {
+                if let Some(c) = cred {
+                    if c.user.is_empty() || c.secret.is_empty() {
+                        return Err(invalid(format!("target {}: {what} needs a user and a secret", t.iqn)));
+                    }
+                    if c.secret.len() > 255 {
+                        return Err(invalid(format!("target {}: {what} secret is longer than 255 bytes", t.iqn)));
+                    }
+                }
+            }
+            if t.mutual_chap.is_some() && t.chap.is_none() {
+                return Err(invalid(format!("target {}: mutual_chap needs chap as well", t.iqn)));
+            }
+            if t.chap.is_some()
+                && t.mutual_chap.as_ref().zip(t.chap.as_ref()).is_some_and(|(m, c)| m.secret == c.secret)
+            {
+                // RFC 7143 §12.1.3: the secrets of the two directions must differ.
+                return Err(invalid(format!("target {}: chap and mutual_chap secrets must differ", t.iqn)));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_serves_one_gib_memory_lun_on_3260() {
+        let c = Config::default();
+        c.validate().unwrap();
+        assert_eq!(c.listen, vec!["127.0.0.1:3260"]);
+        assert_eq!(c.targets[0].luns, vec!["mem:1GiB"]);
+    }
+
+    #[test]
+    fn toml_with_two_targets_and_chap_parses() {
+        let c = Config::from_toml(
+            r#"
+            listen = ["127.0.0.1:3261"]
+            [limits]
+            max_sessions = 4
+            [[target]]
+            iqn = "iqn.2024-01.org.example:a"
+            luns = ["mem:64M", "null:1G"]
+            chap = { user = "u", secret = "secretsecret1" }
+            mutual_chap = { user = "t", secret = "secretsecret2" }
+            [[target]]
+            iqn = "iqn.2024-01.org.example:b"
+            luns = ["mem:1M"]
+            initiators = ["iqn.1994-05.com.redhat:x"]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.targets.len(), 2);
+        assert_eq!(c.limits.max_sessions, 4);
+        assert_eq!(c.limits.queue_depth, Limits::default().queue_depth);
+        let printed = c.to_toml_redacted();
+        assert!(!printed.contains("secretsecret"));
+        assert!(printed.contains("<redacted>"));
+        assert!(!format!("{c:?}").contains("secretsecret"));
+    }
+
+    #[test]
+    fn bad_configs_are_refused_with_a_reason() {
+        let bad = [
+            ("listen = [\"nope\"]\n[[target]]\niqn=\"iqn.2024-01.a:b\"\nluns=[\"mem:1M\"]", "listen"),
+            ("[[target]]\niqn=\"foo\"\nluns=[\"mem:1M\"]", "not an iqn"),
+            ("[[target]]\niqn=\"iqn.2024-01.a:b\"\nluns=[]", "no LUNs"),
+            ("[[target]]\niqn=\"iqn.2024-01.a:b\"\nluns=[\"disk:1M\"]", "bad LUN spec"),
+            ("[[target]]\niqn=\"iqn.2024-01.a:b\"\nluns=[\"mem:1M\"]\nfoo=1", "unknown field"),
+            ("[limits]\nqueue_depth=0\n[[target]]\niqn=\"iqn.2024-01.a:b\"\nluns=[\"mem:1M\"]", "queue_depth"),
+            ("listen=[\"127.0.0.1:1\"]", "no [[target]]"),
+        ];
+        for (text, want) in bad {
+            let e = Config::from_toml(text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn iscsi_names_follow_rfc_3722_forms() {
+        assert!(valid_iscsi_name("iqn.2024-01.org.stics:target0"));
+        assert!(valid_iscsi_name("eui.02004567A425678D"));
+        assert!(valid_iscsi_name("naa.52004567BA64678D"));
+        assert!(!valid_iscsi_name("iqn.x"));
+        assert!(!valid_iscsi_name("target0"));
+        assert!(!valid_iscsi_name("iqn.2024-01.org stics"));
+    }
+}

@@ -1,0 +1,175 @@
+//! The listener side: opens the LUNs, binds the portals, admits connections within the limits
+//! and shuts everything down on request.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use stics_scsi::{Device, LogicalUnit, LuConfig};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use crate::config::{Config, Limits};
+use crate::login::{Policy, TargetAuth};
+use crate::registry::{Registry, SessionCtl};
+use crate::TargetError;
+
+/// One target at run time.
+pub(crate) struct Target {
+    pub iqn: String,
+    pub device: Arc<Device>,
+}
+
+/// State every connection shares.
+pub(crate) struct Shared {
+    pub policy: Arc<Policy>,
+    pub targets: Vec<Target>,
+    pub limits: Limits,
+    registry: Mutex<Registry>,
+    pub logins: Arc<Semaphore>,
+    pub next_nexus: AtomicU64,
+    /// Killed when the whole target shuts down.
+    pub stopping: SessionCtl,
+}
+
+impl Shared {
+    pub fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A bound, ready target; [`Server::run`] serves it.
+pub struct Server {
+    listeners: Vec<TcpListener>,
+    shared: Arc<Shared>,
+}
+
+/// A stable 64-bit identifier per (target, LUN), for NAA and serial numbers.
+fn lun_id(iqn: &str, lun: usize) -> u64 {
+    // FNV-1a: stable across runs and platforms, unlike the std hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in iqn.to_ascii_lowercase().bytes().chain((lun as u64).to_le_bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+impl Server {
+    /// Validates `config`, opens every LUN and binds every listen address.
+    pub async fn bind(config: &Config) -> Result<Server, TargetError> {
+        config.validate()?;
+        let mut targets = Vec::new();
+        let mut auths = Vec::new();
+        for t in &config.targets {
+            let mut luns = Vec::new();
+            for (i, spec) in t.luns.iter().enumerate() {
+                let parsed = spec.parse().map_err(|error| TargetError::Device { iqn: t.iqn.clone(), lun: i, error })?;
+                let dev = stics_block::open(&parsed).map_err(|error| TargetError::Device {
+                    iqn: t.iqn.clone(),
+                    lun: i,
+                    error,
+                })?;
+                let id = lun_id(&t.iqn, i);
+                let cfg = LuConfig {
+                    serial: format!("{:016x}", id),
+                    // NAA 6 (registered extended) with the IEEE company id field left as our hash.
+                    naa_id: (0x6u64 << 60) | (id >> 4),
+                    ..LuConfig::default()
+                };
+                luns.push(Arc::new(LogicalUnit::new(dev, cfg)));
+            }
+            targets.push(Target { iqn: t.iqn.clone(), device: Arc::new(Device::new(luns)) });
+            auths.push(TargetAuth {
+                iqn: t.iqn.clone(),
+                alias: t.alias.clone(),
+                chap: t.chap.clone(),
+                mutual_chap: t.mutual_chap.clone(),
+                initiators: t.initiators.clone(),
+            });
+        }
+        let mut listeners = Vec::new();
+        for addr in config.listen_addrs()? {
+            let l = TcpListener::bind(addr).await.map_err(|error| TargetError::Bind { addr, error })?;
+            listeners.push(l);
+        }
+        let limits = config.limits.clone();
+        let shared = Arc::new(Shared {
+            policy: Arc::new(Policy { targets: auths, limits: limits.clone(), tpgt: 1 }),
+            targets,
+            registry: Mutex::new(Registry::new(limits.max_sessions)),
+            logins: Arc::new(Semaphore::new(limits.max_logins)),
+            next_nexus: AtomicU64::new(1),
+            stopping: SessionCtl::default(),
+            limits,
+        });
+        Ok(Server { listeners, shared })
+    }
+
+    /// The addresses actually bound (useful with port 0).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners.iter().filter_map(|l| l.local_addr().ok()).collect()
+    }
+
+    /// Serves until `shutdown` resolves, then ends every session and returns.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), TargetError> {
+        let Server { listeners, shared } = self;
+        let connections = Arc::new(Semaphore::new(shared.limits.max_connections));
+        let mut conns = JoinSet::new();
+        let mut accepts = JoinSet::new();
+        let (conn_tx, mut conn_rx) = tokio::sync::mpsc::channel(64);
+        for l in listeners {
+            let tx = conn_tx.clone();
+            accepts.spawn(async move {
+                loop {
+                    match l.accept().await {
+                        Ok(c) => {
+                            if tx.send(c).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            // Out of file descriptors and the like: back off instead of spinning.
+                            tracing::warn!("accept failed: {e}");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+            });
+        }
+        drop(conn_tx);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                c = conn_rx.recv() => {
+                    let Some((stream, peer)) = c else { break };
+                    let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+                        tracing::warn!(%peer, "connection limit reached; closing new connection");
+                        drop(stream);
+                        continue;
+                    };
+                    let shared = Arc::clone(&shared);
+                    conns.spawn(async move {
+                        crate::conn::serve(stream, peer, shared).await;
+                        drop(permit);
+                    });
+                }
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            }
+        }
+        tracing::info!("shutting down");
+        accepts.abort_all();
+        shared.stopping.kill();
+        shared.registry().kill_all(None);
+        // Sessions end promptly once killed; connections still logging in are cut off.
+        let drain = async { while conns.join_next().await.is_some() {} };
+        if tokio::time::timeout(Duration::from_secs(5), drain).await.is_err() {
+            conns.abort_all();
+        }
+        Ok(())
+    }
+}
