@@ -1,8 +1,135 @@
-//! (being written)
+//! `stics mount URL FILE`: exposes a remote LUN as a regular file through FUSE, so that
+//! `mkfs.ext4 FILE && mount -o loop FILE DIR` gives a file system on remote storage.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use stics_block::BlockDev;
+use stics_initiator::{IscsiUrl, Lun, LunOptions};
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Device URL: iscsi://[user[%secret]@]host[:port]/IQN/LUN (mutual CHAP:
+    /// ?target_user=U&target_password=P).
+    pub url: String,
+    /// Regular file to mount the LUN over; created (and removed afterwards) when missing.
+    pub file: PathBuf,
+    /// iSCSI sessions to open; commands are spread over them [default: 1].
+    #[arg(long, default_value_t = 1)]
+    pub sessions: usize,
+    /// Ask for CRC32C header and data digests.
+    #[arg(long)]
+    pub digests: bool,
+    /// Export read-only.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Threads reading FUSE requests (each request is then handled asynchronously) [default: 2].
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Seconds to keep reconnecting after the target went away before I/O fails [default: 60].
+    #[arg(long, default_value_t = 60)]
+    pub recovery_timeout: u64,
+    /// Seconds of silence before a NOP-Out keep-alive is sent [default: 5].
+    #[arg(long, default_value_t = 5)]
+    pub nop_interval: u64,
+    /// Seconds a NOP-Out may stay unanswered before the connection counts as dead [default: 10].
+    #[arg(long, default_value_t = 10)]
+    pub nop_timeout: u64,
+    /// This initiator's name (IQN) [default: iqn.2024-01.org.stics:initiator].
+    #[arg(long)]
+    pub initiator_name: Option<String>,
+    /// Print the traffic counters when stopping.
+    #[arg(long)]
+    pub stats: bool,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    super::logging::init("info");
+    let url = IscsiUrl::parse(&args.url)?;
+    let mut opts = LunOptions { sessions: args.sessions.max(1), ..LunOptions::default() };
+    if let Some(n) = &args.initiator_name {
+        opts.config.initiator_name = n.clone();
+    }
+    opts.config.offer.header_digest = args.digests;
+    opts.config.offer.data_digest = args.digests;
+    opts.config.timers.recovery.timeout = Duration::from_secs(args.recovery_timeout);
+    opts.config.timers.nop_interval = Duration::from_secs(args.nop_interval.max(1));
+    opts.config.timers.nop_timeout = Duration::from_secs(args.nop_timeout.max(1));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let lun = Arc::new(rt.block_on(Lun::open(&url, &opts)).with_context(|| format!("opening {url}"))?);
+    let g = lun.geometry();
+    if let Some(s) = lun.sessions().first() {
+        let p = s.params();
+        tracing::info!(
+            immediate_data = p.immediate_data,
+            initial_r2t = p.initial_r2t,
+            first_burst = p.first_burst_length,
+            max_burst = p.max_burst_length,
+            max_send_segment = p.max_xmit_data_segment_length,
+            header_digest = p.header_digest,
+            data_digest = p.data_digest,
+            write_cache = lun.volatile_cache(),
+            "session parameters"
+        );
+    }
+    let created = if args.file.exists() {
+        false
+    } else {
+        std::fs::File::create(&args.file).with_context(|| format!("creating {}", args.file.display()))?;
+        true
+    };
+    let export = stics_fuse::ExportOptions {
+        threads: args.threads.max(1),
+        read_only: args.read_only,
+        fsname: format!("stics:{url}"),
+    };
+    let dev: Arc<dyn BlockDev> = lun.clone();
+    let mut mounted = match stics_fuse::mount(dev, rt.handle().clone(), &args.file, &export) {
+        Ok(m) => m,
+        Err(e) => {
+            if created {
+                let _ = std::fs::remove_file(&args.file);
+            }
+            rt.block_on(lun.close());
+            return Err(e.into());
+        }
+    };
+    tracing::info!(file = %args.file.display(), bytes = g.bytes(), block_size = g.block_size, "LUN exported");
+    let signalled = rt.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            tokio::select! {
+                _ = term.recv() => return Ok::<bool, std::io::Error>(true),
+                _ = int.recv() => return Ok(true),
+                _ = tick.tick() => if mounted.is_finished() { return Ok(false) },
+            }
+        }
+    })?;
+    if signalled {
+        tracing::info!("signal received: unmounting");
+        mounted.unmount().with_context(|| format!("unmounting {}", args.file.display()))?;
+    }
+    let s = mounted.stats();
+    let (r, w, rmw, f) =
+        (s.reads.load(Relaxed), s.writes.load(Relaxed), s.read_modify_writes.load(Relaxed), s.flushes.load(Relaxed));
+    let joined = mounted.join();
+    rt.block_on(lun.close());
+    if created {
+        let _ = std::fs::remove_file(&args.file);
+    }
+    if args.stats {
+        eprintln!(
+            "fuse reads      {r:>14}\nfuse writes     {w:>14}\nread-mod-writes {rmw:>14}\nfuse flushes    {f:>14}"
+        );
+        eprintln!("flushes skipped {:>14}", lun.flushes_skipped());
+        eprintln!("{}", lun.counters());
+    }
+    joined.context("FUSE request loop")?;
+    Ok(())
 }

@@ -1,0 +1,486 @@
+//! Exports any [`BlockDev`] as one regular file through FUSE, so that `mkfs` and
+//! `mount -o loop` work on it without a kernel initiator (the gateway reuses this too).
+//!
+//! The file is opened in direct-I/O mode: every read and write reaches the device, `fsync`
+//! becomes [`BlockDev::flush`] (SYNCHRONIZE CACHE on a remote LUN), and requests are handled
+//! as tokio tasks, so that the kernel's concurrent requests are in flight together.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::{Bytes, BytesMut};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, INodeNo, InitFlags, KernelConfig, LockOwner, MountOption,
+    OpenFlags, ReplyAttr, ReplyData, ReplyEmpty, ReplyOpen, ReplyWrite, Request, WriteFlags,
+};
+use stics_block::{BlockDev, BlockError};
+use tokio::runtime::Handle;
+use tokio::sync::RwLock;
+
+/// Errors of the export.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExportError {
+    /// The mount point must be an existing regular file.
+    #[error("{0}: mount point must be an existing regular file")]
+    NotAFile(PathBuf),
+    /// Mounting failed (no /dev/fuse, no permission, fusermount3 missing).
+    #[error("cannot mount FUSE file at {path}: {source}")]
+    Mount {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// How to export.
+#[derive(Debug, Clone)]
+pub struct ExportOptions {
+    /// Threads reading requests from /dev/fuse (handling itself is asynchronous).
+    pub threads: usize,
+    /// Refuse writes.
+    pub read_only: bool,
+    /// Name shown as the mount source in /proc/mounts.
+    pub fsname: String,
+}
+
+impl Default for ExportOptions {
+    fn default() -> Self {
+        ExportOptions { threads: 2, read_only: false, fsname: "stics".into() }
+    }
+}
+
+/// Request counts of an export.
+#[derive(Debug, Default)]
+pub struct ExportStats {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    /// Writes that did not cover whole blocks and needed a read first.
+    pub read_modify_writes: AtomicU64,
+    pub flushes: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+struct BlockFile {
+    dev: Arc<dyn BlockDev>,
+    rt: Handle,
+    size: u64,
+    block_size: u64,
+    read_only: bool,
+    started: SystemTime,
+    uid: u32,
+    gid: u32,
+    /// Whole-block writes share this lock; read-modify-writes of partial blocks take it alone,
+    /// so that a concurrent write can never be undone by a stale read-modify-write.
+    rmw: Arc<RwLock<()>>,
+    stats: Arc<ExportStats>,
+}
+
+const TTL: Duration = Duration::from_secs(1);
+
+fn errno(e: &BlockError) -> Errno {
+    match e {
+        BlockError::OutOfRange { .. } => Errno::EINVAL,
+        BlockError::Unsupported(_) => Errno::EOPNOTSUPP,
+        _ => Errno::EIO,
+    }
+}
+
+impl BlockFile {
+    fn attr(&self) -> FileAttr {
+        FileAttr {
+            ino: INodeNo::ROOT,
+            size: self.size,
+            blocks: self.size.div_ceil(512),
+            atime: self.started,
+            mtime: self.started,
+            ctime: self.started,
+            crtime: self.started,
+            kind: FileType::RegularFile,
+            perm: if self.read_only { 0o444 } else { 0o644 },
+            nlink: 1,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: self.block_size as u32,
+            flags: 0,
+        }
+    }
+}
+
+/// Reads `len` bytes at byte offset `off`, any alignment.
+pub async fn read_at(dev: &dyn BlockDev, off: u64, len: usize) -> Result<Bytes, BlockError> {
+    let bs = u64::from(dev.geometry().block_size);
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    let first = off / bs;
+    let last = (off + len as u64 - 1) / bs;
+    let blocks = u32::try_from(last - first + 1).map_err(|_| BlockError::Unsupported("read larger than 4 G blocks"))?;
+    let data = dev.read(first, blocks).await?;
+    let skip = (off - first * bs) as usize;
+    Ok(data.slice(skip..skip + len))
+}
+
+/// Writes `data` at byte offset `off`, any alignment; partial blocks are read, merged and
+/// written back under the exclusive side of `lock`.
+pub async fn write_at(
+    dev: &dyn BlockDev,
+    lock: &RwLock<()>,
+    off: u64,
+    data: Bytes,
+    fua: bool,
+) -> Result<bool, BlockError> {
+    let bs = u64::from(dev.geometry().block_size);
+    if data.is_empty() {
+        return Ok(false);
+    }
+    if off.is_multiple_of(bs) && (data.len() as u64).is_multiple_of(bs) {
+        let _g = lock.read().await;
+        dev.write(off / bs, data, fua).await?;
+        return Ok(false);
+    }
+    let _g = lock.write().await;
+    let first = off / bs;
+    let last = (off + data.len() as u64 - 1) / bs;
+    let blocks =
+        u32::try_from(last - first + 1).map_err(|_| BlockError::Unsupported("write larger than 4 G blocks"))?;
+    let old = dev.read(first, blocks).await?;
+    let mut buf = BytesMut::from(&old[..]);
+    let skip = (off - first * bs) as usize;
+    buf[skip..skip + data.len()].copy_from_slice(&data);
+    dev.write(first, buf.freeze(), fua).await?;
+    Ok(true)
+}
+
+impl fuser::Filesystem for BlockFile {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_background(128);
+        let _ = config.set_congestion_threshold(96);
+        // Lets asynchronous direct I/O (loop devices with direct-io, io_uring, aio) overlap.
+        let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: fuser::ReplyEntry) {
+        reply.error(Errno::ENOTDIR);
+    }
+
+    fn getattr(&self, _req: &Request, _ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        reply.attr(&TTL, &self.attr());
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<fuser::TimeOrNow>,
+        _mtime: Option<fuser::TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        // The file is the device: its size cannot change. Times and modes are not kept.
+        match size {
+            Some(s) if s != self.size => reply.error(Errno::EINVAL),
+            _ => reply.attr(&TTL, &self.attr()),
+        }
+    }
+
+    fn open(&self, _req: &Request, _ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let acc = flags.0 & libc::O_ACCMODE;
+        if self.read_only && acc != libc::O_RDONLY {
+            reply.error(Errno::EROFS);
+            return;
+        }
+        let sync = flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0;
+        reply.opened(
+            FileHandle(u64::from(sync)),
+            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
+        );
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        if offset >= self.size {
+            reply.data(&[]);
+            return;
+        }
+        let len = (u64::from(size)).min(self.size - offset) as usize;
+        let dev = self.dev.clone();
+        let stats = self.stats.clone();
+        self.rt.spawn(async move {
+            stats.reads.fetch_add(1, Relaxed);
+            match read_at(&*dev, offset, len).await {
+                Ok(b) => reply.data(&b),
+                Err(e) => {
+                    stats.errors.fetch_add(1, Relaxed);
+                    tracing::warn!(offset, len, error = %e, "read failed");
+                    reply.error(errno(&e));
+                }
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        if self.read_only {
+            reply.error(Errno::EROFS);
+            return;
+        }
+        if offset >= self.size {
+            reply.error(Errno::ENOSPC);
+            return;
+        }
+        let len = (data.len() as u64).min(self.size - offset) as usize;
+        let buf = Bytes::copy_from_slice(&data[..len]);
+        let (dev, lock, stats) = (self.dev.clone(), self.rmw.clone(), self.stats.clone());
+        let fua = fh.0 == 1;
+        self.rt.spawn(async move {
+            stats.writes.fetch_add(1, Relaxed);
+            match write_at(&*dev, &lock, offset, buf, fua).await {
+                Ok(rmw) => {
+                    if rmw {
+                        stats.read_modify_writes.fetch_add(1, Relaxed);
+                    }
+                    reply.written(len as u32)
+                }
+                Err(e) => {
+                    stats.errors.fetch_add(1, Relaxed);
+                    tracing::warn!(offset, len, error = %e, "write failed");
+                    reply.error(errno(&e));
+                }
+            }
+        });
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        // close(): direct I/O leaves nothing buffered here; durability is fsync's job.
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let (dev, stats) = (self.dev.clone(), self.stats.clone());
+        self.rt.spawn(async move {
+            stats.flushes.fetch_add(1, Relaxed);
+            match dev.flush().await {
+                Ok(()) => reply.ok(),
+                Err(e) => {
+                    stats.errors.fetch_add(1, Relaxed);
+                    tracing::warn!(error = %e, "flush failed");
+                    reply.error(errno(&e));
+                }
+            }
+        });
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EOPNOTSUPP);
+    }
+
+    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: fuser::ReplyXattr) {
+        reply.error(Errno::ENOTSUP);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // Block-device ioctls (BLKGETSIZE64 and friends) do not apply to a regular file.
+        reply.error(Errno::ENOTTY);
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: fuser::ReplyStatfs) {
+        reply.statfs(0, 0, 0, 1, 0, self.block_size as u32, 255, self.block_size as u32);
+    }
+}
+
+/// A mounted export.
+pub struct Mounted {
+    path: PathBuf,
+    unmounter: fuser::SessionUnmounter,
+    thread: Option<std::thread::JoinHandle<io::Result<()>>>,
+    stats: Arc<ExportStats>,
+}
+
+impl std::fmt::Debug for Mounted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mounted").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+/// Mounts `dev` over the regular file `file`. Requests run on `rt`.
+pub fn mount(dev: Arc<dyn BlockDev>, rt: Handle, file: &Path, opts: &ExportOptions) -> Result<Mounted, ExportError> {
+    let meta = std::fs::metadata(file).map_err(|source| ExportError::Mount { path: file.to_owned(), source })?;
+    if !meta.is_file() {
+        return Err(ExportError::NotAFile(file.to_owned()));
+    }
+    let g = dev.geometry();
+    let stats = Arc::new(ExportStats::default());
+    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let fs = BlockFile {
+        dev,
+        rt,
+        size: g.bytes(),
+        block_size: u64::from(g.block_size),
+        read_only: opts.read_only,
+        started: SystemTime::now(),
+        uid,
+        gid,
+        rmw: Arc::new(RwLock::new(())),
+        stats: stats.clone(),
+    };
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![MountOption::FSName(opts.fsname.clone()), MountOption::Subtype("stics".into())];
+    if opts.read_only {
+        config.mount_options.push(MountOption::RO);
+    }
+    config.n_threads = Some(opts.threads.max(1));
+    config.clone_fd = opts.threads > 1;
+    let mut session = fuser::Session::new(fs, file, &config)
+        .map_err(|source| ExportError::Mount { path: file.to_owned(), source })?;
+    let unmounter = session.unmount_callable();
+    let thread = std::thread::Builder::new()
+        .name("stics-fuse".into())
+        .spawn(move || session.run())
+        .map_err(|source| ExportError::Mount { path: file.to_owned(), source })?;
+    Ok(Mounted { path: file.to_owned(), unmounter, thread: Some(thread), stats })
+}
+
+impl Mounted {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn stats(&self) -> &ExportStats {
+        &self.stats
+    }
+
+    /// True once the export stopped (unmounted from outside, or after [`Mounted::unmount`]).
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Unmounts; when the file is busy (a loop device still holds it), detaches it lazily so
+    /// that it goes away as soon as the last user lets go.
+    pub fn unmount(&mut self) -> io::Result<()> {
+        match self.unmounter.unmount() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let c = std::ffi::CString::new(self.path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+                // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
+                let r = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+                if r == 0 {
+                    tracing::warn!(path = %self.path.display(), error = %e, "export busy: detached lazily");
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    /// Waits for the request loop to end.
+    pub fn join(mut self) -> io::Result<()> {
+        match self.thread.take() {
+            Some(t) => t.join().map_err(|_| io::Error::other("FUSE request loop panicked"))?,
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stics_block::MemDev;
+
+    fn dev() -> Arc<dyn BlockDev> {
+        Arc::new(MemDev::new(512, 64))
+    }
+
+    #[tokio::test]
+    async fn unaligned_writes_merge_with_neighbouring_bytes() {
+        let d = dev();
+        let lock = RwLock::new(());
+        d.write(0, Bytes::from(vec![0xaa; 2048]), false).await.unwrap();
+        let rmw = write_at(&*d, &lock, 500, Bytes::from(vec![1u8; 30]), false).await.unwrap();
+        assert!(rmw);
+        let b = read_at(&*d, 490, 50).await.unwrap();
+        assert_eq!(&b[..10], &[0xaa; 10]);
+        assert_eq!(&b[10..40], &[1u8; 30]);
+        assert_eq!(&b[40..], &[0xaa; 10]);
+        assert!(!write_at(&*d, &lock, 1024, Bytes::from(vec![2u8; 512]), false).await.unwrap());
+        assert_eq!(&read_at(&*d, 1023, 2).await.unwrap()[..], &[0xaa, 2]);
+    }
+
+    #[tokio::test]
+    async fn reads_past_the_end_are_refused_by_the_device() {
+        let d = dev();
+        assert!(read_at(&*d, 64 * 512 - 1, 2).await.is_err());
+        assert_eq!(read_at(&*d, 100, 0).await.unwrap().len(), 0);
+    }
+}

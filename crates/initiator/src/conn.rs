@@ -1,0 +1,164 @@
+//! The only module that touches sockets: connecting, reading and writing framed PDUs, running
+//! a login exchange, and the per-connection reader and writer tasks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use stics_wire::{frame, Digests, FrameError, Header, Pdu};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+use crate::counters::Counters;
+use crate::login::{Login, LoginConfig, Outcome, Step};
+use crate::Error;
+
+/// Largest data segment accepted during login, before limits are negotiated (RFC 7143 §13.12
+/// lets login text run to 8192 per PDU; some targets send more).
+const LOGIN_MAX_DATA: u32 = 65_536;
+
+/// Opens a TCP connection with a time limit.
+pub async fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, Error> {
+    let s = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| Error::Timeout { addr: addr.to_owned(), during: "connect" })?
+        .map_err(|source| Error::Connect { addr: addr.to_owned(), source })?;
+    let _ = s.set_nodelay(true);
+    Ok(s)
+}
+
+/// Wire bytes of a PDU.
+pub fn encode(pdu: &Pdu, digests: Digests) -> Bytes {
+    let mut out = BytesMut::with_capacity(48 + pdu.data.len() + 12);
+    frame::encode(pdu, digests, &mut out);
+    out.freeze()
+}
+
+/// Counts a PDU about to be sent.
+pub fn count_sent(c: &Counters, pdu: &Pdu, wire_len: usize) {
+    Counters::add(&c.pdus_sent, 1);
+    Counters::add(&c.bytes_sent, wire_len as u64);
+    match pdu.header {
+        Header::ScsiCommand(_) => {
+            Counters::add(&c.commands, 1);
+            Counters::add(&c.round_trips, 1);
+        }
+        Header::LoginRequest(_) | Header::TextRequest(_) | Header::LogoutRequest(_) | Header::TaskMgmtRequest(_) => {
+            Counters::add(&c.round_trips, 1)
+        }
+        Header::NopOut(n) if n.itt != stics_wire::RESERVED_TAG => Counters::add(&c.round_trips, 1),
+        _ => {}
+    }
+}
+
+fn count_received(c: &Counters, pdu: &Pdu, wire_len: usize) {
+    Counters::add(&c.pdus_received, 1);
+    Counters::add(&c.bytes_received, wire_len as u64);
+    if let Header::R2t(_) = pdu.header {
+        Counters::add(&c.round_trips, 1);
+    }
+}
+
+/// Reads PDUs from a byte stream.
+pub struct PduReader {
+    rd: OwnedReadHalf,
+    buf: BytesMut,
+    pub digests: Digests,
+    pub max_data: u32,
+    counters: Arc<Counters>,
+    addr: String,
+}
+
+impl PduReader {
+    pub fn new(rd: OwnedReadHalf, counters: Arc<Counters>, addr: String) -> PduReader {
+        PduReader {
+            rd,
+            buf: BytesMut::with_capacity(1 << 18),
+            digests: Digests::default(),
+            max_data: LOGIN_MAX_DATA,
+            counters,
+            addr,
+        }
+    }
+
+    /// The next whole PDU.
+    pub async fn next(&mut self) -> Result<Pdu, Error> {
+        loop {
+            match frame::check(&self.buf, self.digests, self.max_data) {
+                Ok(n) => {
+                    let f = self.buf.split_to(n).freeze();
+                    let pdu = frame::parse(f, self.digests).map_err(|e| Error::Protocol(e.to_string()))?;
+                    count_received(&self.counters, &pdu, n);
+                    return Ok(pdu);
+                }
+                Err(FrameError::Incomplete(need)) => {
+                    if self.buf.capacity() - self.buf.len() < need.saturating_sub(self.buf.len()).max(4096) {
+                        self.buf.reserve(need.max(1 << 16));
+                    }
+                    let n = self
+                        .rd
+                        .read_buf(&mut self.buf)
+                        .await
+                        .map_err(|source| Error::Io { addr: self.addr.clone(), source })?;
+                    if n == 0 {
+                        return Err(Error::Io {
+                            addr: self.addr.clone(),
+                            source: std::io::ErrorKind::UnexpectedEof.into(),
+                        });
+                    }
+                }
+                Err(e) => return Err(Error::Protocol(e.to_string())),
+            }
+        }
+    }
+}
+
+/// Sends one PDU directly (login and discovery, where nothing else writes).
+pub async fn send(
+    wr: &mut OwnedWriteHalf,
+    pdu: &Pdu,
+    digests: Digests,
+    counters: &Counters,
+    addr: &str,
+) -> Result<(), Error> {
+    let b = encode(pdu, digests);
+    count_sent(counters, pdu, b.len());
+    wr.write_all(&b).await.map_err(|source| Error::Io { addr: addr.to_owned(), source })
+}
+
+/// A connection in full-feature phase, or about to be.
+pub struct Connection {
+    pub reader: PduReader,
+    pub writer: OwnedWriteHalf,
+    pub addr: String,
+}
+
+/// Connects and logs in; the connection comes back with digests and limits set.
+pub async fn open(
+    addr: &str,
+    cfg: LoginConfig,
+    counters: Arc<Counters>,
+    timeout: Duration,
+) -> Result<(Connection, Outcome), Error> {
+    let stream = connect(addr, timeout).await?;
+    let (rd, mut wr) = stream.into_split();
+    let mut reader = PduReader::new(rd, counters.clone(), addr.to_owned());
+    let run = async {
+        let (mut login, first) = Login::start(cfg);
+        send(&mut wr, &first, Digests::default(), &counters, addr).await?;
+        loop {
+            let resp = reader.next().await?;
+            match login.step(&resp)? {
+                Step::Send(p) => send(&mut wr, &p, Digests::default(), &counters, addr).await?,
+                Step::Done(o) => return Ok::<Outcome, Error>(o),
+            }
+        }
+    };
+    let outcome = tokio::time::timeout(timeout, run)
+        .await
+        .map_err(|_| Error::Timeout { addr: addr.to_owned(), during: "login" })??;
+    reader.digests = Digests { header: outcome.params.header_digest, data: outcome.params.data_digest };
+    reader.max_data = outcome.params.max_recv_data_segment_length;
+    Ok((Connection { reader, writer: wr, addr: addr.to_owned() }, outcome))
+}

@@ -1,0 +1,245 @@
+//! A remote LUN as a [`BlockDev`]: READ(16)/WRITE(16)/SYNCHRONIZE CACHE over one or several
+//! sessions (commands spread round-robin), with retries of unit attentions and busy statuses.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use stics_block::{blocks_in, BlockDev, BlockError, Geometry};
+
+use crate::core::{Data, Request};
+use crate::counters::{Counters, Snapshot};
+use crate::scsi::{self, sense_key, status, ScsiOutcome};
+use crate::session::{random_isid, Config, Session};
+use crate::url::IscsiUrl;
+use crate::Error;
+
+/// How to open a LUN.
+#[derive(Debug, Clone)]
+pub struct LunOptions {
+    pub config: Config,
+    /// Sessions to open to the same target; commands are spread over them.
+    pub sessions: usize,
+    /// Largest transfer per command, in bytes; bigger requests are split.
+    pub max_transfer: u32,
+}
+
+impl Default for LunOptions {
+    fn default() -> Self {
+        LunOptions { config: Config::default(), sessions: 1, max_transfer: 1 << 20 }
+    }
+}
+
+/// How many times a command is sent again after a transient SCSI status.
+const MAX_RETRIES: u32 = 20;
+
+/// Runs `req` on `s`, sending it again on unit attention, busy, task set full, not-ready and
+/// aborted-command statuses, which a reconnection or target restart commonly produces.
+pub async fn execute_retrying(s: &Session, req: Request, counters: &Counters) -> Result<ScsiOutcome, Error> {
+    let mut attempt = 0u32;
+    loop {
+        let out = s.execute(req.clone()).await?;
+        let transient = match out.status {
+            status::GOOD => return Ok(out),
+            status::BUSY | status::TASK_SET_FULL | status::TASK_ABORTED => true,
+            status::CHECK_CONDITION => {
+                matches!(
+                    out.sense().map(|x| x.key),
+                    Some(sense_key::UNIT_ATTENTION | sense_key::NOT_READY | sense_key::ABORTED_COMMAND)
+                )
+            }
+            _ => false,
+        };
+        if !transient || attempt >= MAX_RETRIES {
+            return Err(Error::scsi(req.cdb[0], &out));
+        }
+        attempt += 1;
+        Counters::add(&counters.retries, 1);
+        if out.status != status::CHECK_CONDITION || out.sense().is_some_and(|x| x.key == sense_key::NOT_READY) {
+            tokio::time::sleep(Duration::from_millis(u64::from(attempt.min(10)) * 5)).await;
+        }
+    }
+}
+
+/// A remote logical unit.
+#[derive(Debug)]
+pub struct Lun {
+    sessions: Vec<Session>,
+    next: AtomicUsize,
+    lun: u64,
+    geometry: Geometry,
+    wce: bool,
+    max_blocks: u32,
+    /// Writes completed so far; a flush covers every write counted before it started.
+    write_gen: AtomicU64,
+    /// `write_gen` as sampled at the start of the last flush that succeeded.
+    flushed_gen: AtomicU64,
+    /// Flushes answered without a command because no write completed since the last one.
+    flushes_skipped: AtomicU64,
+}
+
+impl Lun {
+    /// Logs in (as many sessions as asked), checks that the LUN is a disk and reads its geometry
+    /// and write-cache setting.
+    pub async fn open(url: &IscsiUrl, opts: &LunOptions) -> Result<Lun, Error> {
+        let (_, lun) = url.require_lun()?;
+        let first = Session::connect(url, &opts.config, random_isid(0)).await?;
+        let c = first.counters_ref().clone();
+        let inq = execute_retrying(&first, Request { lun, cdb: scsi::inquiry(96), data: Data::Read(96) }, &c).await?;
+        let inq = scsi::parse_inquiry(&inq.data).ok_or_else(|| Error::Protocol("short INQUIRY data".into()))?;
+        if inq.qualifier != 0 || inq.device_type != 0 {
+            return Err(Error::NotADisk { lun, device_type: scsi::device_type_name(inq.device_type) });
+        }
+        let cap = read_capacity(&first, lun, &c).await?;
+        let ms =
+            execute_retrying(&first, Request { lun, cdb: scsi::mode_sense6_caching(64), data: Data::Read(64) }, &c)
+                .await;
+        // Assume a volatile cache when the target does not say: flushes are then never skipped.
+        let wce = ms.ok().and_then(|o| scsi::parse_wce(&o.data)).unwrap_or(true);
+        let mut sessions = vec![first];
+        for i in 1..opts.sessions.max(1) {
+            sessions.push(Session::connect(url, &opts.config, random_isid(i as u16)).await?);
+        }
+        let max_blocks = (opts.max_transfer / cap.block_size).max(1);
+        Ok(Lun {
+            sessions,
+            next: AtomicUsize::new(0),
+            lun,
+            geometry: Geometry { block_size: cap.block_size, num_blocks: cap.num_blocks },
+            wce,
+            max_blocks,
+            write_gen: AtomicU64::new(0),
+            flushed_gen: AtomicU64::new(0),
+            flushes_skipped: AtomicU64::new(0),
+        })
+    }
+
+    fn pick(&self) -> &Session {
+        let i = self.next.fetch_add(1, Relaxed) % self.sessions.len();
+        &self.sessions[i]
+    }
+
+    /// Runs a command on the next session, with retries of transient statuses.
+    pub async fn execute(&self, cdb: [u8; 16], data: Data) -> Result<ScsiOutcome, Error> {
+        let s = self.pick();
+        execute_retrying(s, Request { lun: self.lun, cdb, data }, s.counters_ref()).await
+    }
+
+    /// Counters summed over all sessions.
+    pub fn counters(&self) -> Snapshot {
+        self.sessions.iter().map(|s| s.counters()).fold(Snapshot::default(), |a, b| a + b)
+    }
+
+    /// Flushes that needed no SYNCHRONIZE CACHE (nothing written since the previous flush).
+    pub fn flushes_skipped(&self) -> u64 {
+        self.flushes_skipped.load(Relaxed)
+    }
+
+    /// The sessions behind this LUN.
+    pub fn sessions(&self) -> &[Session] {
+        &self.sessions
+    }
+
+    /// Logs out of every session.
+    pub async fn close(&self) {
+        for s in &self.sessions {
+            s.logout().await;
+        }
+    }
+
+    fn io_err(lba: u64, e: Error) -> BlockError {
+        match e {
+            Error::Task(crate::core::TaskError::Unreachable(m)) => BlockError::Unreachable(m),
+            other => BlockError::Io { lba, source: std::io::Error::other(other.to_string()) },
+        }
+    }
+}
+
+/// READ CAPACITY(16), or (10) when the target does not know (16).
+pub async fn read_capacity(s: &Session, lun: u64, c: &Counters) -> Result<scsi::Capacity, Error> {
+    let r16 = execute_retrying(s, Request { lun, cdb: scsi::read_capacity16(32), data: Data::Read(32) }, c).await;
+    if let Some(cap) = r16.as_ref().ok().and_then(|o| scsi::parse_capacity16(&o.data)) {
+        return Ok(cap);
+    }
+    let r10 = execute_retrying(s, Request { lun, cdb: scsi::read_capacity10(), data: Data::Read(8) }, c).await?;
+    scsi::parse_capacity10(&r10.data).ok_or_else(|| Error::Protocol("short READ CAPACITY data".into()))
+}
+
+#[async_trait]
+impl BlockDev for Lun {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    fn volatile_cache(&self) -> bool {
+        self.wce
+    }
+
+    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
+        self.geometry.check_range(lba, u64::from(blocks))?;
+        if blocks == 0 {
+            return Ok(Bytes::new());
+        }
+        let bs = self.geometry.block_size;
+        let mut out = BytesMut::new();
+        let mut done = 0u32;
+        while done < blocks {
+            let n = (blocks - done).min(self.max_blocks);
+            let at = lba + u64::from(done);
+            let len = n * bs;
+            let o = self.execute(scsi::read16(at, n), Data::Read(len)).await.map_err(|e| Self::io_err(at, e))?;
+            if o.data.len() != len as usize {
+                return Err(Self::io_err(at, Error::Protocol(format!("short read: {} of {len} bytes", o.data.len()))));
+            }
+            if n == blocks {
+                // One command covered it all: hand its buffer over without copying.
+                return Ok(o.data);
+            }
+            out.reserve((blocks * bs) as usize);
+            out.extend_from_slice(&o.data);
+            done += n;
+        }
+        Ok(out.freeze())
+    }
+
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
+        let bs = self.geometry.block_size;
+        let blocks = blocks_in(&data, bs)?;
+        self.geometry.check_range(lba, blocks)?;
+        let mut done = 0u64;
+        while done < blocks {
+            let n = (blocks - done).min(u64::from(self.max_blocks)) as u32;
+            let at = lba + done;
+            let off = (done * u64::from(bs)) as usize;
+            let chunk = data.slice(off..off + (n * bs) as usize);
+            self.execute(scsi::write16(at, n, fua), Data::Write(chunk)).await.map_err(|e| Self::io_err(at, e))?;
+            done += u64::from(n);
+        }
+        self.write_gen.fetch_add(1, SeqCst);
+        Ok(())
+    }
+
+    async fn flush(&self) -> Result<(), BlockError> {
+        // A flush only has to cover writes that completed before it; when none completed since
+        // the last successful flush started, that flush covered them all already. File systems
+        // mounted with -o sync ask for many such back-to-back flushes.
+        let gen = self.write_gen.load(SeqCst);
+        if !self.wce || gen == self.flushed_gen.load(SeqCst) {
+            self.flushes_skipped.fetch_add(1, Relaxed);
+            return Ok(());
+        }
+        // Every session's writes must be durable: SYNCHRONIZE CACHE on each.
+        for s in &self.sessions {
+            execute_retrying(
+                s,
+                Request { lun: self.lun, cdb: scsi::synchronize_cache10(), data: Data::None },
+                s.counters_ref(),
+            )
+            .await
+            .map_err(|e| Self::io_err(0, e))?;
+        }
+        self.flushed_gen.fetch_max(gen, SeqCst);
+        Ok(())
+    }
+}

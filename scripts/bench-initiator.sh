@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The initiator against libiscsi, in one run on one tgt LUN:
+#  1. PostMark on ext4 mounted -o sync (through a loop device) over `stics mount` and over
+#     qemu-storage-daemon's FUSE export (libiscsi), alternating, each on a fresh mkfs;
+#     e2fsck -fn after every run;
+#  2. 4 KiB random-read IOPS through the library at queue depth 1 and 32.
+# Prints tables; absolute numbers move between runs and machines, ratios in one run do not.
+#
+# Environment: SIZE_MIB (LUN size, 256), NUMBER (PostMark files, 300), TRANSACTIONS (3000),
+# ROUNDS (PostMark runs per export, alternating which goes first, 2), QD_SECONDS (seconds per depth, 5), CARGO_TARGET_DIR.
+# Needs root, tgt, qemu-system-common (qemu-storage-daemon), qemu-block-extra, postmark, fuse3.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SIZE_MIB=${SIZE_MIB:-256}
+NUMBER=${NUMBER:-300}
+TRANSACTIONS=${TRANSACTIONS:-3000}
+ROUNDS=${ROUNDS:-2}
+QD_SECONDS=${QD_SECONDS:-5}
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+IQN=iqn.2024-01.org.stics.bench:disk
+
+(cd "$ROOT" && cargo build --quiet --release -p stics && cargo build --quiet --release -p stics-initiator --example qd)
+STICS=$TARGET_DIR/release/stics
+QD=$TARGET_DIR/release/examples/qd
+
+WORK=$(mktemp -d /tmp/bench-initiator.XXXXXX)
+PORT=$((20000 + RANDOM % 30000))
+CTL=$((10000 + RANDOM % 20000))
+TGT_PID=""
+EXPORT_PID=""
+
+cleanup() {
+    set +e
+    mountpoint -q "$WORK/fs" 2>/dev/null && umount -l "$WORK/fs"
+    grep -q " $WORK/lun " /proc/mounts && umount -l "$WORK/lun"
+    [ -n "$EXPORT_PID" ] && kill -TERM "$EXPORT_PID" 2>/dev/null && wait "$EXPORT_PID" 2>/dev/null
+    [ -n "$TGT_PID" ] && kill -KILL "$TGT_PID" 2>/dev/null && wait "$TGT_PID" 2>/dev/null
+    rm -f "/var/run/tgtd/socket.$CTL" "/var/run/tgtd/socket.$CTL.lock"
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# Written out in full, so that the export measured first does not pay for allocating the image.
+dd if=/dev/zero of="$WORK/lun.img" bs=1M count="$SIZE_MIB" conv=fsync status=none
+tgtd -f -C "$CTL" --iscsi "portal=127.0.0.1:$PORT" >/dev/null 2>&1 &
+TGT_PID=$!
+for _ in $(seq 100); do
+    tgtadm -C "$CTL" --lld iscsi --op new --mode target --tid 1 -T "$IQN" 2>/dev/null && break
+    sleep 0.1
+done
+tgtadm -C "$CTL" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 -b "$WORK/lun.img"
+tgtadm -C "$CTL" --lld iscsi --op bind --mode target --tid 1 -I ALL
+URL="iscsi://127.0.0.1:$PORT/$IQN/1"
+mkdir -p "$WORK/fs"
+printf 'set location %s\nset number %s\nset transactions %s\nrun\nquit\n' "$WORK/fs" "$NUMBER" "$TRANSACTIONS" >"$WORK/pm.cfg"
+
+wait_mount() {
+    for _ in $(seq 200); do
+        grep -q " $WORK/lun " /proc/mounts && return 0
+        sleep 0.05
+    done
+    echo "export of $WORK/lun never appeared" >&2
+    return 1
+}
+
+# postmark_on KIND: prints "seconds fsck-result".
+postmark_on() {
+    : >"$WORK/lun"
+    case $1 in
+        stics) "$STICS" mount "$URL" "$WORK/lun" 2>"$WORK/export-$1.log" & ;;
+        qsd) qemu-storage-daemon \
+            --blockdev "driver=iscsi,transport=tcp,portal=127.0.0.1:$PORT,target=$IQN,lun=1,node-name=disk,cache.direct=on" \
+            --export "type=fuse,id=exp0,node-name=disk,mountpoint=$WORK/lun,writable=on" 2>"$WORK/export-$1.log" & ;;
+    esac
+    EXPORT_PID=$!
+    wait_mount
+    mkfs.ext4 -F -q "$WORK/lun"
+    mount -o loop,sync "$WORK/lun" "$WORK/fs"
+    local t0 t1 fsck
+    t0=$(date +%s.%N)
+    postmark "$WORK/pm.cfg" >"$WORK/postmark-$1.out"
+    t1=$(date +%s.%N)
+    umount "$WORK/fs"
+    if e2fsck -fn "$WORK/lun" >"$WORK/fsck-$1.out" 2>&1; then fsck=clean; else fsck=ERRORS; fi
+    kill -TERM "$EXPORT_PID"
+    wait "$EXPORT_PID" || true
+    EXPORT_PID=""
+    echo "$(echo "$t1 - $t0" | bc -l) $fsck"
+}
+
+declare -A TOTAL=([stics]=0 [qsd]=0)
+declare -A NAME=([stics]="stics mount" [qsd]="qemu-storage-daemon fuse")
+ROWS=()
+for r in $(seq "$ROUNDS"); do
+    order="stics qsd"
+    [ $((r % 2)) -eq 0 ] && order="qsd stics"
+    for kind in $order; do
+        read -r secs fsck < <(postmark_on "$kind")
+        TOTAL[$kind]=$(echo "${TOTAL[$kind]} + $secs" | bc -l)
+        ROWS+=("$(printf '%-5s %-28s %10.2f  %s' "$r" "${NAME[$kind]}" "$secs" "$fsck")")
+    done
+done
+
+echo
+echo "PostMark (number $NUMBER, transactions $TRANSACTIONS) on ext4 -o sync via loop, tgt LUN of $SIZE_MIB MiB"
+printf '%-5s %-28s %10s  %s\n' round export seconds e2fsck
+printf '%s\n' "${ROWS[@]}"
+printf 'total seconds: stics mount %.2f, qemu-storage-daemon fuse %.2f\n' "${TOTAL[stics]}" "${TOTAL[qsd]}"
+printf 'time ratio qemu-storage-daemon / stics: %.2f  (above 1: stics faster)\n' "$(echo "${TOTAL[qsd]} / ${TOTAL[stics]}" | bc -l)"
+
+echo
+echo "4 KiB random reads through stics-initiator (examples/qd.rs), same LUN, $QD_SECONDS s per depth"
+"$QD" "$URL" --depths 1,32 --seconds "$QD_SECONDS"
