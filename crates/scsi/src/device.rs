@@ -238,25 +238,28 @@ impl Device {
         }
     }
 
-    /// LOGICAL UNIT RESET: clears RESERVE(6/10) and tells every session (29h/03h).
-    pub fn lun_reset(&self, lun: u64, _by: &Nexus) -> TmfResult {
+    /// LOGICAL UNIT RESET: clears RESERVE(6/10) and tells every other session (29h/03h). The
+    /// session that asked learns of the reset from the task management response; initiators do
+    /// not expect a unit attention for their own reset (libiscsi's conformance suite fails on one).
+    pub fn lun_reset(&self, lun: u64, by: &Nexus) -> TmfResult {
         match self.lu(lun) {
             Some(lu) => {
-                lu.reset(0x29, 0x03, false);
+                lu.reset(0x29, 0x03, false, Some(by.id));
                 TmfResult::Complete
             }
             None => TmfResult::LunDoesNotExist,
         }
     }
 
-    /// TARGET WARM RESET (29h/02h... reported as BUS DEVICE RESET 29h/03h) or COLD RESET
-    /// (POWER ON 29h/01h, which also drops persistent reservations: we do not offer APTPL).
-    pub fn target_reset(&self, _by: &Nexus, cold: bool) -> TmfResult {
+    /// TARGET WARM RESET (29h/02h... reported as BUS DEVICE RESET 29h/03h, to every session but
+    /// the one that asked, as for a LUN reset) or COLD RESET (POWER ON 29h/01h for every session,
+    /// which also drops persistent reservations: we do not offer APTPL).
+    pub fn target_reset(&self, by: &Nexus, cold: bool) -> TmfResult {
         for lu in &self.luns {
             if cold {
-                lu.reset(0x29, 0x01, true);
+                lu.reset(0x29, 0x01, true, None);
             } else {
-                lu.reset(0x29, 0x03, false);
+                lu.reset(0x29, 0x03, false, Some(by.id));
             }
         }
         TmfResult::Complete
@@ -340,14 +343,29 @@ impl Device {
                 Ok(Done { data, xfer: total })
             }
             Cdb::Write(rw) | Cdb::WriteVerify { rw, .. } => {
-                let total = write_checks(lu, cmd, rw.lba, u64::from(rw.blocks), xfer_len_byte(rw.form))?;
+                let total = u64::from(rw.blocks) * bs;
+                if lu.cfg.read_only {
+                    return Err(Fail::from(Sense::write_protected()).with_xfer(total));
+                }
+                check_range(lu, rw.lba, u64::from(rw.blocks), Some(xfer_len_byte(rw.form)))
+                    .map_err(|f| f.with_xfer(total))?;
                 if total == 0 {
                     return Ok(Done::none());
                 }
-                let data = cmd.data_out.slice(..total as usize);
-                let fua = rw.fua || !lu.wce.load(Ordering::Relaxed);
-                let _shared = lu.write_lock.read().await;
-                lu.dev.write(rw.lba, data, fua).await.map_err(|e| block_error(e, true).with_xfer(total))?;
+                // RFC 7143 11.4.5.1: with an Expected Data Transfer Length shorter than the CDB's,
+                // only the whole blocks the initiator sent are written and the rest is reported
+                // as overflow. A partial block is never written.
+                let usable = total.min(edtl);
+                if (cmd.data_out.len() as u64) < usable {
+                    return Err(Fail::from(Sense::invalid_field_in_iu()).with_xfer(total));
+                }
+                let whole = usable / bs * bs;
+                if whole > 0 {
+                    let data = cmd.data_out.slice(..whole as usize);
+                    let fua = rw.fua || !lu.wce.load(Ordering::Relaxed);
+                    let _shared = lu.write_lock.read().await;
+                    lu.dev.write(rw.lba, data, fua).await.map_err(|e| block_error(e, true).with_xfer(total))?;
+                }
                 Ok(Done::out(total))
             }
             Cdb::Verify { rw, bytchk } => {
@@ -531,13 +549,19 @@ impl Device {
         }
         // MAX_CAW_BLOCKS is 255, the largest value the one-byte field holds: no length check.
         check_range(lu, lba, u64::from(blocks), None)?;
+        let half = u64::from(blocks) * u64::from(lu.geo.block_size);
+        let total = 2 * half;
+        // The Expected Data Transfer Length must be exactly the verify and the write data: a
+        // partial COMPARE AND WRITE would break its atomicity, and a transfer length that the
+        // NUMBER OF LOGICAL BLOCKS field does not describe (a 256-block request encodes as 0)
+        // is an invalid CDB.
+        if u64::from(cmd.expected_len) != total {
+            return Err(Fail::from(Sense::invalid_cdb_field(13, None)).with_xfer(total));
+        }
         if blocks == 0 {
             return Ok(Done::none());
         }
-        let half = u64::from(blocks) * u64::from(lu.geo.block_size);
-        let total = 2 * half;
-        // The data-out buffer must hold exactly the verify and the write data.
-        if u64::from(cmd.expected_len) != total || cmd.data_out.len() as u64 != total {
+        if cmd.data_out.len() as u64 != total {
             return Err(Fail::from(Sense::invalid_field_in_iu()).with_xfer(total));
         }
         let _excl = lu.write_lock.write().await;
@@ -586,9 +610,10 @@ impl Device {
             return Ok(Done::out(xfer));
         }
         let block = if ndob { Bytes::from(vec![0u8; bs as usize]) } else { cmd.data_out.slice(..bs as usize) };
-        let zero = block.iter().all(|&b| b == 0);
         let _shared = lu.write_lock.read().await;
-        if unmap && zero && lu.discard {
+        // UNMAP asks for the blocks to be unmapped whatever the data block holds; with LBPRZ they
+        // then read as zeros. Without discard support the data is written instead.
+        if unmap && lu.discard {
             lu.dev.discard(lba, n).await.map_err(|e| block_error(e, true))?;
             return Ok(Done::out(xfer));
         }
@@ -779,8 +804,9 @@ fn check_range(lu: &LogicalUnit, lba: u64, blocks: u64, len_byte: Option<u16>) -
     }
 }
 
-/// Checks the data-out buffer against the length the CDB implies. Less data than the CDB asks
-/// for is refused (RFC 7143 allows this instead of a partial write), with the overflow reported.
+/// Checks the data-out buffer against the length the CDB implies, for VERIFY with BYTCHK and
+/// ORWRITE. Less data than the CDB asks for is refused (RFC 7143 allows this instead of a partial
+/// operation), with the overflow reported. WRITE instead writes the whole blocks it received.
 fn out_len_checks(cmd: &Command, total: u64) -> Result<u64, Fail> {
     if u64::from(cmd.expected_len) < total || (cmd.data_out.len() as u64) < total {
         return Err(Fail::from(Sense::invalid_field_in_iu()).with_xfer(total));

@@ -206,15 +206,15 @@ impl LogicalUnit {
     }
 
     /// LOGICAL UNIT RESET and target resets: drop RESERVE(6/10), restore mode defaults, tell
-    /// every session.
-    pub(crate) fn reset(&self, asc: u8, ascq: u8, clear_pr: bool) {
+    /// every session but `except`.
+    pub(crate) fn reset(&self, asc: u8, ascq: u8, clear_pr: bool, except: Option<u64>) {
         let mut st = self.lock();
         st.resv.spc2 = None;
         if clear_pr {
             st.resv.pr.clear_all();
         }
         self.wce.store(self.volatile, Ordering::Release);
-        self.queue_ua_all(&mut st, None, asc, ascq);
+        self.queue_ua_all(&mut st, except, asc, ascq);
         self.refresh_reserved(&st);
     }
 }

@@ -7,7 +7,8 @@ use crate::lu::LogicalUnit;
 use crate::Nexus;
 
 /// Maximum UNMAP LBA count and block descriptor count (Block Limits VPD).
-pub const MAX_UNMAP_LBAS: u32 = 0x40_0000;
+/// Initiators (libiscsi among them) expect at most 1 Mi blocks per descriptor.
+pub const MAX_UNMAP_LBAS: u32 = 0x10_0000;
 pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
 /// Maximum WRITE SAME length in blocks.
 pub const MAX_WRITE_SAME_BLOCKS: u64 = 0x1_0000;
@@ -103,7 +104,7 @@ pub fn vpd_page(lu: &LogicalUnit, nexus: &Nexus, page: u8) -> Option<Vec<u8>> {
             let mut b = vec![0u8; 0x3c];
             // WSNZ = 0: a WRITE SAME of 0 blocks runs to the end of the medium.
             b[1] = MAX_CAW_BLOCKS;
-            b[2..4].copy_from_slice(&1u16.to_be_bytes());
+            b[2..4].copy_from_slice(&(1u16 << lu.cfg.lbppbe.min(15)).to_be_bytes());
             b[4..8].copy_from_slice(&(lu.max_transfer_blocks() as u32).to_be_bytes());
             b[8..12].copy_from_slice(&((1u32 << 20) / bs).max(1).to_be_bytes());
             b[12..16].copy_from_slice(&(lu.max_transfer_blocks() as u32).to_be_bytes());

@@ -92,21 +92,109 @@ async fn read_residuals_follow_rfc7143() {
 }
 
 #[tokio::test]
-async fn write_overflow_is_refused_and_underflow_writes_only_the_cdb_length() {
+async fn write_with_edtl_shorter_than_cdb_writes_whole_blocks_and_reports_overflow() {
+    let d = mem_device();
+    let n = nexus(1);
+    let a = vec![b'a'; 2 * BS as usize];
+    // EDTL 0: GOOD, nothing written, the whole block is overflow.
+    run(&d, &n, &write10(0, 2), 2 * BS, &a).await;
+    let r = run(&d, &n, &write10(0, 1), 0, &[]).await;
+    assert_eq!((r.status, r.residual), (0, Residual::Overflow(BS)));
+    // EDTL 200 of a 512-byte block: a partial block is never written.
+    let r = run(&d, &n, &write10(0, 1), 200, &[b'b'; 200]).await;
+    assert_eq!((r.status, r.residual), (0, Residual::Overflow(BS - 200)));
+    let r = run(&d, &n, &read10(0, 2), 2 * BS, &[]).await;
+    assert!(r.data_in.iter().all(|&b| b == b'a'));
+    // Two blocks with EDTL of one: the first is written, the second untouched.
+    for wv in [0x2a, 0x2e] {
+        run(&d, &n, &write10(0, 2), 2 * BS, &a).await;
+        let mut cdb = write10(0, 2);
+        cdb[0] = wv;
+        let r = run(&d, &n, &cdb, BS, &vec![b'b'; BS as usize]).await;
+        assert_eq!((r.status, r.residual), (0, Residual::Overflow(BS)), "opcode {wv:#x}");
+        let r = run(&d, &n, &read10(0, 2), 2 * BS, &[]).await;
+        assert!(r.data_in[..BS as usize].iter().all(|&b| b == b'b'));
+        assert!(r.data_in[BS as usize..].iter().all(|&b| b == b'a'));
+    }
+}
+
+#[tokio::test]
+async fn write_with_edtl_longer_than_cdb_writes_only_the_cdb_length() {
     let d = mem_device();
     let n = nexus(1);
     run(&d, &n, &write10(0, 2), 2 * BS, &vec![b'a'; 2 * BS as usize]).await;
-    // EDTL one block, CDB two blocks: INVALID FIELD IN INFORMATION UNIT, overflow of one block.
-    let r = run(&d, &n, &write10(0, 2), BS, &vec![b'b'; BS as usize]).await;
-    assert_eq!((r.status, sense(&r), r.residual), (2, (ILLEGAL, 0x0e, 0x03), Residual::Overflow(BS)));
-    let r = run(&d, &n, &read10(0, 2), 2 * BS, &[]).await;
-    assert!(r.data_in.iter().all(|&b| b == b'a'));
-    // EDTL two blocks, CDB one block: one block written, underflow of one block.
     let r = run(&d, &n, &write10(0, 1), 2 * BS, &vec![b'c'; 2 * BS as usize]).await;
     assert_eq!((r.status, r.residual), (0, Residual::Underflow(BS)));
     let r = run(&d, &n, &read10(0, 2), 2 * BS, &[]).await;
     assert!(r.data_in[..BS as usize].iter().all(|&b| b == b'c'));
     assert!(r.data_in[BS as usize..].iter().all(|&b| b == b'a'));
+}
+
+#[tokio::test]
+async fn compare_and_write_with_edtl_not_matching_the_cdb_is_invalid_field_in_cdb() {
+    let d = mem_device();
+    let n = nexus(1);
+    // 256 blocks encode as NUMBER OF LOGICAL BLOCKS 0, with 2 x 256 blocks of data.
+    let caw0 = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let r = run(&d, &n, &caw0, 2 * 256 * BS, &vec![0; 2 * 256 * BS as usize]).await;
+    assert_eq!((r.status, sense(&r)), (2, (ILLEGAL, 0x24, 0)));
+    // A true zero-block COMPARE AND WRITE is not an error.
+    assert_eq!(run(&d, &n, &caw0, 0, &[]).await.status, 0);
+    // One block in the CDB, data for two.
+    let mut caw1 = caw0;
+    caw1[13] = 1;
+    let r = run(&d, &n, &caw1, 4 * BS, &vec![0; 4 * BS as usize]).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x24, 0));
+    let r = run(&d, &n, &caw1, 2 * BS, &vec![0; 2 * BS as usize]).await;
+    assert_eq!(r.status, 0);
+}
+
+#[tokio::test]
+async fn block_limits_max_unmap_lba_count_is_at_most_one_mebiblock() {
+    let d = mem_device();
+    let n = nexus(1);
+    let r = run(&d, &n, &[0x12, 1, 0xb0, 0, 64, 0], 64, &[]).await;
+    assert_eq!(r.status, 0);
+    let max_unmap = u32::from_be_bytes([r.data_in[20], r.data_in[21], r.data_in[22], r.data_in[23]]);
+    assert!(max_unmap > 0 && max_unmap <= 1 << 20, "{max_unmap}");
+}
+
+#[tokio::test]
+async fn write_same10_of_zero_blocks_with_unmap_unmaps_to_the_end_whatever_the_data() {
+    let d = mem_device();
+    let n = nexus(1);
+    for i in [1u32, 7, 256] {
+        let lba = NB as u32 - i;
+        run(&d, &n, &write10(lba, i as u16), i * BS, &vec![0xff; (i * BS) as usize]).await;
+        let mut ws = [0x41, 0x08, 0, 0, 0, 0, 0, 0, 0, 0];
+        ws[2..6].copy_from_slice(&lba.to_be_bytes());
+        let r = run(&d, &n, &ws, BS, &[0xff; BS as usize]).await;
+        assert_eq!(r.status, 0);
+        let r = run(&d, &n, &read10(lba, i as u16), i * BS, &[]).await;
+        assert!(r.data_in.iter().all(|&b| b == 0), "{i} blocks");
+    }
+}
+
+#[tokio::test]
+async fn lun_reset_spares_the_resetting_nexus_the_unit_attention() {
+    let d = mem_device();
+    let (a, b) = (nexus(1), nexus(2));
+    d.nexus_added(&a);
+    d.nexus_added(&b);
+    run(&d, &a, &[0, 0, 0, 0, 0, 0], 0, &[]).await;
+    run(&d, &b, &[0, 0, 0, 0, 0, 0], 0, &[]).await;
+    assert_eq!(run(&d, &a, &[0x16, 0, 0, 0, 0, 0], 0, &[]).await.status, 0);
+    assert_eq!(d.lun_reset(0, &a), TmfResult::Complete);
+    // The reset released the reservation; the resetting nexus goes on without a unit attention.
+    assert_eq!(run(&d, &a, &[0, 0, 0, 0, 0, 0], 0, &[]).await.status, 0);
+    assert_eq!(sense(&run(&d, &b, &[0, 0, 0, 0, 0, 0], 0, &[]).await), (0x06, 0x29, 0x03));
+    assert_eq!(run(&d, &b, &[0x16, 0, 0, 0, 0, 0], 0, &[]).await.status, 0);
+    // A warm target reset does the same; a cold one tells everybody.
+    assert_eq!(d.target_reset(&b, false), TmfResult::Complete);
+    assert_eq!(run(&d, &b, &[0, 0, 0, 0, 0, 0], 0, &[]).await.status, 0);
+    assert_eq!(sense(&run(&d, &a, &[0, 0, 0, 0, 0, 0], 0, &[]).await), (0x06, 0x29, 0x03));
+    d.target_reset(&b, true);
+    assert_eq!(sense(&run(&d, &b, &[0, 0, 0, 0, 0, 0], 0, &[]).await), (0x06, 0x29, 0x01));
 }
 
 #[tokio::test]
@@ -203,7 +291,10 @@ async fn unit_attention_after_login_is_reported_once_and_spares_inquiry() {
     assert_eq!(sense(&r), (0x06, 0x29, 0x00));
     let r = run(&d, &n, &[0, 0, 0, 0, 0, 0], 0, &[]).await;
     assert_eq!(r.status, 0);
-    d.lun_reset(0, &n);
+    let other = nexus(2);
+    d.nexus_added(&other);
+    run(&d, &other, &[0, 0, 0, 0, 0, 0], 0, &[]).await;
+    d.lun_reset(0, &other);
     let r = run(&d, &n, &[0x03, 0, 0, 0, 18, 0], 18, &[]).await;
     assert_eq!((r.status, r.data_in[2], r.data_in[12], r.data_in[13]), (0, 0x06, 0x29, 0x03));
     let r = run(&d, &n, &[0, 0, 0, 0, 0, 0], 0, &[]).await;

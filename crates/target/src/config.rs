@@ -76,6 +76,11 @@ pub struct Limits {
     pub max_command_bytes: u32,
     /// Write data a session may hold buffered for commands still waiting for more data.
     pub session_write_buffer_bytes: u64,
+    /// Seconds of silence from an initiator after which the target pings it with a NOP-In;
+    /// 0 turns pings off.
+    pub nop_in_interval_secs: u64,
+    /// Seconds the initiator has to answer a ping before its connection is dropped.
+    pub nop_in_timeout_secs: u64,
 }
 
 impl Default for Limits {
@@ -94,6 +99,8 @@ impl Default for Limits {
             queue_depth: 128,
             max_command_bytes: 32 * 1024 * 1024,
             session_write_buffer_bytes: 128 * 1024 * 1024,
+            nop_in_interval_secs: 30,
+            nop_in_timeout_secs: 30,
         }
     }
 }

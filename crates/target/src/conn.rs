@@ -27,10 +27,12 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::AbortHandle;
+use tokio::time::Instant;
 
 use crate::cmdsn::{Verdict, Window};
 use crate::datain::{self, Shape};
 use crate::dataout::{Burst, R2tReq, WriteTask, Writes};
+use crate::keepalive::{Keepalive, Tick};
 use crate::login::{Login, Outcome, Step};
 use crate::registry::{RegistryError, SessionCtl};
 use crate::server::{Shared, Target};
@@ -129,6 +131,14 @@ async fn read_frame<R: AsyncRead + Unpin>(
                 }
             }
         }
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -266,6 +276,48 @@ struct Running {
     counted: bool,
 }
 
+/// The tasks of one session, shared so that a LUN or target reset from another session of the
+/// same target can abort them too (SAM-5: a reset aborts the tasks of every I_T nexus).
+pub(crate) struct TaskSet {
+    target: Option<usize>,
+    running: Mutex<HashMap<u32, Running>>,
+    seq: Arc<SeqNums>,
+    /// LUNs (`None`: all) whose commands still waiting for write data must go. Only the owning
+    /// session holds those, so it applies these requests itself before it handles more PDUs.
+    aborts: Mutex<Vec<Option<u64>>>,
+    wake: Notify,
+}
+
+impl TaskSet {
+    /// Aborts the running commands on a LUN (`None`: all). Aborted tasks of another session
+    /// end without a response (TAS is 0); their CmdSN slots are freed.
+    fn abort_running(&self, lun: Option<u64>) {
+        let mut map = lock(&self.running);
+        let itts: Vec<u32> = map.iter().filter(|(_, r)| lun_matches(r.lun, lun)).map(|(i, _)| *i).collect();
+        for itt in itts {
+            if let Some(r) = map.remove(&itt) {
+                r.abort.abort();
+                if r.counted {
+                    self.seq.release();
+                }
+            }
+        }
+    }
+
+    /// Called by another session's reset: running commands go now, waiting writes as soon as
+    /// the owning session looks.
+    fn abort_from_elsewhere(&self, lun: Option<u64>) {
+        self.abort_running(lun);
+        lock(&self.aborts).push(lun);
+        self.wake.notify_one();
+    }
+}
+
+/// True when a LUN field names `lun` (`None` matches every LUN).
+fn lun_matches(field: u64, lun: Option<u64>) -> bool {
+    lun.is_none_or(|l| wire_lun::decode(field) == Some(l))
+}
+
 /// What a command needs to answer itself once the SCSI layer is done.
 struct Reply {
     out: Outbox,
@@ -314,7 +366,7 @@ struct Session {
     window: Window<(Pdu, Bytes)>,
     writes: Writes,
     pending: HashMap<u32, PendingWrite>,
-    running: Arc<Mutex<HashMap<u32, Running>>>,
+    tasks: Arc<TaskSet>,
     text: TextState,
     shape: Shape,
     noop: Waker,
@@ -365,6 +417,14 @@ async fn full_feature(
         max_burst: p.max_burst_length,
         max_outstanding_r2t: p.max_outstanding_r2t,
     };
+    let tasks = Arc::new(TaskSet {
+        target: o.target,
+        running: Mutex::new(HashMap::new()),
+        seq: Arc::clone(&seq),
+        aborts: Mutex::new(Vec::new()),
+        wake: Notify::new(),
+    });
+    shared.task_sets().insert(nexus.id, Arc::clone(&tasks));
     let mut s = Session {
         target: o.target,
         nexus: Arc::clone(&nexus),
@@ -376,7 +436,7 @@ async fn full_feature(
         window: Window::new(o.exp_cmd_sn),
         writes: Writes::new(burst, shared.limits.session_write_buffer_bytes),
         pending: HashMap::new(),
-        running: Arc::new(Mutex::new(HashMap::new())),
+        tasks: Arc::clone(&tasks),
         text: TextState::default(),
         shape: Shape { max_xmit: p.max_xmit_data_segment_length, max_burst: p.max_burst_length },
         noop: Waker::from(Arc::new(NoopWake)),
@@ -385,7 +445,8 @@ async fn full_feature(
     let max_recv = p.max_recv_data_segment_length;
     let reason = s.read_loop(rd, &mut buf, digests, max_recv, &li.ctl).await;
     // Tasks of an ended session are aborted (ERL 0: nothing survives the connection).
-    for (_, r) in lock(&s.running).drain() {
+    shared.task_sets().remove(&nexus.id);
+    for (_, r) in lock(&s.tasks.running).drain() {
         r.abort.abort();
     }
     drop(s);
@@ -407,11 +468,19 @@ impl Session {
         ctl: &Arc<SessionCtl>,
     ) -> &'static str {
         let stopping = &self.shared.clone();
+        let tasks = Arc::clone(&self.tasks);
+        let limits = &stopping.limits;
+        let interval = (limits.nop_in_interval_secs > 0).then(|| Duration::from_secs(limits.nop_in_interval_secs));
+        let mut alive =
+            Keepalive::new(interval, Duration::from_secs(limits.nop_in_timeout_secs.max(1)), Instant::now());
         loop {
             // Everything already buffered is handled before the next read.
             loop {
                 match frame::check(buf, digests, max_recv) {
                     Ok(n) => {
+                        if !lock(&self.tasks.aborts).is_empty() {
+                            self.apply_aborts();
+                        }
                         let f = buf.split_to(n).freeze();
                         if self.on_frame(f, digests) == Flow::Close {
                             return "logout or protocol error";
@@ -439,14 +508,27 @@ impl Session {
                     _ = self.seq.drained.notified() => {}
                 }
             }
+            let deadline = alive.deadline();
             tokio::select! {
                 biased;
                 _ = ctl.killed() => return "replaced or reset",
                 _ = stopping.stopping.killed() => return "target shutting down",
+                _ = tasks.wake.notified() => self.apply_aborts(),
+                _ = sleep_until_some(deadline) => match alive.tick(Instant::now()) {
+                    Tick::Wait => {}
+                    Tick::Ping(ttt) => {
+                        let ping = NopIn { itt: RESERVED_TAG, ttt, ..Default::default() };
+                        self.send(Pdu::new(ping, Bytes::new()));
+                    }
+                    Tick::Dead => {
+                        tracing::warn!("initiator did not answer a NOP-In ping; closing");
+                        return "initiator stopped answering pings";
+                    }
+                },
                 r = rd.read_buf(buf) => match r {
                     Ok(0) => return "connection closed by initiator",
                     Err(_) => return "connection error",
-                    Ok(_) => {}
+                    Ok(_) => alive.received(Instant::now()),
                 },
             }
         }
@@ -573,7 +655,7 @@ impl Session {
     }
 
     fn scsi_command(&mut self, h: ScsiCommand, ahs: Bytes, data: Bytes, raw: &Bytes, counted: bool) {
-        if self.pending.contains_key(&h.itt) || lock(&self.running).contains_key(&h.itt) {
+        if self.pending.contains_key(&h.itt) || lock(&self.tasks.running).contains_key(&h.itt) {
             self.release(counted);
             self.reject(reject::TASK_IN_PROGRESS, raw);
             return;
@@ -699,12 +781,12 @@ impl Session {
             reply.send(&resp);
             return;
         }
-        let running = Arc::clone(&self.running);
-        let mut map = lock(&self.running);
+        let tasks = Arc::clone(&self.tasks);
+        let mut map = lock(&self.tasks.running);
         let itt = h.itt;
         let handle = tokio::spawn(async move {
             let resp = fut.await;
-            let mut map = lock(&running);
+            let mut map = lock(&tasks.running);
             // Sent under the lock so that an abort either wins entirely or not at all.
             if map.remove(&itt).is_some() {
                 reply.send(&resp);
@@ -721,7 +803,7 @@ impl Session {
             self.release(pw.counted);
             return true;
         }
-        let r = lock(&self.running).remove(&itt);
+        let r = lock(&self.tasks.running).remove(&itt);
         if let Some(r) = r {
             r.abort.abort();
             self.release(r.counted);
@@ -734,9 +816,37 @@ impl Session {
     fn abort_where(&mut self, lun: Option<u64>) {
         let mut itts: Vec<u32> =
             self.pending.iter().filter(|(_, p)| lun.is_none_or(|l| p.h.lun == l)).map(|(i, _)| *i).collect();
-        itts.extend(lock(&self.running).iter().filter(|(_, r)| lun.is_none_or(|l| r.lun == l)).map(|(i, _)| *i));
+        itts.extend(lock(&self.tasks.running).iter().filter(|(_, r)| lun.is_none_or(|l| r.lun == l)).map(|(i, _)| *i));
         for itt in itts {
             self.abort_task(itt);
+        }
+    }
+
+    /// Applies the aborts other sessions' resets asked for: running commands are gone already,
+    /// writes still waiting for data go now, so that none of them runs after the reset.
+    fn apply_aborts(&mut self) {
+        let requests = std::mem::take(&mut *lock(&self.tasks.aborts));
+        for lun in requests {
+            let itts: Vec<u32> =
+                self.pending.iter().filter(|(_, p)| lun_matches(p.h.lun, lun)).map(|(i, _)| *i).collect();
+            for itt in itts {
+                self.abort_task(itt);
+            }
+            self.tasks.abort_running(lun);
+        }
+    }
+
+    /// Aborts the tasks of every other session of this target on `lun` (`None`: all LUNs).
+    fn abort_other_sessions(&self, lun: Option<u64>) {
+        let others: Vec<Arc<TaskSet>> = self
+            .shared
+            .task_sets()
+            .iter()
+            .filter(|(id, t)| **id != self.nexus.id && t.target == self.target)
+            .map(|(_, t)| Arc::clone(t))
+            .collect();
+        for t in others {
+            t.abort_from_elsewhere(lun);
         }
     }
 
@@ -766,6 +876,9 @@ impl Session {
                 None => tmf::LUN_DOES_NOT_EXIST,
                 Some(l) => {
                     self.abort_where(Some(h.lun));
+                    if h.function == tmf::LOGICAL_UNIT_RESET {
+                        self.abort_other_sessions(Some(l));
+                    }
                     match h.function {
                         tmf::CLEAR_TASK_SET => map(device.clear_task_set(l, &self.nexus)),
                         tmf::LOGICAL_UNIT_RESET => map(device.lun_reset(l, &self.nexus)),
@@ -776,6 +889,7 @@ impl Session {
             tmf::TARGET_WARM_RESET | tmf::TARGET_COLD_RESET => {
                 cold = h.function == tmf::TARGET_COLD_RESET;
                 self.abort_where(None);
+                self.abort_other_sessions(None);
                 map(device.target_reset(&self.nexus, cold))
             }
             tmf::CLEAR_ACA => tmf::NOT_SUPPORTED,

@@ -18,6 +18,7 @@ pub mod config;
 mod conn;
 pub mod datain;
 pub mod dataout;
+pub mod keepalive;
 pub mod login;
 pub mod registry;
 mod server;

@@ -1,6 +1,7 @@
 //! The listener side: opens the LUNs, binds the portals, admits connections within the limits
 //! and shuts everything down on request.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -13,6 +14,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::config::{Config, Limits};
+use crate::conn::TaskSet;
 use crate::login::{Policy, TargetAuth};
 use crate::registry::{Registry, SessionCtl};
 use crate::TargetError;
@@ -33,11 +35,17 @@ pub(crate) struct Shared {
     pub next_nexus: AtomicU64,
     /// Killed when the whole target shuts down.
     pub stopping: SessionCtl,
+    /// The tasks of every session in full feature phase, by nexus id (resets reach across).
+    task_sets: Mutex<HashMap<u64, Arc<TaskSet>>>,
 }
 
 impl Shared {
     pub fn registry(&self) -> MutexGuard<'_, Registry> {
         self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn task_sets(&self) -> MutexGuard<'_, HashMap<u64, Arc<TaskSet>>> {
+        self.task_sets.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -104,6 +112,7 @@ impl Server {
             logins: Arc::new(Semaphore::new(limits.max_logins)),
             next_nexus: AtomicU64::new(1),
             stopping: SessionCtl::default(),
+            task_sets: Mutex::new(HashMap::new()),
             limits,
         });
         Ok(Server { listeners, shared })

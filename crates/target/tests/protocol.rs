@@ -708,3 +708,67 @@ async fn a_peer_that_never_reads_is_throttled_not_buffered() {
     drop(hog);
     t.stop().await;
 }
+
+async fn lun_reset(c: &mut Client) -> u8 {
+    let itt = c.next_itt();
+    let tm = TaskMgmtRequest {
+        immediate: true,
+        function: tmf::LOGICAL_UNIT_RESET,
+        lun: stics_wire::lun::encode(0),
+        itt,
+        referenced_tag: RESERVED_TAG,
+        cmd_sn: c.cmd_sn,
+        ..Default::default()
+    };
+    c.send(Pdu::new(tm, Bytes::new())).await;
+    let Header::TaskMgmtResponse(r) = c.recv().await.header else { panic!() };
+    r.response
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lun_reset_aborts_the_waiting_writes_of_other_sessions() {
+    let t = start(config(None, None, Limits::default())).await;
+    let mut b = Client::connect(t.addr).await;
+    b.login(&[("InitialR2T", "Yes"), ("ImmediateData", "No")]).await;
+    b.clear_ua().await;
+    // B's write waits for its data when A resets the LUN.
+    let h = b.cmd(&[0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0], 0, 4096, false);
+    b.send(Pdu::new(h, Bytes::new())).await;
+    let Header::R2t(r2t) = b.recv().await.header else { panic!() };
+    let mut a = Client::connect(t.addr).await;
+    a.isid = [0x80, 0, 0, 0, 0x56, 0x78];
+    a.login(&[]).await;
+    a.clear_ua().await;
+    assert_eq!(lun_reset(&mut a).await, tmf::FUNCTION_COMPLETE);
+    // The data B sends afterwards belongs to an aborted task: it is dropped, nothing answers.
+    let d = DataOut { final_: true, itt: h.itt, ttt: r2t.ttt, ..Default::default() };
+    b.send(Pdu::new(d, Bytes::from(pattern(4096, 9)))).await;
+    // B learns of the reset from a unit attention; the resetting session does not get one.
+    let (status, _, sense) = b.run(&[0u8; 6], 0, &[], 0, 0).await;
+    assert_eq!(status, 2);
+    assert_eq!((sense.get(4).map(|k| k & 0x0f), sense.get(14), sense.get(15)), (Some(6), Some(&0x29), Some(&0x03)));
+    assert_eq!(a.run(&[0u8; 6], 0, &[], 0, 0).await.0, 0);
+    // The aborted write never reached the LUN.
+    assert!(b.read10(0, 8).await.iter().all(|&x| x == 0));
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connection_is_pinged_and_dropped_when_it_stops_answering() {
+    let limits = Limits { nop_in_interval_secs: 1, nop_in_timeout_secs: 1, ..Limits::default() };
+    let t = start(config(None, None, limits)).await;
+    let mut c = Client::connect(t.addr).await;
+    c.login(&[]).await;
+    let p = c.try_recv(Duration::from_secs(5)).await.expect("a NOP-In ping");
+    let Header::NopIn(n) = p.header else { panic!("expected a NOP-In, got {:?}", p.header) };
+    assert_eq!(n.itt, RESERVED_TAG);
+    assert_ne!(n.ttt, RESERVED_TAG, "the ping asks for an answer");
+    // Answered: the connection stays and a later ping comes.
+    let answer = NopOut { immediate: true, itt: RESERVED_TAG, ttt: n.ttt, cmd_sn: c.cmd_sn, ..Default::default() };
+    c.send(Pdu::new(answer, Bytes::new())).await;
+    let p = c.try_recv(Duration::from_secs(5)).await.expect("a second ping");
+    assert!(matches!(p.header, Header::NopIn(n) if n.itt == RESERVED_TAG));
+    // Not answered: the target gives up on the connection.
+    assert!(c.closed().await);
+    t.stop().await;
+}

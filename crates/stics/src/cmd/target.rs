@@ -59,6 +59,16 @@ pub struct Args {
     #[arg(long)]
     pub queue_depth: Option<u32>,
 
+    /// Seconds of initiator silence after which the target sends a NOP-In ping; 0 turns pings
+    /// off. Default 30 (or the config file's).
+    #[arg(long, value_name = "SECS")]
+    pub nop_interval: Option<u64>,
+
+    /// Seconds an initiator has to answer a NOP-In ping before its connection is dropped.
+    /// Default 30 (or the config file's).
+    #[arg(long, value_name = "SECS")]
+    pub nop_timeout: Option<u64>,
+
     /// Runtime worker threads. Default 2.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -96,6 +106,12 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
     }
     if let Some(n) = args.max_sessions {
         config.limits.max_sessions = n;
+    }
+    if let Some(n) = args.nop_interval {
+        config.limits.nop_in_interval_secs = n;
+    }
+    if let Some(n) = args.nop_timeout {
+        config.limits.nop_in_timeout_secs = n;
     }
     if let Some(n) = args.queue_depth {
         config.limits.queue_depth = n;
