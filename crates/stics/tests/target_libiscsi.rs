@@ -1,0 +1,25 @@
+//! libiscsi's conformance suite (`iscsi-test-cu --test=ALL`) against `stics target` with a
+//! mem:1GiB LUN: no test may fail. `scripts/conformance.sh` is the one place that counts the
+//! log (it also runs tgt for the side-by-side table); here it runs the stics half.
+
+use std::process::Command;
+
+#[test]
+fn iscsi_test_cu_all_has_no_failures_against_a_memory_lun() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let out = Command::new("bash")
+        .arg(format!("{root}/scripts/conformance.sh"))
+        .arg("--stics-only")
+        .env("STICS", env!("CARGO_BIN_EXE_stics"))
+        .output()
+        .expect("run scripts/conformance.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    assert!(out.status.success(), "conformance failures:\n{stdout}\n{stderr}");
+    let stics_row = stdout.lines().find(|l| l.starts_with("stics ")).expect("a stics row in the table");
+    let cols: Vec<&str> = stics_row.split_whitespace().collect();
+    assert_eq!(cols.get(1), Some(&"230"), "every test of the suite ran: {stics_row}");
+    assert_eq!(cols.get(4), Some(&"0"), "no failed test: {stics_row}");
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian packages that stics' tests and benchmarks use (the real peers: libiscsi's
+# tools, tgt, qemu, PostMark; FUSE and network tools). Needs root; does nothing when all are there.
+set -euo pipefail
+
+PACKAGES=(
+    libiscsi-bin tgt qemu-utils qemu-block-extra qemu-system-common postmark fio iperf3
+    fuse3 e2fsprogs util-linux iproute2 iptables nftables iputils-ping procps python3 bc
+    fonts-dejavu-core pkg-config
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "missing packages: ${missing[*]} (run as root: apt-get install ${missing[*]})" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Runs every test of stics: unit and property tests, and the process-level tests that use real
+# peers (libiscsi's iscsi-test-cu, tgt, qemu-img, qemu-storage-daemon, ext4 and PostMark, network
+# namespaces). Needs root (FUSE, loop mounts, namespaces); installs missing Debian packages first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ -f $HOME/.cargo/env ]] && source "$HOME/.cargo/env"
+bash scripts/deps.sh
+cargo test --workspace --no-fail-fast "$@"
