@@ -121,7 +121,7 @@ pub trait BlockDev: Send + Sync + 'static {
 
 /// Checks that a write buffer is a whole number of blocks and returns that number.
 pub fn blocks_in(data: &[u8], block_size: u32) -> Result<u64, BlockError> {
-    if data.len() % block_size as usize != 0 {
+    if !data.len().is_multiple_of(block_size as usize) {
         return Err(BlockError::Misaligned { len: data.len(), block_size });
     }
     Ok((data.len() / block_size as usize) as u64)

@@ -58,7 +58,7 @@ pub fn parse_size(s: &str) -> Result<u64, SpecError> {
         return Err(err());
     }
     let bytes = bytes as u64;
-    if bytes % u64::from(DEFAULT_BLOCK_SIZE) != 0 {
+    if !bytes.is_multiple_of(u64::from(DEFAULT_BLOCK_SIZE)) {
         return Err(err());
     }
     Ok(bytes)

@@ -17,6 +17,7 @@ pub fn from_wire(b: [u8; 4]) -> u32 {
 }
 
 #[cfg(test)]
+#[expect(clippy::indexing_slicing, reason = "tests")]
 mod tests {
     use super::*;
 

@@ -1024,7 +1024,7 @@ pub fn sense_from_segment(data: &Bytes) -> Option<Bytes> {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
+#[expect(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
 

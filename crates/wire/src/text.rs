@@ -65,7 +65,7 @@ pub fn encode<K: AsRef<str>, V: AsRef<str>>(pairs: &[(K, V)]) -> Bytes {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests")]
+#[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
 mod tests {
     use super::*;
     use proptest::prelude::*;
