@@ -20,18 +20,23 @@ use crate::loss::LossModel;
 use crate::nfq::{self, Msg, Verdict};
 use crate::params::{Dir, Params};
 use crate::rng::Rng;
-use crate::sched::{DelayLine, DelaySampler};
+use crate::sched::{self, DelayLine, DelaySampler, WakeMargin};
 use crate::sys::{self, FrameSender, NfqSocket};
 use crate::topo::{Role, Topology, END_IF, ROUTER_IF_HOST, ROUTER_IF_STORAGE};
 use crate::{Result, WanError};
 
-/// Bytes of each packet copied to user space: enough for the IP header, which is all we read.
-const COPY_RANGE: u32 = 64;
+/// Bytes of each packet copied to user space. None are read (the kernel reports the length), but
+/// a copy shorter than the packet is what makes it report the length.
+const COPY_RANGE: u32 = 20;
 /// Packets the kernel may hold per queue: 16 ms at 10 Gbit/s of 1500-byte packets, with room.
 const QUEUE_MAXLEN: u32 = 65_536;
 const RCVBUF: usize = 64 << 20;
 /// Datagrams read before the release queue is looked at again, so releases are never starved.
 const RX_BATCH: usize = 256;
+/// Datagrams (one packet each) taken per receive call, and room for each (a packet message with
+/// its attributes and copied header is about 150 bytes).
+const RX_SLOTS: usize = 64;
+const RX_SLOT_BYTES: usize = 2048;
 /// The longest a thread sleeps before it looks at the stop flag and parameters again.
 const IDLE_NS: u64 = 50_000_000;
 
@@ -64,7 +69,7 @@ struct Shared {
 
 impl Shared {
     fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        sys::mono_ns()
     }
 
     fn params(&self) -> Params {
@@ -172,6 +177,7 @@ fn serve(inst: &Instance, params: Params) -> Result<()> {
         bg: Default::default(),
         epoch: Instant::now(),
     });
+    let _stamps = sys::RxStamps::enable()?;
     let mut threads: Vec<JoinHandle<Result<()>>> = Vec::new();
     for d in Dir::ALL {
         let sock = NfqSocket::open(d.index() as u16, COPY_RANGE, QUEUE_MAXLEN, RCVBUF)?;
@@ -366,17 +372,25 @@ fn link_status(topo: &Topology, d: Dir) -> LinkStatus {
 
 /// One direction's hot loop: read queued packets, decide loss, hold the rest in the delay line,
 /// release due packets with one batch verdict, and sleep until the next departure or arrival.
+///
+/// Each packet's delay counts from its kernel arrival stamp, so the time it waited for this
+/// thread to wake is part of the delay rather than added to it. Sleeps end on an absolute timer
+/// a learnt wake-up latency before the next departure; the rest is spent polling the queue, so
+/// departures leave within microseconds of their time.
 fn run_path(shared: &Shared, dir: Dir, sock: &NfqSocket) -> Result<()> {
     sys::tight_timer_slack();
     let queue = sock.queue();
     let c = &shared.paths[dir.index()];
+    let timer = sys::Timer::new()?;
+    let mut armed_at = 0;
+    let mut margin = WakeMargin::new();
     let mut generation = 0;
     let mut seed = None;
     let mut rng = Rng::new(0, 0);
     let mut loss = LossModel::new(Default::default());
     let mut sampler = DelaySampler { delay_ns: 0, jitter_ns: 0 };
     let mut line = DelayLine::new();
-    let mut buf = vec![0u8; 65_536];
+    let mut batch = sys::RecvBatch::new(RX_SLOTS, RX_SLOT_BYTES);
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
     while !shared.stopping() {
         let g = shared.generation.load(Relaxed);
@@ -391,29 +405,39 @@ fn run_path(shared: &Shared, dir: Dir, sock: &NfqSocket) -> Result<()> {
             loss.set_spec(path.loss);
             generation = g;
         }
-        let mut rx = 0;
+        let (mut rx, mut packets, mut bytes, mut dropped) = (0, 0, 0, 0);
         while rx < RX_BATCH {
-            let Some(n) = sock.recv(&mut buf)? else { break };
-            rx += 1;
-            let now = shared.now_ns();
-            let parsed = nfq::parse(buf.get(..n).unwrap_or(&[]), |m| {
-                if let Msg::Packet { id, len, .. } = m {
-                    c.packets.fetch_add(1, Relaxed);
-                    c.bytes.fetch_add(u64::from(len), Relaxed);
-                    if loss.lose(&mut rng) {
-                        // Drops go first in the datagram, before any batch that covers their id.
-                        nfq::push_verdict(&mut out, queue, id, Verdict::Drop, false);
-                        c.dropped.fetch_add(1, Relaxed);
-                    } else {
-                        line.push(id, len, now, sampler.sample(&mut rng));
+            let n = sock.recv_batch(&mut batch)?;
+            if n == 0 {
+                break;
+            }
+            rx += n;
+            let now = sys::mono_ns();
+            let real_minus_mono = sys::realtime_ns().wrapping_sub(now);
+            for i in 0..n {
+                let parsed = nfq::parse(batch.datagram(i), |m| {
+                    if let Msg::Packet { id, len, stamp_ns, .. } = m {
+                        packets += 1;
+                        bytes += u64::from(len);
+                        if loss.lose(&mut rng) {
+                            // Drops go first in the datagram, before any batch that covers their id.
+                            nfq::push_verdict(&mut out, queue, id, Verdict::Drop, false);
+                            dropped += 1;
+                        } else {
+                            let arrived = sched::arrival_ns(now, stamp_ns, real_minus_mono);
+                            line.push(id, len, arrived, sampler.sample(&mut rng));
+                        }
                     }
+                });
+                if let Err(e) = parsed {
+                    eprintln!("stics wan daemon: queue {queue}: malformed message: {}", e.0);
                 }
-            });
-            if let Err(e) = parsed {
-                eprintln!("stics wan daemon: queue {queue}: malformed message: {}", e.0);
+            }
+            if n < batch.slots() {
+                break;
             }
         }
-        if let Some(r) = line.pop_due(shared.now_ns()) {
+        if let Some(r) = line.pop_due(sys::mono_ns()) {
             nfq::push_verdict(&mut out, queue, r.last_id, Verdict::Accept, true);
             c.released.fetch_add(r.packets, Relaxed);
         }
@@ -421,15 +445,36 @@ fn run_path(shared: &Shared, dir: Dir, sock: &NfqSocket) -> Result<()> {
             sock.send(&out)?;
             out.clear();
         }
+        if packets > 0 {
+            c.packets.fetch_add(packets, Relaxed);
+            c.bytes.fetch_add(bytes, Relaxed);
+            c.dropped.fetch_add(dropped, Relaxed);
+        }
         c.held.store(line.len() as u64, Relaxed);
         c.held_bytes.store(line.bytes(), Relaxed);
         c.max_held.store(line.max_len() as u64, Relaxed);
-        if rx == RX_BATCH {
+        if rx >= RX_BATCH {
             continue;
         }
-        let wait = line.next_release().map_or(IDLE_NS, |t| t.saturating_sub(shared.now_ns()).min(IDLE_NS));
-        if wait > 0 {
-            sys::poll_in(&[sock.raw_fd()], Some(wait))?;
+        let now = sys::mono_ns();
+        let next = line.next_release();
+        let wake = match next {
+            // Closer than a wake-up takes: poll the queue until it is due.
+            Some(t) if t <= now + margin.margin_ns() => continue,
+            Some(t) => (t - margin.margin_ns()).min(now + IDLE_NS),
+            // Nothing held: any pending wake-up will do to look at the stop flag.
+            None if armed_at > now => armed_at,
+            None => now + IDLE_NS,
+        };
+        if wake != armed_at {
+            timer.arm_at(wake)?;
+            armed_at = wake;
+        }
+        let (_, fired) = sys::wait_either(sock.raw_fd(), timer.raw_fd())?;
+        if fired {
+            margin.observe(sys::mono_ns().saturating_sub(wake));
+            // Re-arm next time round even for the same instant: that clears the expiry.
+            armed_at = 0;
         }
     }
     // Let held packets go rather than dropping them on the way out.

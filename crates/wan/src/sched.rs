@@ -1,5 +1,7 @@
 //! The delay line: a release queue that holds packet ids until their departure time, in FIFO
-//! order, and hands back the newest due id so one batch verdict releases all due packets.
+//! order, and hands back the newest due id so one batch verdict releases all due packets; plus
+//! the two timing corrections that make its departures punctual: when a packet really arrived
+//! ([`arrival_ns`]) and how early to wake for a departure ([`WakeMargin`]).
 //!
 //! Time is a plain nanosecond count supplied by the caller, so tests drive it with a fake clock.
 
@@ -112,6 +114,70 @@ impl DelayLine {
     }
 }
 
+/// The longest a kernel arrival stamp may lie before the moment it was read and still be
+/// believed. A thread that falls further behind (or a step of the wall clock, on which the stamps
+/// are taken) costs only extra delay: the arrival is then taken as this long before the read.
+pub const MAX_STAMP_AGE_NS: u64 = 20_000_000;
+
+/// A packet's arrival on the monotonic clock, from the kernel's `CLOCK_REALTIME` stamp (whole
+/// microseconds) when there is one, else the moment it was read (`read_ns`). `real_minus_mono_ns`
+/// is `CLOCK_REALTIME - CLOCK_MONOTONIC` (wrapping), sampled at the read.
+///
+/// The stamp is rounded up to the end of its microsecond, so a packet is never released before
+/// its full delay, and it is clamped to `[read_ns - MAX_STAMP_AGE_NS, read_ns]`.
+pub fn arrival_ns(read_ns: u64, stamp_ns: Option<u64>, real_minus_mono_ns: u64) -> u64 {
+    let Some(stamp) = stamp_ns else { return read_ns };
+    // Wrapping, so a wall clock behind the monotonic one (never set since boot) still works; a
+    // nonsense stamp lands anywhere and the clamp below bounds it.
+    let mono = stamp.wrapping_add(999).wrapping_sub(real_minus_mono_ns);
+    mono.clamp(read_ns.saturating_sub(MAX_STAMP_AGE_NS), read_ns)
+}
+
+/// How long before a departure the thread should ask to be woken, learnt from how late its
+/// timers have fired: the wake-up latency of a sleeping thread (an idle virtual CPU is woken by
+/// its host) is tens to hundreds of microseconds, far more than the precision wanted. The thread
+/// sleeps until the departure minus this margin and spins for the rest.
+///
+/// The margin tracks the mean lateness plus three mean deviations (exponentially weighted,
+/// 1/8 per sample), clamped to `[MIN_NS, MAX_NS]`, so the spin stays short when wake-ups are
+/// steady and grows only as far as they scatter.
+#[derive(Debug, Clone)]
+pub struct WakeMargin {
+    mean_ns: i64,
+    dev_ns: i64,
+}
+
+impl Default for WakeMargin {
+    fn default() -> Self {
+        WakeMargin::new()
+    }
+}
+
+impl WakeMargin {
+    pub const MIN_NS: u64 = 10_000;
+    pub const MAX_NS: u64 = 500_000;
+
+    /// Starts from a typical virtual machine's wake-up latency; samples soon replace it.
+    pub fn new() -> WakeMargin {
+        WakeMargin { mean_ns: 50_000, dev_ns: 20_000 }
+    }
+
+    /// Records one timer that was due at some instant and woke the thread `late_ns` after it.
+    pub fn observe(&mut self, late_ns: u64) {
+        // A single huge sample (the thread was preempted) must not throw the estimate away.
+        let x = late_ns.min(2 * Self::MAX_NS) as i64;
+        let err = x - self.mean_ns;
+        self.mean_ns += err / 8;
+        self.dev_ns += (err.abs() - self.dev_ns) / 8;
+    }
+
+    /// How long before a deadline to be woken.
+    pub fn margin_ns(&self) -> u64 {
+        let m = self.mean_ns.max(0) + 3 * self.dev_ns.max(0);
+        (m as u64).clamp(Self::MIN_NS, Self::MAX_NS)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,6 +251,69 @@ mod tests {
         let s = DelaySampler { delay_ns: 100, jitter_ns: 1000 };
         let mut rng = Rng::new(3, 0);
         assert!((0..10_000).all(|_| s.sample(&mut rng) <= 1100));
+    }
+
+    #[test]
+    fn arrival_is_the_kernel_stamp_on_the_monotonic_clock() {
+        // Real time runs 1e18 ns ahead of monotonic time; the stamp is 71 us before the read.
+        let off = 1_000_000_000_000_000_000;
+        let read = 5_000_000_000;
+        // Rounded up to the end of its microsecond: never early.
+        assert_eq!(arrival_ns(read, Some(off + read - 71_000), off), read - 71_000 + 999);
+        assert_eq!(arrival_ns(read, None, off), read);
+    }
+
+    #[test]
+    fn arrival_stamp_is_clamped_to_the_read_time_and_the_maximum_age() {
+        let off = 1_000_000_000;
+        let read = 5_000_000_000;
+        // A stamp from the future (the wall clock stepped back) counts from the read.
+        assert_eq!(arrival_ns(read, Some(off + read + 3_000_000), off), read);
+        // One far in the past (stepped forward, or a thread far behind) is believed only so far.
+        assert_eq!(arrival_ns(read, Some(off + read - 900_000_000), off), read - MAX_STAMP_AGE_NS);
+        // Nonsense stays within the bounds.
+        for stamp in [0, 1, u64::MAX, off, off + read + 1_000_000_000_000] {
+            let a = arrival_ns(read, Some(stamp), off);
+            assert!((read - MAX_STAMP_AGE_NS..=read).contains(&a), "{stamp}: {a}");
+        }
+        assert!(arrival_ns(10, Some(0), off) <= 10);
+    }
+
+    #[test]
+    fn arrival_works_with_a_wall_clock_behind_the_monotonic_clock() {
+        // Real time 1 s behind monotonic time: the difference wraps, the arithmetic still holds.
+        let read = 5_000_000_000u64;
+        let off = 0u64.wrapping_sub(1_000_000_000);
+        let stamp = read - 1_000_000_000 - 40_000;
+        assert_eq!(arrival_ns(read, Some(stamp), off), read - 40_000 + 999);
+    }
+
+    #[test]
+    fn wake_margin_follows_steady_latency_closely() {
+        let mut m = WakeMargin::new();
+        for _ in 0..200 {
+            m.observe(30_000);
+        }
+        // Steady wake-ups: the margin sits at the latency (plus a vanishing deviation).
+        assert!((30_000..=31_000).contains(&m.margin_ns()), "{}", m.margin_ns());
+    }
+
+    #[test]
+    fn wake_margin_widens_with_scatter_and_stays_within_bounds() {
+        let mut m = WakeMargin::new();
+        for i in 0..400u64 {
+            m.observe(if i % 2 == 0 { 20_000 } else { 120_000 });
+        }
+        // Mean 70 us, mean deviation 50 us: about 220 us.
+        assert!((150_000..=300_000).contains(&m.margin_ns()), "{}", m.margin_ns());
+        for _ in 0..200 {
+            m.observe(u64::MAX);
+        }
+        assert_eq!(m.margin_ns(), WakeMargin::MAX_NS);
+        for _ in 0..400 {
+            m.observe(0);
+        }
+        assert_eq!(m.margin_ns(), WakeMargin::MIN_NS);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Thin wrappers over the system calls the emulator needs: netlink and packet sockets, joining a
-//! network namespace, switching off segmentation offloads, polling with nanosecond timeouts.
+//! network namespace, switching off segmentation offloads, clocks, absolute-deadline timers and
+//! polling.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -31,6 +32,168 @@ pub fn tight_timer_slack() {
     // SAFETY: PR_SET_TIMERSLACK takes an integer argument and touches no memory.
     unsafe {
         libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
+    }
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid timespec for the call to fill; both clocks always exist on Linux.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of every delay-line time and timer deadline.
+pub fn mono_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// `CLOCK_REALTIME` in nanoseconds: the clock of the kernel's packet timestamps.
+pub fn realtime_ns() -> u64 {
+    clock_ns(libc::CLOCK_REALTIME)
+}
+
+/// Keeps the kernel stamping every received packet with its arrival time while it lives.
+///
+/// The stamps are switched on machine-wide by any socket that asks for receive timestamps (as
+/// `ping` and `tcpdump` do); this one is held only for that and never reads anything. The
+/// netfilter queue then hands each packet's stamp to user space, so the delay counts from the
+/// moment the packet reached the router, not from when our thread got round to reading it.
+#[derive(Debug)]
+pub struct RxStamps {
+    _fd: OwnedFd,
+}
+
+impl RxStamps {
+    pub fn enable() -> Result<RxStamps> {
+        // SAFETY: plain socket creation, owned right away.
+        let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }, "socket")?;
+        // SAFETY: fd was just created.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
+        Ok(RxStamps { _fd: fd })
+    }
+}
+
+/// A `CLOCK_MONOTONIC` timerfd armed with absolute deadlines: unlike a poll timeout, its expiry
+/// gets no slack proportional to the length of the sleep.
+#[derive(Debug)]
+pub struct Timer {
+    fd: OwnedFd,
+}
+
+impl Timer {
+    pub fn new() -> Result<Timer> {
+        // SAFETY: plain timerfd creation, owned right away.
+        let fd = check(
+            unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) },
+            "timerfd_create",
+        )?;
+        // SAFETY: fd was just created.
+        Ok(Timer { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Fires at `deadline_ns` on [`mono_ns`]'s clock. Re-arming also clears an earlier expiry,
+    /// so the descriptor is readable only once the new deadline has passed.
+    pub fn arm_at(&self, deadline_ns: u64) -> Result<()> {
+        // A zero it_value would disarm the timer; the clock is never that young anyway.
+        let at = deadline_ns.max(1);
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_value: libc::timespec {
+                tv_sec: (at / 1_000_000_000) as libc::time_t,
+                tv_nsec: (at % 1_000_000_000) as libc::c_long,
+            },
+        };
+        // SAFETY: spec is a valid itimerspec; the old value is not asked for.
+        check(
+            unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), libc::TFD_TIMER_ABSTIME, &spec, std::ptr::null_mut()) },
+            "timerfd_settime",
+        )?;
+        Ok(())
+    }
+
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Sleeps until `a` or `b` is readable (or a signal arrives); says which are.
+pub fn wait_either(a: RawFd, b: RawFd) -> Result<(bool, bool)> {
+    let mut pfds = [
+        libc::pollfd { fd: a, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: b, events: libc::POLLIN, revents: 0 },
+    ];
+    // SAFETY: pfds outlives the call and its length is passed.
+    let r = unsafe { libc::ppoll(pfds.as_mut_ptr(), 2, std::ptr::null(), std::ptr::null()) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok((false, false));
+        }
+        return Err(WanError::io("ppoll", e));
+    }
+    let ready = |p: &libc::pollfd| p.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0;
+    Ok((ready(&pfds[0]), ready(&pfds[1])))
+}
+
+fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, val: libc::c_int) -> Result<()> {
+    // SAFETY: val lives across the call and its size is passed.
+    check(
+        unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                &val as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        },
+        "setsockopt",
+    )?;
+    Ok(())
+}
+
+/// Room for many netlink datagrams, filled by one `recvmmsg`.
+pub struct RecvBatch {
+    slot: usize,
+    buf: Vec<u8>,
+    iov: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+}
+
+impl RecvBatch {
+    /// `slots` datagrams of up to `slot` bytes each (a longer one is cut short and reported as
+    /// truncated by its length).
+    pub fn new(slots: usize, slot: usize) -> RecvBatch {
+        let mut buf = vec![0u8; slots * slot];
+        let base = buf.as_mut_ptr();
+        // The vectors are never resized, so these pointers into `buf` stay valid for its life.
+        let mut iov: Vec<libc::iovec> = (0..slots)
+            // SAFETY: i * slot stays within buf's slots * slot bytes.
+            .map(|i| libc::iovec { iov_base: unsafe { base.add(i * slot) } as *mut libc::c_void, iov_len: slot })
+            .collect();
+        let iov_base = iov.as_mut_ptr();
+        let hdrs = (0..slots)
+            .map(|i| {
+                // SAFETY: an all-zero msghdr (no name, no control data) is valid.
+                let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                // SAFETY: i < slots, the length of iov.
+                h.msg_hdr.msg_iov = unsafe { iov_base.add(i) };
+                h.msg_hdr.msg_iovlen = 1;
+                h
+            })
+            .collect();
+        RecvBatch { slot, buf, iov, hdrs }
+    }
+
+    pub fn slots(&self) -> usize {
+        self.hdrs.len()
+    }
+
+    /// The `i`th datagram of the last receive (empty past the end).
+    pub fn datagram(&self, i: usize) -> &[u8] {
+        let len = self.hdrs.get(i).map_or(0, |h| h.msg_len as usize).min(self.slot);
+        self.buf.get(i * self.slot..i * self.slot + len).unwrap_or(&[])
     }
 }
 
@@ -90,8 +253,8 @@ impl NfqSocket {
         let s = NfqSocket { fd, queue, seq: 0 };
         // A large receive buffer absorbs bursts; without ENOBUFS reports a full buffer only
         // costs the packets the kernel could not deliver, which the kernel then drops.
-        s.setsockopt(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, rcvbuf as libc::c_int)?;
-        s.setsockopt(libc::SOL_NETLINK, libc::NETLINK_NO_ENOBUFS, 1)?;
+        setsockopt_int(s.raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, rcvbuf as libc::c_int)?;
+        setsockopt_int(s.raw_fd(), libc::SOL_NETLINK, libc::NETLINK_NO_ENOBUFS, 1)?;
         let mut s = s;
         let seq = s.next_seq();
         s.request(&nfq::bind(queue, seq), seq)?;
@@ -104,23 +267,6 @@ impl NfqSocket {
     fn next_seq(&mut self) -> u32 {
         self.seq += 1;
         self.seq
-    }
-
-    fn setsockopt(&self, level: libc::c_int, name: libc::c_int, val: libc::c_int) -> Result<()> {
-        // SAFETY: val lives across the call and its size is passed.
-        check(
-            unsafe {
-                libc::setsockopt(
-                    self.fd.as_raw_fd(),
-                    level,
-                    name,
-                    &val as *const libc::c_int as *const libc::c_void,
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            },
-            "setsockopt",
-        )?;
-        Ok(())
     }
 
     fn set_nonblocking(&self) -> Result<()> {
@@ -169,22 +315,35 @@ impl NfqSocket {
         Ok(n as usize)
     }
 
-    /// Receives one datagram without blocking; `None` when nothing is waiting.
-    pub fn recv(&self, buf: &mut [u8]) -> Result<Option<usize>> {
-        // SAFETY: buf is valid for writes of its length.
+    /// Receives as many waiting datagrams as `batch` holds with one system call, without
+    /// blocking; returns how many (0 when nothing is waiting).
+    pub fn recv_batch(&self, batch: &mut RecvBatch) -> Result<usize> {
+        for h in batch.hdrs.iter_mut() {
+            h.msg_len = 0;
+            h.msg_hdr.msg_flags = 0;
+        }
+        debug_assert_eq!(batch.iov.len(), batch.hdrs.len());
+        // SAFETY: every header points at its own iovec, which points into batch.buf; all live
+        // across the call, and the count passed is the number of headers.
         let n = unsafe {
-            libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT)
+            libc::recvmmsg(
+                self.fd.as_raw_fd(),
+                batch.hdrs.as_mut_ptr(),
+                batch.hdrs.len() as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
         };
         if n < 0 {
             let e = io::Error::last_os_error();
             return match e.raw_os_error() {
-                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
+                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(0),
                 // A lost notification leaves nothing to answer; carry on.
-                Some(libc::ENOBUFS) => Ok(None),
-                _ => Err(WanError::io("recv(netlink)", e)),
+                Some(libc::ENOBUFS) => Ok(0),
+                _ => Err(WanError::io("recvmmsg(netlink)", e)),
             };
         }
-        Ok(Some(n as usize))
+        Ok(n as usize)
     }
 
     /// Sends one or more netlink messages in a single datagram.
