@@ -37,14 +37,23 @@ start_tgt "$tport" "$work/tgt.img"
 declare -A URL=([stics]="iscsi://127.0.0.1:$sport/$STICS_IQN/0" [tgt]="iscsi://127.0.0.1:$tport/$TGT_IQN/1")
 declare -A PID=([stics]=$STICS_PID [tgt]=$TGT_PID)
 
-iport=$(free_port)
-iperf3 -s -1 -B 127.0.0.1 -p "$iport" >/dev/null 2>&1 &
-PIDS+=($!)
-sleep 0.5
-iperf_bps=$(iperf3 -c 127.0.0.1 -p "$iport" -t 3 -J | python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"])')
+# Loopback TCP bandwidth, one stream, three times: the best run is the reference (the kindest
+# to iperf3, so the "% of iperf3" column errs low).
+iperf_runs=()
+for i in 1 2 3; do
+    iport=$(free_port)
+    iperf3 -s -1 -B 127.0.0.1 -p "$iport" >/dev/null 2>&1 &
+    ipid=$!
+    PIDS+=("$ipid")
+    sleep 0.5 # Not wait_port: its probe would be the one client that -s -1 serves.
+    iperf_runs+=("$(iperf3 -c 127.0.0.1 -p "$iport" -t 2 -J |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"])')")
+    stop_pid "$ipid"
+done
+iperf_bps=$(printf '%s\n' "${iperf_runs[@]}" | sort -g | tail -1)
 
 # name count depth size
-WORKLOADS=("4k-qd32 200000 32 4096" "8k-qd1 20000 1 8192" "1M-qd8 3000 8 1048576")
+WORKLOADS=("4k-qd32 200000 32 4096" "8k-qd1 20000 1 8192" "1M-qd8 6000 8 1048576")
 csv="$out/results.csv"
 echo "workload,target,round,seconds,cpu_seconds,bytes" >"$csv"
 for w in "${WORKLOADS[@]}"; do
@@ -68,7 +77,7 @@ import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 iperf = float(sys.argv[2])
 need = {"4k-qd32": ("IOPS", 1.5), "8k-qd1": ("latency", 1.0), "1M-qd8": ("MB/s", 1.3)}
-print(f"loopback TCP (iperf3, one stream): {iperf / 1e9:.2f} Gbit/s\n")
+print(f"loopback TCP (iperf3, one stream, best of 3): {iperf / 1e9:.2f} Gbit/s\n")
 print("| workload | target | IOPS | MB/s | mean latency µs | % of iperf3 | server CPU s/GiB |")
 print("|---|---|---|---|---|---|---|")
 res = {}
@@ -83,14 +92,14 @@ for w in need:
         depth = {"4k-qd32": 32, "8k-qd1": 1, "1M-qd8": 8}[w]
         iops, mbs = ios / secs, nbytes / secs / 1e6
         lat = depth / iops * 1e6
-        res[(w, t)] = (iops, lat)
+        res[(w, t)] = (iops, lat, cpu / (nbytes / 2**30))
         print(f"| {w} | {t} | {iops:,.0f} | {mbs:,.0f} | {lat:,.1f} | {100 * nbytes * 8 / secs / iperf:.0f} % | {cpu / (nbytes / 2**30):.2f} |")
-print("\n| workload | stics / tgt | required | met |")
-print("|---|---|---|---|")
+print("\n| workload | stics / tgt | issue asks | met | server CPU per GiB, stics / tgt |")
+print("|---|---|---|---|---|")
 for w, (kind, req) in need.items():
     s, t = res[(w, "stics")], res[(w, "tgt")]
     ratio = t[1] / s[1] if kind == "latency" else s[0] / t[0]
     label = "tgt latency / stics latency" if kind == "latency" else "IOPS ratio"
-    print(f"| {w} | {ratio:.2f} ({label}) | ≥ {req} | {'yes' if ratio >= req else 'no'} |")
+    print(f"| {w} | {ratio:.2f} ({label}) | ≥ {req} | {'yes' if ratio >= req else 'no'} | {s[2] / t[2]:.2f} |")
 PY
 echo "raw results: $csv"

@@ -58,6 +58,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# stop_pid PID [SIGNAL]: stops one process this script started (SIGKILL unless told) and forgets it.
+stop_pid() {
+    local pid=$1 sig=${2:-KILL} p keep=()
+    kill "-$sig" "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    for p in "${PIDS[@]}"; do [[ $p == "$pid" ]] || keep+=("$p"); done
+    PIDS=("${keep[@]}")
+}
+
 # start_stics PORT LOG LUNSPEC...: starts `stics target`; sets STICS_PID.
 start_stics() {
     local port=$1 log=$2

@@ -10,23 +10,34 @@ use std::time::{Duration, Instant};
 
 use initiator_support::{run_ok, wait_mounted, Tgt};
 
+/// The tests of this file run one at a time: each drives a tgtd, a FUSE export and the kernel's
+/// loop and ext4 code, and together they overload a 2-core machine.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A running `stics mount`, unmounted and killed on drop if the test did not stop it.
 struct Mount {
     child: Option<Child>,
     file: PathBuf,
     fs_dir: Option<PathBuf>,
+    /// Where its stderr goes: a file, not a pipe, so that a chatty export never blocks on it.
+    log: tempfile::NamedTempFile,
 }
 
 impl Mount {
     fn start(url: &str, file: &Path) -> Mount {
         std::fs::File::create(file).unwrap();
+        let log = tempfile::NamedTempFile::new().unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_stics"))
             .args(["mount", "--stats", url, file.to_str().unwrap()])
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stderr(Stdio::from(log.reopen().unwrap()))
             .spawn()
             .unwrap();
-        let m = Mount { child: Some(child), file: file.to_owned(), fs_dir: None };
+        let m = Mount { child: Some(child), file: file.to_owned(), fs_dir: None, log };
         assert!(wait_mounted(file, true, Duration::from_secs(10)), "stics mount did not mount {}", file.display());
         m
     }
@@ -42,15 +53,13 @@ impl Mount {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(st) = child.try_wait().unwrap() {
-                let mut err = String::new();
-                use std::io::Read;
-                child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-                return (st.success(), err);
+                return (st.success(), std::fs::read_to_string(self.log.path()).unwrap());
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("stics mount did not stop within {limit:?}");
+                let err = std::fs::read_to_string(self.log.path()).unwrap_or_default();
+                panic!("stics mount did not stop within {limit:?}; it said:\n{err}");
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -72,6 +81,7 @@ impl Drop for Mount {
 
 #[test]
 fn ext4_on_stics_mount_of_tgt_runs_postmark_with_sync_and_fscks_clean() {
+    let _serial = serial();
     let tgt = Tgt::start(256);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("lun");
@@ -93,9 +103,13 @@ fn ext4_on_stics_mount_of_tgt_runs_postmark_with_sync_and_fscks_clean() {
     run_ok(Command::new("umount").arg(&fs_dir));
     m.fs_dir = None;
     let fsck = Command::new("e2fsck").args(["-fn"]).arg(&file).output().unwrap();
-    assert!(fsck.status.success(), "e2fsck found problems: {}", String::from_utf8_lossy(&fsck.stdout));
     m.signal("-TERM");
     let (ok, err) = m.wait(Duration::from_secs(10));
+    assert!(
+        fsck.status.success(),
+        "e2fsck found problems: {}\nstics mount said:\n{err}",
+        String::from_utf8_lossy(&fsck.stdout)
+    );
     assert!(ok, "stics mount failed: {err}");
     assert!(err.contains("fuse flushes"), "{err}");
     let flushes: u64 = err
@@ -111,6 +125,7 @@ fn ext4_on_stics_mount_of_tgt_runs_postmark_with_sync_and_fscks_clean() {
 
 #[test]
 fn unmount_from_outside_stops_stics_mount_cleanly() {
+    let _serial = serial();
     let tgt = Tgt::start(16);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("lun");
@@ -123,6 +138,7 @@ fn unmount_from_outside_stops_stics_mount_cleanly() {
 
 #[test]
 fn sigint_unmounts_and_leaves_the_written_data_on_the_target() {
+    let _serial = serial();
     let tgt = Tgt::start(16);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("lun");

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use stics_block::BlockDev;
 use stics_initiator::{IscsiUrl, Lun, LunOptions};
-use stics_wire::pdu::{stage, LoginRequest, Pdu, ScsiCommand};
+use stics_wire::pdu::{stage, DataOut, LoginRequest, Pdu, ScsiCommand};
 use stics_wire::{encode, text, Digests};
 
 const IQN: &str = "iqn.2024-01.org.stics.test:bad-input";
@@ -25,6 +25,10 @@ struct Target {
 
 impl Target {
     fn start(extra: &[&str], log: Option<&std::path::Path>) -> Target {
+        Target::start_with_env(extra, log, &[])
+    }
+
+    fn start_with_env(extra: &[&str], log: Option<&std::path::Path>, env: &[(&str, &str)]) -> Target {
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let stderr = match log {
             Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
@@ -36,13 +40,8 @@ impl Target {
         if !extra.contains(&"--config") {
             cmd.args(["--iqn", IQN]);
         }
-        let child = cmd
-            .args(extra)
-            .env("RUST_LOG", "debug")
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .unwrap();
+        cmd.envs(env.iter().copied());
+        let child = cmd.args(extra).env("RUST_LOG", "debug").stdout(Stdio::null()).stderr(stderr).spawn().unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(Instant::now() < deadline, "target did not listen");
@@ -85,15 +84,27 @@ fn wire(pdu: &Pdu) -> BytesMut {
     out
 }
 
-/// Sends `bytes` and waits until the target closes the connection (or answers and closes).
-fn send_and_expect_close(port: u16, bytes: &[u8]) {
+/// The target's login timeout (`login_timeout_secs`, 15 s by default) plus slack: a connection
+/// that is still open after this long is being held, which is what a hostile peer wants.
+const CLOSE_WITHIN: Duration = Duration::from_secs(25);
+
+/// Sends `bytes` on a fresh connection and waits for the target to close it; returns how long
+/// that took, or panics naming the probe if the target kept it open.
+fn send_and_expect_close(port: u16, name: &str, bytes: &[u8]) -> Duration {
+    let start = Instant::now();
     let mut s = connect(port);
+    s.set_read_timeout(Some(CLOSE_WITHIN)).unwrap();
     let _ = s.write_all(bytes);
     let mut sink = [0u8; 4096];
     loop {
         match s.read(&mut sink) {
-            Ok(0) | Err(_) => return,
+            Ok(0) => return start.elapsed(),
             Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                panic!("{name}: the target kept the connection open for {CLOSE_WITHIN:?}")
+            }
+            // A reset is the target closing with our unread bytes still queued.
+            Err(_) => return start.elapsed(),
         }
     }
 }
@@ -169,26 +180,45 @@ fn hostile_peers_do_not_disturb_other_sessions_or_grow_memory() {
         x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
         *b = (x >> 16) as u8;
     }
-    send_and_expect_close(port, &noise);
-    send_and_expect_close(port, &[0u8; 4096]);
-    // Truncated: half a BHS, then a BHS whose data never comes.
-    send_and_expect_close(port, &login_pdu(None)[..30]);
-    send_and_expect_close(port, &login_pdu(Some(1000))[..60]);
+    let mut probes: Vec<(&str, Vec<u8>)> = vec![("garbage", noise.clone()), ("zeros", vec![0u8; 4096])];
+    // Truncated: half a BHS, then a BHS whose data never comes (closed at the login timeout).
+    probes.push(("half a BHS", login_pdu(None)[..30].to_vec()));
+    probes.push(("BHS without its data", login_pdu(Some(1000))[..60].to_vec()));
     // Oversized: a login PDU declaring a 16 MiB data segment, followed by 1 MiB of it.
     let mut big = login_pdu(Some(0x00ff_ffff)).to_vec();
     big.truncate(48);
     big.extend(std::iter::repeat_n(b'A', 1 << 20));
-    send_and_expect_close(port, &big);
-    // Unknown opcode, and a SCSI command before login.
-    let mut unknown = [0u8; 48];
+    probes.push(("16 MiB login data segment", big));
+    // Unknown opcode, and a SCSI command and a Data-Out before login.
+    let mut unknown = vec![0u8; 48];
     unknown[0] = 0x1c;
-    send_and_expect_close(port, &unknown);
-    let cmd = ScsiCommand { final_: true, read: true, expected_len: 512, cdb: [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0], ..Default::default() };
-    send_and_expect_close(port, &wire(&Pdu::new(cmd, Bytes::new())));
+    probes.push(("unknown opcode", unknown));
+    let cmd = ScsiCommand {
+        final_: true,
+        read: true,
+        expected_len: 512,
+        cdb: [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0],
+        ..Default::default()
+    };
+    probes.push(("SCSI command before login", wire(&Pdu::new(cmd, Bytes::new())).to_vec()));
+    let data_out = DataOut { final_: true, itt: 7, ttt: 0xffff_ffff, ..Default::default() };
+    probes.push(("Data-Out before login", wire(&Pdu::new(data_out, pattern(3, 4096))).to_vec()));
+    // All at once: the slow ones wait out the login timeout side by side.
+    let probes: Vec<_> = probes
+        .into_iter()
+        .map(|(name, bytes)| std::thread::spawn(move || (name, send_and_expect_close(port, name, &bytes))))
+        .collect();
     // In full feature phase: a data segment larger than the negotiated limit, then garbage.
     let mut s = raw_session(port);
     let mut huge = wire(&Pdu::new(
-        ScsiCommand { final_: true, write: true, expected_len: 4 << 20, cmd_sn: 1, cdb: [0x2a, 0, 0, 0, 0, 0, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0], ..Default::default() },
+        ScsiCommand {
+            final_: true,
+            write: true,
+            expected_len: 4 << 20,
+            cmd_sn: 1,
+            cdb: [0x2a, 0, 0, 0, 0, 0, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0],
+            ..Default::default()
+        },
         Bytes::new(),
     ));
     huge[5..8].copy_from_slice(&[0x40, 0, 0]);
@@ -207,6 +237,11 @@ fn hostile_peers_do_not_disturb_other_sessions_or_grow_memory() {
     let during = t.rss_kib();
     assert!(t.alive(), "target died under the flood");
     drop(flood);
+
+    for p in probes {
+        let (name, took) = p.join().expect("a hostile probe was left open");
+        eprintln!("{name}: closed by the target after {took:.2?}");
+    }
 
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let rounds = rt.block_on(busy).unwrap();
@@ -241,10 +276,7 @@ fn wrong_chap_secret_is_refused_and_no_secret_is_logged() {
     .unwrap();
     let t = Target::start(&["--config", config.to_str().unwrap()], Some(&log));
     let inq = |user: &str, pass: &str| {
-        Command::new("iscsi-inq")
-            .arg(format!("iscsi://{user}%{pass}@127.0.0.1:{}/{IQN}/0", t.port))
-            .output()
-            .unwrap()
+        Command::new("iscsi-inq").arg(format!("iscsi://{user}%{pass}@127.0.0.1:{}/{IQN}/0", t.port)).output().unwrap()
     };
     let good = inq("alice", secret);
     assert!(good.status.success(), "right secret refused: {}", String::from_utf8_lossy(&good.stderr));
@@ -257,4 +289,42 @@ fn wrong_chap_secret_is_refused_and_no_secret_is_logged() {
     assert_eq!(text.matches("login refused").count(), 2, "both refused logins are logged: {text}");
     assert!(!text.contains(secret), "the CHAP secret appears in the log");
     assert!(!text.contains("wrong-secret-xyz1"), "a tried secret appears in the log");
+
+    let printed = Command::new(env!("CARGO_BIN_EXE_stics"))
+        .args(["target", "--config", config.to_str().unwrap(), "--print-config"])
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&printed.stdout);
+    assert!(printed.contains("user = \"alice\""), "--print-config shows the CHAP user: {printed}");
+    assert!(!printed.contains(secret), "--print-config shows the CHAP secret: {printed}");
+}
+
+#[test]
+fn mutual_chap_from_the_environment_authenticates_both_ways_and_no_secret_is_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("target.log");
+    let (secret, mutual) = ("alice-env-secret-34", "target-env-secret-56");
+    let t = Target::start_with_env(
+        &["--lun", "mem:16MiB", "--chap-user", "alice", "--mutual-user", "disk0"],
+        Some(&log),
+        &[("STICS_CHAP_SECRET", secret), ("STICS_MUTUAL_SECRET", mutual)],
+    );
+    let inq = |pass: &str, query: &str| {
+        Command::new("iscsi-inq")
+            .arg(format!("iscsi://alice%{pass}@127.0.0.1:{}/{IQN}/0{query}", t.port))
+            .output()
+            .unwrap()
+    };
+    let good = inq(secret, &format!("?target_user=disk0&target_password={mutual}"));
+    assert!(good.status.success(), "mutual CHAP login refused: {}", String::from_utf8_lossy(&good.stderr));
+    // The initiator checks the target's answer: a target that does not know the secret the
+    // initiator expects must not pass.
+    let impostor = inq(secret, "?target_user=disk0&target_password=not-the-target-secret9");
+    assert!(!impostor.status.success(), "initiator accepted a target answer made with another secret");
+    let bad = inq("wrong-secret-xyz2", &format!("?target_user=disk0&target_password={mutual}"));
+    assert!(!bad.status.success(), "wrong initiator secret accepted");
+    drop(t);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains(secret) && !text.contains(mutual), "a CHAP secret appears in the log: {text}");
+    assert!(!text.contains("wrong-secret-xyz2"), "a tried secret appears in the log");
 }

@@ -7,9 +7,12 @@ use std::process::Command;
 #[test]
 fn iscsi_test_cu_all_has_no_failures_against_a_memory_lun() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let logs = tempfile::tempdir().unwrap();
     let out = Command::new("bash")
         .arg(format!("{root}/scripts/conformance.sh"))
         .arg("--stics-only")
+        .arg("--logs")
+        .arg(logs.path())
         .env("STICS", env!("CARGO_BIN_EXE_stics"))
         .output()
         .expect("run scripts/conformance.sh");
@@ -17,7 +20,11 @@ fn iscsi_test_cu_all_has_no_failures_against_a_memory_lun() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
     eprintln!("{stderr}");
-    assert!(out.status.success(), "conformance failures:\n{stdout}\n{stderr}");
+    if !out.status.success() {
+        // Keep the raw iscsi-test-cu log for whoever reads the failure.
+        let kept = logs.keep();
+        panic!("conformance failures (raw logs kept in {}):\n{stdout}\n{stderr}", kept.display());
+    }
     let stics_row = stdout.lines().find(|l| l.starts_with("stics ")).expect("a stics row in the table");
     let cols: Vec<&str> = stics_row.split_whitespace().collect();
     assert_eq!(cols.get(1), Some(&"230"), "every test of the suite ran: {stics_row}");
