@@ -100,6 +100,8 @@ fn ext4_on_stics_mount_of_tgt_runs_postmark_with_sync_and_fscks_clean() {
     .unwrap();
     let out = run_ok(Command::new("postmark").arg(&cfg));
     assert!(out.contains("Time:"), "{out}");
+    // Write everything back while mounted, so that unmounting has nothing left to write.
+    run_ok(Command::new("sync").arg("-f").arg(&fs_dir));
     run_ok(Command::new("umount").arg(&fs_dir));
     m.fs_dir = None;
     let fsck = Command::new("e2fsck").args(["-fn"]).arg(&file).output().unwrap();

@@ -176,6 +176,8 @@ fn ext4_over_a_fuse_export_runs_postmark_with_sync_mount_and_fscks_clean() {
     .unwrap();
     let pm = run(Command::new("postmark").arg(&cfg));
     assert!(pm.contains("transactions"), "PostMark did not report: {pm}");
+    // Write everything back while mounted, so that unmounting has nothing left to write.
+    run(Command::new("sync").arg("-f").arg(&mnt));
     run(Command::new("umount").arg(&mnt));
     let fsck = Command::new("e2fsck").args(["-fn"]).arg(&file).output().unwrap();
     assert!(
