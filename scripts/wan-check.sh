@@ -22,6 +22,9 @@ PORT=$((20000 + RANDOM % 30000))
 FAILS=0
 
 wan() { "$STICS" wan --name "$NAME" "$@"; }
+# Command prefixes (not shell functions, so `timeout` can run them).
+IN_HOST="$STICS wan --name $NAME exec host --"
+IN_STORAGE="$STICS wan --name $NAME exec storage --"
 cleanup() {
     wan down >/dev/null 2>&1 || true
     ip netns del "$PLAIN_A" 2>/dev/null || true
@@ -32,7 +35,7 @@ trap cleanup EXIT
 # median RTT in ms of COUNT pings: ping_median NS-EXEC-PREFIX... ADDR COUNT
 ping_median() {
     local addr=$1 count=$2; shift 2
-    "$@" ping -U -n -i 0.02 -c "$count" "$addr" |
+    timeout 60 "$@" ping -U -n -i 0.02 -c "$count" "$addr" |
         python3 -c 'import sys,statistics; r=[float(l.split("time=")[1].split()[0]) for l in sys.stdin if "time=" in l]; print(f"{statistics.median(r):.3f}")'
 }
 
@@ -41,11 +44,14 @@ iperf_rate() {
     local secs=$1 server=$2 client=$3 addr=$4
     $server iperf3 -s -1 -p "$PORT" >/dev/null 2>&1 &
     local spid=$!
-    local out=""
+    local out="" ok=0
     for _ in $(seq 1 25); do
-        if out=$($client iperf3 -c "$addr" -p "$PORT" -t "$secs" -J 2>&1); then break; fi
+        # iperf3's client has no timeout of its own: a lost control connection would hang the run.
+        if out=$(timeout $((secs + 30)) $client iperf3 -c "$addr" -p "$PORT" -t "$secs" -J 2>&1); then ok=1; break; fi
         sleep 0.2
     done
+    # A server no client reached would wait for ever.
+    if [[ $ok == 0 ]]; then kill "$spid" 2>/dev/null || true; echo "iperf3 client failed: $out" >&2; fi
     wait "$spid" 2>/dev/null || true
     PORT=$((PORT + 1))
     python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.2f" % (d["end"]["sum_received"]["bits_per_second"] / 1e6))' <<<"$out"
@@ -70,27 +76,27 @@ row "plain veth: ping -U median RTT" "${plain_rtt} ms" "" "(baseline)"
 row "plain veth: iperf3, 1 stream" "${plain_bw} Mbit/s" "" "(baseline)"
 
 wan up --delay 0 --seed 1 >/dev/null
-emu_rtt=$(ping_median 10.201.2.2 200 wan exec host --)
-emu_bw=$(iperf_rate 5 "wan exec storage --" "wan exec host --" 10.201.2.2)
+emu_rtt=$(ping_median 10.201.2.2 200 $IN_HOST)
+emu_bw=$(iperf_rate 5 "$IN_STORAGE" "$IN_HOST" 10.201.2.2)
 row "emulator, zero delay: ping -U median RTT" "${emu_rtt} ms" "" "(overhead)"
 row "emulator, zero delay: iperf3, 1 stream" "${emu_bw} Mbit/s" "" "(overhead)"
 
 # 1. Delay.
 wan set --delay 5ms >/dev/null
-m=$(ping_median 10.201.2.2 200 wan exec host --)
+m=$(ping_median 10.201.2.2 200 $IN_HOST)
 if python3 -c "import sys; sys.exit(0 if 10.0 <= $m <= 10.5 else 1)"; then v=PASS; else v=FAIL; FAILS=$((FAILS + 1)); fi
 row "--delay 5ms: ping -U median RTT" "${m} ms" "10.0-10.5 ms" "$v"
 
 # 2. Rate.
 wan set --delay 1ms --rate 100mbit >/dev/null
-r=$(iperf_rate 10 "wan exec storage --" "wan exec host --" 10.201.2.2)
+r=$(iperf_rate 10 "$IN_STORAGE" "$IN_HOST" 10.201.2.2)
 if python3 -c "import sys; sys.exit(0 if 85 <= $r <= 100 else 1)"; then v=PASS; else v=FAIL; FAILS=$((FAILS + 1)); fi
 row "--delay 1ms --rate 100mbit: iperf3" "${r} Mbit/s" "85-100 Mbit/s" "$v"
 
 # Background load shares the bottleneck queue.
 for load in 30 60; do
     wan set --background "$load%" >/dev/null
-    r=$(iperf_rate 5 "wan exec storage --" "wan exec host --" 10.201.2.2)
+    r=$(iperf_rate 5 "$IN_STORAGE" "$IN_HOST" 10.201.2.2)
     row "  same, --background $load%: iperf3" "${r} Mbit/s" "(about $((100 - load)) or less)" "info"
 done
 wan set --background 0 --rate none >/dev/null
@@ -100,7 +106,7 @@ wan set --delay 5ms --loss 1e-2 >/dev/null
 for cc in reno cubic bbr; do
     wan set --cc "$cc" >/dev/null
     before=$(counters)
-    r=$(iperf_rate "$SECS" "wan exec storage --" "wan exec host --" 10.201.2.2)
+    r=$(iperf_rate "$SECS" "$IN_STORAGE" "$IN_HOST" 10.201.2.2)
     after=$(counters)
     read -r ratio p n lost ok_loss < <(python3 - "$r" "$before" "$after" <<'PY'
 import json, math, sys
