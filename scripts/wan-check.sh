@@ -44,10 +44,12 @@ iperf_rate() {
     local secs=$1 server=$2 client=$3 addr=$4
     $server iperf3 -s -1 -p "$PORT" >/dev/null 2>&1 &
     local spid=$!
-    local out="" ok=0
+    local out="" ok=0 start=$SECONDS
     for _ in $(seq 1 25); do
         # iperf3's client has no timeout of its own: a lost control connection would hang the run.
         if out=$(timeout $((secs + 30)) $client iperf3 -c "$addr" -p "$PORT" -t "$secs" -J 2>&1); then ok=1; break; fi
+        # Only a server that is not listening yet is worth another try.
+        if ((SECONDS - start > 10)); then break; fi
         sleep 0.2
     done
     # A server no client reached would wait for ever.
