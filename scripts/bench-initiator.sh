@@ -8,7 +8,9 @@
 # Prints tables; absolute numbers move between runs and machines, ratios in one run do not.
 #
 # Environment: SIZE_MIB (LUN size, 256), NUMBER (PostMark files, 300), TRANSACTIONS (3000),
-# ROUNDS (PostMark runs per export, alternating which goes first, 2), QD_SECONDS (seconds per depth, 5), CARGO_TARGET_DIR.
+# ROUNDS (PostMark runs per export, alternating which goes first, 2), QD_SECONDS (seconds per depth, 5),
+# IMAGE_DIR (where tgt's backing file lives: /tmp, a disk, by default; /dev/shm takes the disk's
+# fdatasync out of every SYNCHRONIZE CACHE and leaves the two initiator stacks to compare), CARGO_TARGET_DIR.
 # Needs root, tgt, qemu-system-common (qemu-storage-daemon), qemu-block-extra, postmark, fuse3.
 set -euo pipefail
 
@@ -19,6 +21,7 @@ TRANSACTIONS=${TRANSACTIONS:-3000}
 ROUNDS=${ROUNDS:-2}
 QD_SECONDS=${QD_SECONDS:-5}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+IMAGE_DIR=${IMAGE_DIR:-/tmp}
 IQN=iqn.2024-01.org.stics.bench:disk
 
 (cd "$ROOT" && cargo build --quiet --release -p stics && cargo build --quiet --release -p stics-initiator --example qd)
@@ -41,18 +44,20 @@ cleanup() {
     [ -n "$STICS_TARGET_PID" ] && kill -TERM "$STICS_TARGET_PID" 2>/dev/null && wait "$STICS_TARGET_PID" 2>/dev/null
     rm -f "/var/run/tgtd/socket.$CTL" "/var/run/tgtd/socket.$CTL.lock"
     rm -rf "$WORK"
+    [ -n "${IMG:-}" ] && rm -f "$IMG"
 }
 trap cleanup EXIT
 
 # Written out in full, so that the export measured first does not pay for allocating the image.
-dd if=/dev/zero of="$WORK/lun.img" bs=1M count="$SIZE_MIB" conv=fsync status=none
+IMG=$(mktemp "$IMAGE_DIR/bench-initiator-lun.XXXXXX")
+dd if=/dev/zero of="$IMG" bs=1M count="$SIZE_MIB" conv=fsync status=none
 tgtd -f -C "$CTL" --iscsi "portal=127.0.0.1:$PORT" >/dev/null 2>&1 &
 TGT_PID=$!
 for _ in $(seq 100); do
     tgtadm -C "$CTL" --lld iscsi --op new --mode target --tid 1 -T "$IQN" 2>/dev/null && break
     sleep 0.1
 done
-tgtadm -C "$CTL" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 -b "$WORK/lun.img"
+tgtadm -C "$CTL" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 -b "$IMG"
 tgtadm -C "$CTL" --lld iscsi --op bind --mode target --tid 1 -I ALL
 URL="iscsi://127.0.0.1:$PORT/$IQN/1"
 mkdir -p "$WORK/fs"
@@ -106,7 +111,7 @@ for r in $(seq "$ROUNDS"); do
 done
 
 echo
-echo "PostMark (number $NUMBER, transactions $TRANSACTIONS) on ext4 -o sync via loop, tgt LUN of $SIZE_MIB MiB"
+echo "PostMark (number $NUMBER, transactions $TRANSACTIONS) on ext4 -o sync via loop, tgt LUN of $SIZE_MIB MiB in $IMAGE_DIR"
 printf '%-5s %-28s %10s  %s\n' round export seconds e2fsck
 printf '%s\n' "${ROWS[@]}"
 printf 'total seconds: stics mount %.2f, qemu-storage-daemon fuse %.2f\n' "${TOTAL[stics]}" "${TOTAL[qsd]}"
@@ -119,7 +124,7 @@ echo "4 KiB random reads through stics-initiator (examples/qd.rs), same tgt LUN,
 # tgt itself tops out near 40k IOPS here, which caps the depth-32 figure above; a stics target
 # serving the same image from the page cache shows what the initiator's pipelining reaches.
 SPORT=$((PORT + 1))
-"$STICS" target --listen "127.0.0.1:$SPORT" --iqn "$IQN" --lun "file:$WORK/lun.img" 2>"$WORK/stics-target.log" &
+"$STICS" target --listen "127.0.0.1:$SPORT" --iqn "$IQN" --lun "file:$IMG" 2>"$WORK/stics-target.log" &
 STICS_TARGET_PID=$!
 for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$SPORT") 2>/dev/null && break; sleep 0.1; done
 echo
@@ -136,7 +141,7 @@ STICS_TARGET_PID=""
 trap '"$STICS" wan down --name "$WAN_NAME" >/dev/null 2>&1; cleanup' EXIT
 SADDR=$("$STICS" wan addr storage --name "$WAN_NAME")
 "$STICS" wan exec storage --name "$WAN_NAME" -- "$STICS" target --listen "$SADDR:3260" --iqn "$IQN" \
-    --lun "file:$WORK/lun.img" 2>"$WORK/stics-target-wan.log" &
+    --lun "file:$IMG" 2>"$WORK/stics-target-wan.log" &
 STICS_TARGET_PID=$!
 sleep 1
 echo

@@ -45,7 +45,12 @@ impl FileDev {
                 format!("{} holds less than one {block_size}-byte block; give a size (file:PATH:SIZE)", path.display()),
             ));
         }
-        Ok(FileDev { file: Arc::new(file), path: path.to_owned(), geometry: Geometry { block_size, num_blocks }, is_regular })
+        Ok(FileDev {
+            file: Arc::new(file),
+            path: path.to_owned(),
+            geometry: Geometry { block_size, num_blocks },
+            is_regular,
+        })
     }
 
     /// The path this device was opened from.
@@ -157,17 +162,7 @@ impl BlockDev for FileDev {
             let err = io::Error::last_os_error();
             if err.raw_os_error() == Some(libc::EOPNOTSUPP) {
                 // The file system cannot punch holes: write zeros so reads still return zeros.
-                let zeros = vec![0u8; (blocks as usize).min(2048) * bs as usize];
-                let mut at = lba;
-                let end = lba + blocks;
-                while at < end {
-                    let n = (end - at).min(2048);
-                    self.file
-                        .write_all_at(&zeros[..n as usize * bs as usize], at * bs as u64)
-                        .map_err(self.io_err(at))?;
-                    at += n;
-                }
-                return Ok(());
+                return self.write_zeros(lba, blocks).await;
             }
             return Err(BlockError::Io { lba, source: err });
         }

@@ -105,6 +105,27 @@ pub trait BlockDev: Send + Sync + 'static {
     /// Makes every completed write durable.
     async fn flush(&self) -> Result<(), BlockError>;
 
+    /// Writes zeros to `blocks` blocks from `lba`. The default writes zero-filled buffers of up
+    /// to 1 MiB, one after another; devices with a cheaper way to zero may override it.
+    async fn write_zeros(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        let g = self.geometry();
+        g.check_range(lba, blocks)?;
+        let bs = u64::from(g.block_size);
+        let per = (ZEROS.len() as u64 / bs).max(1);
+        let chunk = if bs as usize <= ZEROS.len() {
+            Bytes::from_static(&ZEROS[..(per * bs) as usize])
+        } else {
+            Bytes::from(vec![0u8; bs as usize])
+        };
+        let (mut at, end) = (lba, lba + blocks);
+        while at < end {
+            let n = (end - at).min(per);
+            self.write(at, chunk.slice(..(n * bs) as usize), false).await?;
+            at += n;
+        }
+        Ok(())
+    }
+
     /// Deallocates blocks; afterwards they read as zeros.
     async fn discard(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
         let _ = (lba, blocks);
@@ -118,6 +139,9 @@ pub trait BlockDev: Send + Sync + 'static {
         Ok((Provisioning::Mapped, g.num_blocks - lba))
     }
 }
+
+/// The zero buffer behind [`BlockDev::write_zeros`]'s default.
+static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
 
 /// Checks that a write buffer is a whole number of blocks and returns that number.
 pub fn blocks_in(data: &[u8], block_size: u32) -> Result<u64, BlockError> {

@@ -102,7 +102,11 @@ impl BlockDev for MemDev {
         let bs = u64::from(self.geometry.block_size);
         let state = |idx: usize| {
             let mapped = self.chunks[idx].read().unwrap_or_else(|e| e.into_inner()).is_some();
-            if mapped { Provisioning::Mapped } else { Provisioning::Deallocated }
+            if mapped {
+                Provisioning::Mapped
+            } else {
+                Provisioning::Deallocated
+            }
         };
         let first = ((lba * bs) / CHUNK as u64) as usize;
         let kind = state(first);
@@ -138,6 +142,19 @@ mod tests {
         d.discard(0, 8192).await.unwrap();
         assert_eq!(d.provisioning(0).await.unwrap(), (Provisioning::Deallocated, 8192));
         assert!(d.read(0, 1).await.unwrap().iter().all(|&b| b == 0));
+    }
+
+    #[tokio::test]
+    async fn write_zeros_clears_only_its_range() {
+        let d = MemDev::new(512, 8192);
+        d.write(0, Bytes::from(vec![9u8; 512 * 8192]), false).await.unwrap();
+        // More than one 1 MiB zero buffer, starting mid-chunk.
+        d.write_zeros(3, 2100).await.unwrap();
+        let b = d.read(0, 2110).await.unwrap();
+        assert!(b[..3 * 512].iter().all(|&x| x == 9));
+        assert!(b[3 * 512..2103 * 512].iter().all(|&x| x == 0));
+        assert!(b[2103 * 512..].iter().all(|&x| x == 9));
+        assert!(d.write_zeros(8190, 3).await.is_err());
     }
 
     #[tokio::test]

@@ -27,7 +27,9 @@ pub enum SpecError {
     #[error("bad LUN spec {0:?}: expected mem:SIZE, null:SIZE or file:PATH[:SIZE]")]
     Syntax(String),
     /// A size that does not parse or is not a multiple of the block size.
-    #[error("bad size {0:?}: use bytes or a suffix K, M, G, T (KiB, MiB, GiB, TiB), a whole number of 512-byte blocks")]
+    #[error(
+        "bad size {0:?}: use bytes or a suffix K, M, G, T (KiB, MiB, GiB, TiB), a whole number of 512-byte blocks"
+    )]
     Size(String),
     /// The backing file could not be opened.
     #[error("cannot open {path}: {source}")]
@@ -95,9 +97,9 @@ pub fn open(spec: &DevSpec) -> Result<Arc<dyn BlockDev>, SpecError> {
     Ok(match spec {
         DevSpec::Mem { size } => Arc::new(MemDev::new(bs, size / u64::from(bs))),
         DevSpec::Null { size } => Arc::new(NullDev::new(bs, size / u64::from(bs))),
-        DevSpec::File { path, size } => Arc::new(
-            FileDev::open(path, *size, bs).map_err(|source| SpecError::Open { path: path.clone(), source })?,
-        ),
+        DevSpec::File { path, size } => {
+            Arc::new(FileDev::open(path, *size, bs).map_err(|source| SpecError::Open { path: path.clone(), source })?)
+        }
     })
 }
 
@@ -113,7 +115,10 @@ mod tests {
             "file:/tmp/a.img:1G".parse::<DevSpec>().unwrap(),
             DevSpec::File { path: "/tmp/a.img".into(), size: Some(1 << 30) }
         );
-        assert_eq!("file:/dev/loop0".parse::<DevSpec>().unwrap(), DevSpec::File { path: "/dev/loop0".into(), size: None });
+        assert_eq!(
+            "file:/dev/loop0".parse::<DevSpec>().unwrap(),
+            DevSpec::File { path: "/dev/loop0".into(), size: None }
+        );
         assert!("mem:12".parse::<DevSpec>().is_err());
         assert!("mem:".parse::<DevSpec>().is_err());
         assert!("disk:1G".parse::<DevSpec>().is_err());

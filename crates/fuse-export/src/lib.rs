@@ -2,8 +2,9 @@
 //! `mount -o loop` work on it without a kernel initiator (the gateway reuses this too).
 //!
 //! The file is opened in direct-I/O mode: every read and write reaches the device, `fsync`
-//! becomes [`BlockDev::flush`] (SYNCHRONIZE CACHE on a remote LUN), and requests are handled
-//! as tokio tasks, so that the kernel's concurrent requests are in flight together.
+//! becomes [`BlockDev::flush`] (SYNCHRONIZE CACHE on a remote LUN), `fallocate` hole punching
+//! and zeroing become [`BlockDev::discard`] and [`BlockDev::write_zeros`], and requests are
+//! handled as tokio tasks, so that the kernel's concurrent requests are in flight together.
 
 use std::ffi::OsStr;
 use std::io;
@@ -63,6 +64,8 @@ pub struct ExportStats {
     /// Writes that did not cover whole blocks and needed a read first.
     pub read_modify_writes: AtomicU64,
     pub flushes: AtomicU64,
+    /// fallocate calls that zeroed or punched a range.
+    pub zeroings: AtomicU64,
     pub errors: AtomicU64,
 }
 
@@ -156,6 +159,71 @@ pub async fn write_at(
     buf[skip..skip + data.len()].copy_from_slice(&data);
     dev.write(first, buf.freeze(), fua).await?;
     Ok(true)
+}
+
+/// What an fallocate(2) call asks of a file that is a whole device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fallocate {
+    /// Every byte of the device already has backing: allocating is a no-op.
+    Nothing,
+    /// The range must read as zeros afterwards; `punch` allows deallocating it.
+    Zero { off: u64, len: u64, punch: bool },
+}
+
+/// Checks an fallocate request against a file of `size` bytes that cannot grow.
+fn fallocate_op(mode: i32, off: u64, len: u64, size: u64) -> Result<Fallocate, Errno> {
+    let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+    let end = off.checked_add(len).ok_or(Errno::EFBIG)?;
+    if len == 0 {
+        return Err(Errno::EINVAL);
+    }
+    // A range past the end would grow the file, which a device cannot; with KEEP_SIZE the part
+    // past the end has nothing to do.
+    if end > size && !keep {
+        return Err(Errno::EFBIG);
+    }
+    let clipped = |punch| {
+        if off >= size {
+            Fallocate::Nothing
+        } else {
+            Fallocate::Zero { off, len: end.min(size) - off, punch }
+        }
+    };
+    match mode & !libc::FALLOC_FL_KEEP_SIZE {
+        0 => Ok(Fallocate::Nothing),
+        libc::FALLOC_FL_PUNCH_HOLE if keep => Ok(clipped(true)),
+        libc::FALLOC_FL_ZERO_RANGE => Ok(clipped(false)),
+        libc::FALLOC_FL_PUNCH_HOLE => Err(Errno::EINVAL),
+        _ => Err(Errno::EOPNOTSUPP),
+    }
+}
+
+/// Zeros `len` bytes at byte offset `off`: partial blocks at either end by read-modify-write,
+/// whole blocks by [`BlockDev::discard`] when `punch` allows it and the device supports it (its
+/// discarded blocks read as zeros), otherwise by [`BlockDev::write_zeros`].
+pub async fn zero_at(dev: &dyn BlockDev, lock: &RwLock<()>, off: u64, len: u64, punch: bool) -> Result<(), BlockError> {
+    let bs = u64::from(dev.geometry().block_size);
+    let end = off + len;
+    let first_whole = off.div_ceil(bs) * bs;
+    let last_whole = end / bs * bs;
+    if first_whole >= last_whole {
+        // No whole block inside: one partial write covers it.
+        write_at(dev, lock, off, Bytes::from(vec![0u8; len as usize]), false).await?;
+        return Ok(());
+    }
+    if off < first_whole {
+        write_at(dev, lock, off, Bytes::from(vec![0u8; (first_whole - off) as usize]), false).await?;
+    }
+    if last_whole < end {
+        write_at(dev, lock, last_whole, Bytes::from(vec![0u8; (end - last_whole) as usize]), false).await?;
+    }
+    let _g = lock.read().await;
+    let (lba, blocks) = (first_whole / bs, (last_whole - first_whole) / bs);
+    if punch && dev.supports_discard() {
+        dev.discard(lba, blocks).await
+    } else {
+        dev.write_zeros(lba, blocks).await
+    }
 }
 
 impl fuser::Filesystem for BlockFile {
@@ -313,12 +381,40 @@ impl fuser::Filesystem for BlockFile {
         _req: &Request,
         _ino: INodeNo,
         _fh: FileHandle,
-        _offset: u64,
-        _length: u64,
-        _mode: i32,
+        offset: u64,
+        length: u64,
+        mode: i32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::EOPNOTSUPP);
+        let op = match fallocate_op(mode, offset, length, self.size) {
+            Ok(op) => op,
+            Err(e) => {
+                reply.error(e);
+                return;
+            }
+        };
+        if self.read_only && !matches!(op, Fallocate::Nothing) {
+            reply.error(Errno::EROFS);
+            return;
+        }
+        let (dev, lock, stats) = (self.dev.clone(), self.rmw.clone(), self.stats.clone());
+        self.rt.spawn(async move {
+            let r = match op {
+                Fallocate::Nothing => Ok(()),
+                Fallocate::Zero { off, len, punch } => {
+                    stats.zeroings.fetch_add(1, Relaxed);
+                    zero_at(&*dev, &lock, off, len, punch).await
+                }
+            };
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => {
+                    stats.errors.fetch_add(1, Relaxed);
+                    tracing::warn!(offset, length, mode, error = %e, "fallocate failed");
+                    reply.error(errno(&e));
+                }
+            }
+        });
     }
 
     fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: fuser::ReplyXattr) {
@@ -475,6 +571,48 @@ mod tests {
         assert_eq!(&b[40..], &[0xaa; 10]);
         assert!(!write_at(&*d, &lock, 1024, Bytes::from(vec![2u8; 512]), false).await.unwrap());
         assert_eq!(&read_at(&*d, 1023, 2).await.unwrap()[..], &[0xaa, 2]);
+    }
+
+    #[tokio::test]
+    async fn zeroing_keeps_the_bytes_around_the_range() {
+        for punch in [false, true] {
+            let d = dev();
+            let lock = RwLock::new(());
+            d.write(0, Bytes::from(vec![0xaa; 64 * 512]), false).await.unwrap();
+            zero_at(&*d, &lock, 700, 3000, punch).await.unwrap();
+            let b = read_at(&*d, 0, 64 * 512).await.unwrap();
+            assert!(b[..700].iter().all(|&x| x == 0xaa));
+            assert!(b[700..3700].iter().all(|&x| x == 0));
+            assert!(b[3700..].iter().all(|&x| x == 0xaa));
+            // Inside one block.
+            zero_at(&*d, &lock, 5000, 10, punch).await.unwrap();
+            let b = read_at(&*d, 4990, 30).await.unwrap();
+            assert_eq!(&b[..10], &[0xaa; 10]);
+            assert_eq!(&b[10..20], &[0; 10]);
+            assert_eq!(&b[20..], &[0xaa; 10]);
+        }
+    }
+
+    #[test]
+    fn fallocate_modes_map_to_device_operations() {
+        use libc::{FALLOC_FL_COLLAPSE_RANGE as COLLAPSE, FALLOC_FL_KEEP_SIZE as KEEP};
+        use libc::{FALLOC_FL_PUNCH_HOLE as PUNCH, FALLOC_FL_ZERO_RANGE as ZERO};
+        let size = 1 << 20;
+        assert_eq!(fallocate_op(0, 0, size, size), Ok(Fallocate::Nothing));
+        assert_eq!(fallocate_op(0, 0, size + 1, size), Err(Errno::EFBIG));
+        assert_eq!(fallocate_op(KEEP, 0, size + 1, size), Ok(Fallocate::Nothing));
+        assert_eq!(fallocate_op(PUNCH | KEEP, 10, 20, size), Ok(Fallocate::Zero { off: 10, len: 20, punch: true }));
+        assert_eq!(fallocate_op(PUNCH, 10, 20, size), Err(Errno::EINVAL));
+        assert_eq!(fallocate_op(ZERO, 10, 20, size), Ok(Fallocate::Zero { off: 10, len: 20, punch: false }));
+        assert_eq!(fallocate_op(ZERO, size - 4, 8, size), Err(Errno::EFBIG));
+        assert_eq!(
+            fallocate_op(ZERO | KEEP, size - 4, 8, size),
+            Ok(Fallocate::Zero { off: size - 4, len: 4, punch: false })
+        );
+        assert_eq!(fallocate_op(PUNCH | KEEP, size, 8, size), Ok(Fallocate::Nothing));
+        assert_eq!(fallocate_op(COLLAPSE, 0, 4096, size), Err(Errno::EOPNOTSUPP));
+        assert_eq!(fallocate_op(ZERO, 0, 0, size), Err(Errno::EINVAL));
+        assert_eq!(fallocate_op(ZERO, u64::MAX, 2, size), Err(Errno::EFBIG));
     }
 
     #[tokio::test]

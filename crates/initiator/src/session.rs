@@ -270,6 +270,8 @@ impl Driver {
                     self.link = None;
                 }
                 Action::LoggedOut => {
+                    // The target closes the connection after a logout; that close is expected.
+                    self.link = None;
                     if let Some(w) = self.logout_waiter.take() {
                         let _ = w.send(());
                     }
@@ -311,7 +313,9 @@ impl Driver {
         let mut user_open = true;
         loop {
             if let Some((gen, reason)) = self.push_out() {
-                tracing::warn!(target = %self.info.target, %reason, "connection lost; reconnecting");
+                if core.is_up() {
+                    tracing::warn!(target = %self.info.target, %reason, "connection lost; reconnecting");
+                }
                 let actions = core.on_closed(gen, &reason, Instant::now());
                 self.apply(&core, actions);
                 continue;
@@ -344,7 +348,9 @@ impl Driver {
                 },
                 Wake::Pdu(Err(e)) => {
                     let Some(gen) = self.link.take().map(|l| l.gen) else { continue };
-                    tracing::warn!(target = %self.info.target, reason = %e, "connection lost; reconnecting");
+                    if core.is_up() {
+                        tracing::warn!(target = %self.info.target, reason = %e, "connection lost; reconnecting");
+                    }
                     core.on_closed(gen, &e.to_string(), now)
                 }
                 Wake::Event(Some(Event::LoginOk(gen, pair))) => {

@@ -161,3 +161,41 @@ fn sigint_unmounts_and_leaves_the_written_data_on_the_target() {
     let img = std::fs::read(&tgt.file).unwrap();
     assert_eq!(&img[12_345..12_345 + data.len()], &data[..]);
 }
+
+#[test]
+fn fallocate_punches_and_zeroes_ranges_on_the_target() {
+    let _serial = serial();
+    let tgt = Tgt::start(16);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lun");
+    let mut m = Mount::start(&tgt.url(), &file);
+    let data = vec![0x5au8; 4 << 20];
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap();
+    }
+    let fallocate = |args: &[&str]| Command::new("fallocate").args(args).arg(&file).output().unwrap();
+    // Unaligned at both ends, and more than one 1 MiB zero buffer in between.
+    let out = fallocate(&["--punch-hole", "--offset", "1000", "--length", "1500000"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = fallocate(&["--zero-range", "--keep-size", "--offset", "3000000", "--length", "4096"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Plain allocation of a device's own range has nothing to do; growing it is refused.
+    assert!(fallocate(&["--offset", "0", "--length", "65536"]).status.success());
+    assert!(!fallocate(&["--offset", "0", "--length", &(32u64 << 20).to_string()]).status.success());
+    let out = fallocate(&["--collapse-range", "--offset", "0", "--length", "65536"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not supported"), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::File::open(&file).unwrap().sync_all().unwrap();
+    m.signal("-TERM");
+    let (ok, err) = m.wait(Duration::from_secs(10));
+    assert!(ok, "{err}");
+    assert!(err.lines().any(|l| l.starts_with("fuse zeroings") && l.ends_with(" 2")), "{err}");
+    let img = std::fs::read(&tgt.file).unwrap();
+    let zero = |r: std::ops::Range<usize>| img[r].iter().all(|&b| b == 0);
+    let kept = |r: std::ops::Range<usize>| img[r].iter().all(|&b| b == 0x5a);
+    assert!(kept(0..1000) && zero(1000..1_501_000) && kept(1_501_000..3_000_000));
+    assert!(zero(3_000_000..3_004_096) && kept(3_004_096..4 << 20));
+}

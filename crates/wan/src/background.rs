@@ -107,9 +107,9 @@ mod tests {
         let mut rng = Rng::new(11, 0);
         let sizes: Vec<u32> = (0..200_000).map(|_| SizeMix.sample(&mut rng)).collect();
         let (p44, p576, p1500) = (share_below(&sizes, 44), share_below(&sizes, 576), share_below(&sizes, 1500));
-        assert!(p44 >= 0.50 && p44 < 0.53, "under 44 B: {p44}");
-        assert!(p576 >= 0.75 && p576 < 0.78, "under 576 B: {p576}");
-        assert!(p1500 >= 0.985 && p1500 < 0.995, "under 1500 B: {p1500}");
+        assert!((0.50..0.53).contains(&p44), "under 44 B: {p44}");
+        assert!((0.75..0.78).contains(&p576), "under 576 B: {p576}");
+        assert!((0.985..0.995).contains(&p1500), "under 1500 B: {p1500}");
         assert!(sizes.iter().all(|&s| (28..=1500).contains(&s)));
     }
 

@@ -489,7 +489,7 @@ pub fn parse_load(s: &str) -> Result<f64> {
 pub fn fmt_duration(ns: u64) -> String {
     if ns == 0 {
         "0".into()
-    } else if ns % 1_000_000 == 0 {
+    } else if ns.is_multiple_of(1_000_000) {
         format!("{}ms", ns / 1_000_000)
     } else if ns >= 1_000_000 {
         format!("{:.3}ms", ns as f64 / 1e6)
@@ -500,11 +500,11 @@ pub fn fmt_duration(ns: u64) -> String {
 
 /// Formats bit/s for people and for `tc` (`100mbit`).
 pub fn fmt_rate(bps: u64) -> String {
-    if bps % 1_000_000_000 == 0 {
+    if bps.is_multiple_of(1_000_000_000) {
         format!("{}gbit", bps / 1_000_000_000)
-    } else if bps % 1_000_000 == 0 {
+    } else if bps.is_multiple_of(1_000_000) {
         format!("{}mbit", bps / 1_000_000)
-    } else if bps % 1000 == 0 {
+    } else if bps.is_multiple_of(1000) {
         format!("{}kbit", bps / 1000)
     } else {
         format!("{bps}bit")

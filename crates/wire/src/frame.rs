@@ -181,7 +181,10 @@ mod tests {
     use proptest::prelude::*;
 
     fn nop(data: &'static [u8]) -> Pdu {
-        Pdu::new(NopOut { immediate: true, itt: 1, ttt: RESERVED_TAG, cmd_sn: 3, ..Default::default() }, Bytes::from_static(data))
+        Pdu::new(
+            NopOut { immediate: true, itt: 1, ttt: RESERVED_TAG, cmd_sn: 3, ..Default::default() },
+            Bytes::from_static(data),
+        )
     }
 
     #[test]

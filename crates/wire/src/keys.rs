@@ -47,7 +47,14 @@ const MAX24: u32 = 16_777_215;
 
 macro_rules! key {
     ($name:expr, $kind:expr, $scope:ident, $default:expr, $lo:expr, $normal:expr) => {
-        KeyDef { name: $name, kind: $kind, scope: Scope::$scope, default: $default, leading_only: $lo, normal_only: $normal }
+        KeyDef {
+            name: $name,
+            kind: $kind,
+            scope: Scope::$scope,
+            default: $default,
+            leading_only: $lo,
+            normal_only: $normal,
+        }
     };
 }
 

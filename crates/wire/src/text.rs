@@ -72,7 +72,9 @@ mod tests {
 
     #[test]
     fn parses_login_keys() {
-        let pairs = parse(b"InitiatorName=iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test\0SessionType=Normal\0\0\0").unwrap();
+        let pairs =
+            parse(b"InitiatorName=iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test\0SessionType=Normal\0\0\0")
+                .unwrap();
         assert_eq!(pairs.len(), 2);
         assert_eq!(pairs[1], ("SessionType".into(), "Normal".into()));
     }

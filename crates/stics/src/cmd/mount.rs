@@ -116,8 +116,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         mounted.unmount().with_context(|| format!("unmounting {}", args.file.display()))?;
     }
     let s = mounted.stats();
-    let (r, w, rmw, f) =
-        (s.reads.load(Relaxed), s.writes.load(Relaxed), s.read_modify_writes.load(Relaxed), s.flushes.load(Relaxed));
+    let (r, w, rmw, f, z) = (
+        s.reads.load(Relaxed),
+        s.writes.load(Relaxed),
+        s.read_modify_writes.load(Relaxed),
+        s.flushes.load(Relaxed),
+        s.zeroings.load(Relaxed),
+    );
     let joined = mounted.join();
     rt.block_on(lun.close());
     if created {
@@ -125,7 +130,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.stats {
         eprintln!(
-            "fuse reads      {r:>14}\nfuse writes     {w:>14}\nread-mod-writes {rmw:>14}\nfuse flushes    {f:>14}"
+            "fuse reads      {r:>14}\nfuse writes     {w:>14}\nread-mod-writes {rmw:>14}\nfuse flushes    {f:>14}\nfuse zeroings   {z:>14}"
         );
         eprintln!("flushes skipped {:>14}", lun.flushes_skipped());
         eprintln!("{}", lun.counters());
