@@ -10,7 +10,9 @@
 # Environment: SIZE_MIB (LUN size, 256), NUMBER (PostMark files, 300), TRANSACTIONS (3000),
 # ROUNDS (PostMark runs per export, alternating which goes first, 2), QD_SECONDS (seconds per depth, 5),
 # IMAGE_DIR (where tgt's backing file lives: /tmp, a disk, by default; /dev/shm takes the disk's
-# fdatasync out of every SYNCHRONIZE CACHE and leaves the two initiator stacks to compare), CARGO_TARGET_DIR.
+# fdatasync out of every SYNCHRONIZE CACHE and leaves the two initiator stacks to compare),
+# HOGS (busy-looping processes kept running during PostMark, to compare under CPU contention; 0),
+# CARGO_TARGET_DIR.
 # Needs root, tgt, qemu-system-common (qemu-storage-daemon), qemu-block-extra, postmark, fuse3.
 set -euo pipefail
 
@@ -22,6 +24,8 @@ ROUNDS=${ROUNDS:-2}
 QD_SECONDS=${QD_SECONDS:-5}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 IMAGE_DIR=${IMAGE_DIR:-/tmp}
+HOGS=${HOGS:-0}
+HOG_PIDS=()
 IQN=iqn.2024-01.org.stics.bench:disk
 
 (cd "$ROOT" && cargo build --quiet --release -p stics && cargo build --quiet --release -p stics-initiator --example qd)
@@ -37,6 +41,7 @@ STICS_TARGET_PID=""
 
 cleanup() {
     set +e
+    for p in "${HOG_PIDS[@]}"; do kill "$p" 2>/dev/null; done
     mountpoint -q "$WORK/fs" 2>/dev/null && umount -l "$WORK/fs"
     grep -q " $WORK/lun " /proc/mounts && umount -l "$WORK/lun"
     [ -n "$EXPORT_PID" ] && kill -TERM "$EXPORT_PID" 2>/dev/null && wait "$EXPORT_PID" 2>/dev/null
@@ -97,6 +102,10 @@ postmark_on() {
     echo "$(echo "$t1 - $t0" | bc -l) $fsck"
 }
 
+for _ in $(seq "$HOGS"); do
+    sh -c 'while :; do :; done' &
+    HOG_PIDS+=($!)
+done
 declare -A TOTAL=([stics]=0 [qsd]=0)
 declare -A NAME=([stics]="stics mount" [qsd]="qemu-storage-daemon fuse")
 ROWS=()
@@ -110,8 +119,11 @@ for r in $(seq "$ROUNDS"); do
     done
 done
 
+for p in "${HOG_PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+HOG_PIDS=()
+
 echo
-echo "PostMark (number $NUMBER, transactions $TRANSACTIONS) on ext4 -o sync via loop, tgt LUN of $SIZE_MIB MiB in $IMAGE_DIR"
+echo "PostMark (number $NUMBER, transactions $TRANSACTIONS) on ext4 -o sync via loop, tgt LUN of $SIZE_MIB MiB in $IMAGE_DIR, $HOGS busy loops beside"
 printf '%-5s %-28s %10s  %s\n' round export seconds e2fsck
 printf '%s\n' "${ROWS[@]}"
 printf 'total seconds: stics mount %.2f, qemu-storage-daemon fuse %.2f\n' "${TOTAL[stics]}" "${TOTAL[qsd]}"

@@ -105,25 +105,10 @@ pub trait BlockDev: Send + Sync + 'static {
     /// Makes every completed write durable.
     async fn flush(&self) -> Result<(), BlockError>;
 
-    /// Writes zeros to `blocks` blocks from `lba`. The default writes zero-filled buffers of up
-    /// to 1 MiB, one after another; devices with a cheaper way to zero may override it.
+    /// Writes zeros to `blocks` blocks from `lba`. The default is [`write_zeros_by_writes`];
+    /// devices with a cheaper way to zero (WRITE SAME, a hole that reads as zeros) override it.
     async fn write_zeros(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
-        let g = self.geometry();
-        g.check_range(lba, blocks)?;
-        let bs = u64::from(g.block_size);
-        let per = (ZEROS.len() as u64 / bs).max(1);
-        let chunk = if bs as usize <= ZEROS.len() {
-            Bytes::from_static(&ZEROS[..(per * bs) as usize])
-        } else {
-            Bytes::from(vec![0u8; bs as usize])
-        };
-        let (mut at, end) = (lba, lba + blocks);
-        while at < end {
-            let n = (end - at).min(per);
-            self.write(at, chunk.slice(..(n * bs) as usize), false).await?;
-            at += n;
-        }
-        Ok(())
+        write_zeros_by_writes(self, lba, blocks).await
     }
 
     /// Deallocates blocks; afterwards they read as zeros.
@@ -140,8 +125,29 @@ pub trait BlockDev: Send + Sync + 'static {
     }
 }
 
-/// The zero buffer behind [`BlockDev::write_zeros`]'s default.
+/// The zero buffer behind [`write_zeros_by_writes`].
 static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+
+/// Writes zeros to `blocks` blocks from `lba` with ordinary writes of up to 1 MiB, one after
+/// another: what [`BlockDev::write_zeros`] does unless a device knows better.
+pub async fn write_zeros_by_writes<D: BlockDev + ?Sized>(dev: &D, lba: u64, blocks: u64) -> Result<(), BlockError> {
+    let g = dev.geometry();
+    g.check_range(lba, blocks)?;
+    let bs = u64::from(g.block_size);
+    let per = (ZEROS.len() as u64 / bs).max(1);
+    let chunk = if bs as usize <= ZEROS.len() {
+        Bytes::from_static(&ZEROS[..(per * bs) as usize])
+    } else {
+        Bytes::from(vec![0u8; bs as usize])
+    };
+    let (mut at, end) = (lba, lba + blocks);
+    while at < end {
+        let n = (end - at).min(per);
+        dev.write(at, chunk.slice(..(n * bs) as usize), false).await?;
+        at += n;
+    }
+    Ok(())
+}
 
 /// Checks that a write buffer is a whole number of blocks and returns that number.
 pub fn blocks_in(data: &[u8], block_size: u32) -> Result<u64, BlockError> {

@@ -70,20 +70,20 @@ pub enum Error {
     #[error(transparent)]
     Task(#[from] TaskError),
     /// A command finished with a SCSI status other than GOOD.
-    #[error("SCSI command {opcode:#04x} failed: status {status:#04x}{sense}")]
-    Scsi { opcode: u8, status: u8, sense: String },
+    #[error("SCSI command {opcode:#04x} failed: status {status:#04x}{}", sense_text(sense))]
+    Scsi { opcode: u8, status: u8, sense: Option<scsi::Sense> },
     /// The LUN is not a direct-access block device.
     #[error("LUN {lun} is a {device_type}, not a disk")]
     NotADisk { lun: u64, device_type: &'static str },
 }
 
+fn sense_text(s: &Option<scsi::Sense>) -> String {
+    s.map(|s| format!(", sense key {:#x} asc {:#04x} ascq {:#04x}", s.key, s.asc, s.ascq)).unwrap_or_default()
+}
+
 impl Error {
     pub(crate) fn scsi(opcode: u8, o: &scsi::ScsiOutcome) -> Error {
-        let sense = o
-            .sense()
-            .map(|s| format!(", sense key {:#x} asc {:#04x} ascq {:#04x}", s.key, s.asc, s.ascq))
-            .unwrap_or_default();
-        Error::Scsi { opcode, status: o.status, sense }
+        Error::Scsi { opcode, status: o.status, sense: o.sense() }
     }
 
     /// True when retrying cannot help (bad credentials, unknown target, malformed URL).

@@ -1,12 +1,12 @@
 //! A remote LUN as a [`BlockDev`]: READ(16)/WRITE(16)/SYNCHRONIZE CACHE over one or several
 //! sessions (commands spread round-robin), with retries of unit attentions and busy statuses.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use stics_block::{blocks_in, BlockDev, BlockError, Geometry};
+use stics_block::{blocks_in, write_zeros_by_writes, BlockDev, BlockError, Geometry};
 
 use crate::core::{Data, Request};
 use crate::counters::{Counters, Snapshot};
@@ -77,6 +77,11 @@ pub struct Lun {
     flushed_gen: AtomicU64,
     /// Flushes answered without a command because no write completed since the last one.
     flushes_skipped: AtomicU64,
+    /// Most blocks one WRITE SAME may cover, as the Block Limits VPD page says; 0 when the
+    /// target does not say, and zeroing then falls back to ordinary writes.
+    write_same_max: u64,
+    /// Cleared when the target refuses WRITE SAME after all.
+    write_same_ok: AtomicBool,
 }
 
 impl Lun {
@@ -97,6 +102,13 @@ impl Lun {
                 .await;
         // Assume a volatile cache when the target does not say: flushes are then never skipped.
         let wce = ms.ok().and_then(|o| scsi::parse_wce(&o.data)).unwrap_or(true);
+        let vpd = execute_retrying(
+            &first,
+            Request { lun, cdb: scsi::inquiry_vpd(scsi::VPD_BLOCK_LIMITS, 64), data: Data::Read(64) },
+            &c,
+        )
+        .await;
+        let write_same_max = vpd.ok().and_then(|o| scsi::parse_max_write_same(&o.data)).unwrap_or(0);
         let mut sessions = vec![first];
         for i in 1..opts.sessions.max(1) {
             sessions.push(Session::connect(url, &opts.config, random_isid(i as u16)).await?);
@@ -112,6 +124,8 @@ impl Lun {
             write_gen: AtomicU64::new(0),
             flushed_gen: AtomicU64::new(0),
             flushes_skipped: AtomicU64::new(0),
+            write_same_max: write_same_max.min(u64::from(u32::MAX)),
+            write_same_ok: AtomicBool::new(true),
         })
     }
 
@@ -217,6 +231,31 @@ impl BlockDev for Lun {
             done += u64::from(n);
         }
         self.write_gen.fetch_add(1, SeqCst);
+        Ok(())
+    }
+
+    async fn write_zeros(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        self.geometry.check_range(lba, blocks)?;
+        // One WRITE SAME carries a single block however large the range: over a long path that
+        // is one round trip instead of one per megabyte.
+        let zero = Bytes::from(vec![0u8; self.geometry.block_size as usize]);
+        let (mut at, end) = (lba, lba + blocks);
+        while at < end && self.write_same_max > 0 && self.write_same_ok.load(Relaxed) {
+            let n = (end - at).min(self.write_same_max) as u32;
+            match self.execute(scsi::write_same16(at, n), Data::Write(zero.clone())).await {
+                Ok(_) => at += u64::from(n),
+                Err(Error::Scsi { sense: Some(s), .. }) if s.key == sense_key::ILLEGAL_REQUEST => {
+                    tracing::info!(lun = self.lun, "target refuses WRITE SAME; zeroing with writes");
+                    self.write_same_ok.store(false, Relaxed);
+                }
+                Err(e) => return Err(Self::io_err(at, e)),
+            }
+        }
+        if at < end {
+            write_zeros_by_writes(self, at, end - at).await?;
+        } else {
+            self.write_gen.fetch_add(1, SeqCst);
+        }
         Ok(())
     }
 

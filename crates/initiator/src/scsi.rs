@@ -16,6 +16,7 @@ pub mod status {
 /// Sense keys worth telling apart.
 pub mod sense_key {
     pub const NOT_READY: u8 = 0x2;
+    pub const ILLEGAL_REQUEST: u8 = 0x5;
     pub const UNIT_ATTENTION: u8 = 0x6;
     pub const ABORTED_COMMAND: u8 = 0xb;
 }
@@ -37,6 +38,11 @@ fn rw16(op: u8, lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
     c[2..10].copy_from_slice(&lba.to_be_bytes());
     c[10..14].copy_from_slice(&blocks.to_be_bytes());
     c
+}
+
+/// WRITE SAME(16): the one block of data sent is written to `blocks` blocks from `lba`.
+pub fn write_same16(lba: u64, blocks: u32) -> [u8; 16] {
+    rw16(0x93, lba, blocks, false)
 }
 
 /// SYNCHRONIZE CACHE(10) of the whole medium.
@@ -68,6 +74,25 @@ pub fn inquiry(alloc: u16) -> [u8; 16] {
     c[0] = 0x12;
     c[3..5].copy_from_slice(&alloc.to_be_bytes());
     c
+}
+
+/// INQUIRY of vital product data page `page`.
+pub fn inquiry_vpd(page: u8, alloc: u16) -> [u8; 16] {
+    let mut c = inquiry(alloc);
+    c[1] = 0x01; // EVPD
+    c[2] = page;
+    c
+}
+
+/// The Block Limits VPD page (SBC-3 §6.6.3).
+pub const VPD_BLOCK_LIMITS: u8 = 0xb0;
+
+/// MAXIMUM WRITE SAME LENGTH from Block Limits VPD data, in blocks (0: not reported).
+pub fn parse_max_write_same(d: &[u8]) -> Option<u64> {
+    if *d.get(1)? != VPD_BLOCK_LIMITS {
+        return None;
+    }
+    Some(u64::from_be_bytes(d.get(36..44)?.try_into().ok()?))
 }
 
 /// REPORT LUNS, all LUNs.
@@ -247,6 +272,22 @@ mod tests {
         assert_eq!(parse_sense(&f), Some(Sense { key: 6, asc: 0x29, ascq: 0 }));
         assert_eq!(parse_sense(&[0x72, 0x05, 0x24, 0x00]), Some(Sense { key: 5, asc: 0x24, ascq: 0 }));
         assert_eq!(parse_sense(&[0x70]), None);
+    }
+
+    #[test]
+    fn write_same_and_block_limits() {
+        let c = write_same16(7, 9);
+        assert_eq!((c[0], c[9], c[13]), (0x93, 7, 9));
+        let v = inquiry_vpd(VPD_BLOCK_LIMITS, 64);
+        assert_eq!(&v[..5], &[0x12, 1, 0xb0, 0, 64]);
+        let mut d = [0u8; 64];
+        d[1] = 0xb0;
+        d[43] = 0x20;
+        d[42] = 0x01;
+        assert_eq!(parse_max_write_same(&d), Some(0x120));
+        assert_eq!(parse_max_write_same(&d[..40]), None);
+        d[1] = 0xb1;
+        assert_eq!(parse_max_write_same(&d), None);
     }
 
     #[test]

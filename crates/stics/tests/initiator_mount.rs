@@ -199,3 +199,40 @@ fn fallocate_punches_and_zeroes_ranges_on_the_target() {
     assert!(kept(0..1000) && zero(1000..1_501_000) && kept(1_501_000..3_000_000));
     assert!(zero(3_000_000..3_004_096) && kept(3_004_096..4 << 20));
 }
+
+#[test]
+fn sigterm_while_a_loop_device_holds_the_file_serves_until_it_lets_go() {
+    let _serial = serial();
+    let tgt = Tgt::start(16);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lun");
+    let mut m = Mount::start(&tgt.url(), &file);
+    let out = Command::new("losetup").args(["-f", "--show"]).arg(&file).output().unwrap();
+    assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
+    let dev = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    // Detached on drop whatever happens below.
+    struct Loop(String);
+    impl Drop for Loop {
+        fn drop(&mut self) {
+            let _ = Command::new("losetup").args(["-d", &self.0]).status();
+        }
+    }
+    let lo = Loop(dev.clone());
+    m.signal("-TERM");
+    std::thread::sleep(Duration::from_millis(500));
+    // The file is busy, so the export detached lazily and still serves the loop device.
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 253) as u8).collect();
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new().write(true).open(&dev).unwrap();
+        f.seek(SeekFrom::Start(3 << 20)).unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap();
+    }
+    drop(lo);
+    let (ok, err) = m.wait(Duration::from_secs(10));
+    assert!(ok, "{err}");
+    assert!(err.contains("detached lazily"), "{err}");
+    let img = std::fs::read(&tgt.file).unwrap();
+    assert_eq!(&img[3 << 20..4 << 20], &data[..]);
+}

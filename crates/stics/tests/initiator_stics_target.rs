@@ -84,3 +84,10 @@ fn stics_target_killed_and_restarted_mid_workload_loses_no_write() {
     });
     assert!(c.reconnects >= 1, "{c:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zeroing_a_range_is_one_write_same_on_stics_target() {
+    let t = SticsTarget::start(32, &[]);
+    let used = initiator_support::zeroing_reads_back_zeros(&t.url()).await;
+    assert_eq!(used, 1, "9000 blocks zeroed by one WRITE SAME");
+}

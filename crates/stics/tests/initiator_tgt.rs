@@ -195,3 +195,9 @@ async fn wrong_chap_secret_fails_the_open_with_a_permanent_error() {
     assert!(e.is_permanent(), "{e}");
     assert!(e.to_string().contains("authentication failed"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zeroing_a_range_reads_back_zeros_from_tgt() {
+    let tgt = Tgt::start(16);
+    initiator_support::zeroing_reads_back_zeros(&tgt.url()).await;
+}

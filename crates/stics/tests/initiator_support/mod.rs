@@ -410,3 +410,23 @@ impl SticsTarget {
         format!("iscsi://127.0.0.1:{}/{IQN}/0", self.port)
     }
 }
+
+/// Writes a pattern over the first 6 MiB of the LUN at `url`, zeroes 9000 blocks from block 1000
+/// with [`BlockDev::write_zeros`], and checks what reads back; returns the commands the zeroing
+/// took.
+pub async fn zeroing_reads_back_zeros(url: &str) -> u64 {
+    let lun = Lun::open(&stics_initiator::IscsiUrl::parse(url).unwrap(), &LunOptions::default()).await.unwrap();
+    assert_eq!(lun.geometry().block_size, 512);
+    lun.write(0, Bytes::from(vec![0xc3u8; 6 << 20]), false).await.unwrap();
+    let before = lun.counters().commands;
+    lun.write_zeros(1000, 9000).await.unwrap();
+    let used = lun.counters().commands - before;
+    lun.flush().await.unwrap();
+    let b = lun.read(0, 12288).await.unwrap();
+    assert!(b[..1000 * 512].iter().all(|&x| x == 0xc3));
+    assert!(b[1000 * 512..10_000 * 512].iter().all(|&x| x == 0));
+    assert!(b[10_000 * 512..].iter().all(|&x| x == 0xc3));
+    assert!(lun.write_zeros(lun.geometry().num_blocks - 1, 2).await.is_err());
+    lun.close().await;
+    used
+}
