@@ -119,7 +119,7 @@ for r in $(seq "$ROUNDS"); do
     done
 done
 
-for p in "${HOG_PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+for p in "${HOG_PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null || true; done
 HOG_PIDS=()
 
 echo

@@ -82,6 +82,16 @@ pub struct Lun {
     write_same_max: u64,
     /// Cleared when the target refuses WRITE SAME after all.
     write_same_ok: AtomicBool,
+    /// UNMAP limits when the LUN is thin-provisioned, accepts UNMAP and reads unmapped blocks as
+    /// zeros (what `discard` promises); `None` otherwise.
+    unmap: Option<UnmapLimits>,
+}
+
+/// How much one UNMAP may carry.
+#[derive(Debug, Clone, Copy)]
+struct UnmapLimits {
+    blocks_per_descriptor: u32,
+    descriptors: usize,
 }
 
 impl Lun {
@@ -102,13 +112,26 @@ impl Lun {
                 .await;
         // Assume a volatile cache when the target does not say: flushes are then never skipped.
         let wce = ms.ok().and_then(|o| scsi::parse_wce(&o.data)).unwrap_or(true);
-        let vpd = execute_retrying(
-            &first,
-            Request { lun, cdb: scsi::inquiry_vpd(scsi::VPD_BLOCK_LIMITS, 64), data: Data::Read(64) },
-            &c,
-        )
-        .await;
-        let write_same_max = vpd.ok().and_then(|o| scsi::parse_max_write_same(&o.data)).unwrap_or(0);
+        let vpd = |page| {
+            execute_retrying(&first, Request { lun, cdb: scsi::inquiry_vpd(page, 64), data: Data::Read(64) }, &c)
+        };
+        let limits =
+            vpd(scsi::VPD_BLOCK_LIMITS).await.ok().and_then(|o| scsi::parse_block_limits(&o.data)).unwrap_or_default();
+        // A zero count means the target does not implement UNMAP.
+        let unmap = if cap.thin
+            && cap.unmapped_read_zero
+            && limits.max_unmap_blocks > 0
+            && limits.max_unmap_descriptors > 0
+            && vpd(scsi::VPD_PROVISIONING).await.ok().and_then(|o| scsi::parse_unmap_supported(&o.data)) == Some(true)
+        {
+            Some(UnmapLimits {
+                blocks_per_descriptor: limits.max_unmap_blocks,
+                // The parameter list length is 16 bits; a few hundred ranges per command is plenty.
+                descriptors: limits.max_unmap_descriptors.min(256) as usize,
+            })
+        } else {
+            None
+        };
         let mut sessions = vec![first];
         for i in 1..opts.sessions.max(1) {
             sessions.push(Session::connect(url, &opts.config, random_isid(i as u16)).await?);
@@ -124,8 +147,9 @@ impl Lun {
             write_gen: AtomicU64::new(0),
             flushed_gen: AtomicU64::new(0),
             flushes_skipped: AtomicU64::new(0),
-            write_same_max: write_same_max.min(u64::from(u32::MAX)),
+            write_same_max: limits.max_write_same.min(u64::from(u32::MAX)),
             write_same_ok: AtomicBool::new(true),
+            unmap,
         })
     }
 
@@ -229,6 +253,32 @@ impl BlockDev for Lun {
             let chunk = data.slice(off..off + (n * bs) as usize);
             self.execute(scsi::write16(at, n, fua), Data::Write(chunk)).await.map_err(|e| Self::io_err(at, e))?;
             done += u64::from(n);
+        }
+        self.write_gen.fetch_add(1, SeqCst);
+        Ok(())
+    }
+
+    fn supports_discard(&self) -> bool {
+        self.unmap.is_some()
+    }
+
+    async fn discard(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        self.geometry.check_range(lba, blocks)?;
+        let Some(lim) = self.unmap else {
+            return Err(BlockError::Unsupported("discard: the target does not unmap blocks to zeros"));
+        };
+        let mut ranges = Vec::new();
+        let (mut at, end) = (lba, lba + blocks);
+        while at < end {
+            let n = (end - at).min(u64::from(lim.blocks_per_descriptor)) as u32;
+            ranges.push((at, n));
+            at += u64::from(n);
+        }
+        for group in ranges.chunks(lim.descriptors) {
+            let params = Bytes::from(scsi::unmap_parameters(group));
+            self.execute(scsi::unmap(group.len()), Data::Write(params))
+                .await
+                .map_err(|e| Self::io_err(group[0].0, e))?;
         }
         self.write_gen.fetch_add(1, SeqCst);
         Ok(())

@@ -86,13 +86,62 @@ pub fn inquiry_vpd(page: u8, alloc: u16) -> [u8; 16] {
 
 /// The Block Limits VPD page (SBC-3 §6.6.3).
 pub const VPD_BLOCK_LIMITS: u8 = 0xb0;
+/// The Logical Block Provisioning VPD page (SBC-3 §6.6.4).
+pub const VPD_PROVISIONING: u8 = 0xb2;
 
-/// MAXIMUM WRITE SAME LENGTH from Block Limits VPD data, in blocks (0: not reported).
-pub fn parse_max_write_same(d: &[u8]) -> Option<u64> {
+/// What the Block Limits VPD page says (0 where the target reports no limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockLimits {
+    /// MAXIMUM UNMAP LBA COUNT.
+    pub max_unmap_blocks: u32,
+    /// MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT.
+    pub max_unmap_descriptors: u32,
+    /// MAXIMUM WRITE SAME LENGTH.
+    pub max_write_same: u64,
+}
+
+/// Parses Block Limits VPD data.
+pub fn parse_block_limits(d: &[u8]) -> Option<BlockLimits> {
     if *d.get(1)? != VPD_BLOCK_LIMITS {
         return None;
     }
-    Some(u64::from_be_bytes(d.get(36..44)?.try_into().ok()?))
+    let u32_at = |i: usize| d.get(i..i + 4).and_then(|b| b.try_into().ok()).map(u32::from_be_bytes);
+    Some(BlockLimits {
+        max_unmap_blocks: u32_at(20)?,
+        max_unmap_descriptors: u32_at(24)?,
+        max_write_same: u64::from_be_bytes(d.get(36..44)?.try_into().ok()?),
+    })
+}
+
+/// LBPU from Logical Block Provisioning VPD data: the target accepts UNMAP.
+pub fn parse_unmap_supported(d: &[u8]) -> Option<bool> {
+    if *d.get(1)? != VPD_PROVISIONING {
+        return None;
+    }
+    Some(d.get(5)? & 0x80 != 0)
+}
+
+/// UNMAP with a parameter list of `n` descriptors.
+pub fn unmap(n: usize) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = 0x42;
+    c[7..9].copy_from_slice(&(8 + 16 * n as u16).to_be_bytes());
+    c
+}
+
+/// UNMAP's parameter list for the given (lba, blocks) ranges.
+pub fn unmap_parameters(ranges: &[(u64, u32)]) -> Vec<u8> {
+    let desc_len = 16 * ranges.len() as u16;
+    let mut p = Vec::with_capacity(8 + usize::from(desc_len));
+    p.extend_from_slice(&(desc_len + 6).to_be_bytes());
+    p.extend_from_slice(&desc_len.to_be_bytes());
+    p.extend_from_slice(&[0; 4]);
+    for &(lba, blocks) in ranges {
+        p.extend_from_slice(&lba.to_be_bytes());
+        p.extend_from_slice(&blocks.to_be_bytes());
+        p.extend_from_slice(&[0; 4]);
+    }
+    p
 }
 
 /// REPORT LUNS, all LUNs.
@@ -123,20 +172,35 @@ pub fn test_unit_ready() -> [u8; 16] {
 pub struct Capacity {
     pub block_size: u32,
     pub num_blocks: u64,
+    /// LBPME: the LUN is thin-provisioned (blocks can be unmapped).
+    pub thin: bool,
+    /// LBPRZ: unmapped blocks read as zeros.
+    pub unmapped_read_zero: bool,
 }
 
 /// Parses READ CAPACITY(16) data.
 pub fn parse_capacity16(d: &[u8]) -> Option<Capacity> {
     let last = u64::from_be_bytes(d.get(0..8)?.try_into().ok()?);
     let bs = u32::from_be_bytes(d.get(8..12)?.try_into().ok()?);
-    (bs > 0).then_some(Capacity { block_size: bs, num_blocks: last.checked_add(1)? })
+    let b14 = d.get(14).copied().unwrap_or(0);
+    (bs > 0).then_some(Capacity {
+        block_size: bs,
+        num_blocks: last.checked_add(1)?,
+        thin: b14 & 0x80 != 0,
+        unmapped_read_zero: b14 & 0x40 != 0,
+    })
 }
 
 /// Parses READ CAPACITY(10) data.
 pub fn parse_capacity10(d: &[u8]) -> Option<Capacity> {
     let last = u32::from_be_bytes(d.get(0..4)?.try_into().ok()?);
     let bs = u32::from_be_bytes(d.get(4..8)?.try_into().ok()?);
-    (bs > 0).then_some(Capacity { block_size: bs, num_blocks: u64::from(last) + 1 })
+    (bs > 0).then_some(Capacity {
+        block_size: bs,
+        num_blocks: u64::from(last) + 1,
+        thin: false,
+        unmapped_read_zero: false,
+    })
 }
 
 /// The parts of standard INQUIRY data that listings show.
@@ -248,9 +312,17 @@ mod tests {
         let mut d = [0u8; 32];
         d[7] = 0xff;
         d[10] = 0x02;
-        assert_eq!(parse_capacity16(&d), Some(Capacity { block_size: 512, num_blocks: 256 }));
+        assert_eq!(
+            parse_capacity16(&d),
+            Some(Capacity { block_size: 512, num_blocks: 256, thin: false, unmapped_read_zero: false })
+        );
+        d[14] = 0xc0;
+        assert!(parse_capacity16(&d).is_some_and(|c| c.thin && c.unmapped_read_zero));
         assert_eq!(parse_capacity16(&d[..5]), None);
-        assert_eq!(parse_capacity10(&[0, 0, 0, 9, 0, 0, 0x10, 0]), Some(Capacity { block_size: 4096, num_blocks: 10 }));
+        assert_eq!(
+            parse_capacity10(&[0, 0, 0, 9, 0, 0, 0x10, 0]).map(|c| (c.block_size, c.num_blocks)),
+            Some((4096, 10))
+        );
         assert_eq!(parse_capacity10(&[0, 0, 0, 9, 0, 0, 0, 0]), None);
     }
 
@@ -284,10 +356,28 @@ mod tests {
         d[1] = 0xb0;
         d[43] = 0x20;
         d[42] = 0x01;
-        assert_eq!(parse_max_write_same(&d), Some(0x120));
-        assert_eq!(parse_max_write_same(&d[..40]), None);
+        d[23] = 0x80;
+        d[27] = 4;
+        let want = BlockLimits { max_unmap_blocks: 0x80, max_unmap_descriptors: 4, max_write_same: 0x120 };
+        assert_eq!(parse_block_limits(&d), Some(want));
+        assert_eq!(parse_block_limits(&d[..40]), None);
         d[1] = 0xb1;
-        assert_eq!(parse_max_write_same(&d), None);
+        assert_eq!(parse_block_limits(&d), None);
+        assert_eq!(parse_unmap_supported(&[0, 0xb2, 0, 4, 0, 0x80, 0, 0]), Some(true));
+        assert_eq!(parse_unmap_supported(&[0, 0xb2, 0, 4, 0, 0x40, 0, 0]), Some(false));
+        assert_eq!(parse_unmap_supported(&[0, 0xb0, 0, 4, 0, 0x80]), None);
+    }
+
+    #[test]
+    fn unmap_parameter_list_layout() {
+        // SBC-3 table 95/96: header with both lengths, then 16-byte descriptors.
+        let p = unmap_parameters(&[(0x0102, 8), (0x10, 1)]);
+        assert_eq!(p.len(), 8 + 32);
+        assert_eq!(&p[..4], &[0, 38, 0, 32]);
+        assert_eq!(&p[8..20], &[0, 0, 0, 0, 0, 0, 1, 2, 0, 0, 0, 8]);
+        assert_eq!(&p[24..36], &[0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 1]);
+        let c = unmap(2);
+        assert_eq!((c[0], c[7], c[8]), (0x42, 0, 40));
     }
 
     #[test]

@@ -91,3 +91,24 @@ async fn zeroing_a_range_is_one_write_same_on_stics_target() {
     let used = initiator_support::zeroing_reads_back_zeros(&t.url()).await;
     assert_eq!(used, 1, "9000 blocks zeroed by one WRITE SAME");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discard_unmaps_blocks_of_a_stics_file_lun_and_they_read_zero() {
+    use std::os::unix::fs::MetadataExt;
+    let t = SticsTarget::start(32, &[]);
+    let lun = Lun::open(&IscsiUrl::parse(&t.url()).unwrap(), &LunOptions::default()).await.unwrap();
+    assert!(lun.supports_discard(), "a file LUN is thin-provisioned and unmapped blocks read zero");
+    lun.write(0, Bytes::from(vec![0x77u8; 8 << 20]), false).await.unwrap();
+    lun.flush().await.unwrap();
+    let allocated = std::fs::metadata(&t.file).unwrap().blocks();
+    // 4 MiB from block 2048: whole file-system blocks, so the hole is real.
+    lun.discard(2048, 8192).await.unwrap();
+    lun.flush().await.unwrap();
+    let b = lun.read(0, 16384).await.unwrap();
+    assert!(b[..2048 * 512].iter().all(|&x| x == 0x77));
+    assert!(b[2048 * 512..10_240 * 512].iter().all(|&x| x == 0));
+    assert!(b[10_240 * 512..].iter().all(|&x| x == 0x77));
+    let after = std::fs::metadata(&t.file).unwrap().blocks();
+    assert!(after + 8000 <= allocated, "space freed: {allocated} → {after} sectors");
+    lun.close().await;
+}

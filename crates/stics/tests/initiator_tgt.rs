@@ -201,3 +201,13 @@ async fn zeroing_a_range_reads_back_zeros_from_tgt() {
     let tgt = Tgt::start(16);
     initiator_support::zeroing_reads_back_zeros(&tgt.url()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tgt_without_thin_provisioning_refuses_discard_cleanly() {
+    let tgt = Tgt::start(8);
+    let lun = Lun::open(&IscsiUrl::parse(&tgt.url()).unwrap(), &LunOptions::default()).await.unwrap();
+    assert!(!lun.supports_discard());
+    let e = lun.discard(0, 8).await.unwrap_err();
+    assert!(e.to_string().contains("does not unmap"), "{e}");
+    lun.close().await;
+}

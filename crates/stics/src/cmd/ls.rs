@@ -22,7 +22,7 @@ pub struct Args {
     /// Print the traffic counters (commands, PDUs, bytes, round trips) at the end.
     #[arg(long)]
     pub stats: bool,
-    /// Seconds allowed for connect and login [default: 5].
+    /// Seconds allowed for connect and login.
     #[arg(long, default_value_t = 5)]
     pub timeout: u64,
 }

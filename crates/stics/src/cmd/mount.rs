@@ -17,7 +17,7 @@ pub struct Args {
     pub url: String,
     /// Regular file to mount the LUN over; created (and removed afterwards) when missing.
     pub file: PathBuf,
-    /// iSCSI sessions to open; commands are spread over them [default: 1].
+    /// iSCSI sessions to open; commands are spread over them.
     #[arg(long, default_value_t = 1)]
     pub sessions: usize,
     /// Ask for CRC32C header and data digests.
@@ -26,21 +26,21 @@ pub struct Args {
     /// Export read-only.
     #[arg(long)]
     pub read_only: bool,
-    /// Threads reading FUSE requests (each request is then handled asynchronously) [default: 2].
+    /// Threads reading FUSE requests (each request is then handled asynchronously).
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
-    /// Threads running the iSCSI sessions and the FUSE request handlers [default: 1]. One thread
+    /// Threads running the iSCSI sessions and the FUSE request handlers. One thread
     /// hands each request over fewer times, which keeps latency low when the CPUs are busy; more
     /// threads raise the IOPS of small requests at high queue depth on an idle machine.
     #[arg(long, default_value_t = 1)]
     pub io_threads: usize,
-    /// Seconds to keep reconnecting after the target went away before I/O fails [default: 60].
+    /// Seconds to keep reconnecting after the target went away before I/O fails.
     #[arg(long, default_value_t = 60)]
     pub recovery_timeout: u64,
-    /// Seconds of silence before a NOP-Out keep-alive is sent [default: 5].
+    /// Seconds of silence before a NOP-Out keep-alive is sent.
     #[arg(long, default_value_t = 5)]
     pub nop_interval: u64,
-    /// Seconds a NOP-Out may stay unanswered before the connection counts as dead [default: 10].
+    /// Seconds a NOP-Out may stay unanswered before the connection counts as dead.
     #[arg(long, default_value_t = 10)]
     pub nop_timeout: u64,
     /// This initiator's name (IQN) [default: iqn.2024-01.org.stics:initiator].
