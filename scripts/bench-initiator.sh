@@ -2,7 +2,8 @@
 # The initiator against libiscsi, in one run on one tgt LUN:
 #  1. PostMark on ext4 mounted -o sync (through a loop device) over `stics mount` and over
 #     qemu-storage-daemon's FUSE export (libiscsi), alternating, each on a fresh mkfs;
-#     e2fsck -fn after every run;
+#     e2fsck -fn after every run; then fio's 4 KiB write + fsync at depth 1 on each exported file
+#     (stics mount with one and with two I/O threads, qemu-storage-daemon);
 #  2. 4 KiB random-read IOPS through the library at queue depth 1 and 32, against tgt, against
 #     stics target, and against stics target across `stics wan` (1 ms each way).
 # Prints tables; absolute numbers move between runs and machines, ratios in one run do not.
@@ -11,7 +12,8 @@
 # ROUNDS (PostMark runs per export, alternating which goes first, 2), QD_SECONDS (seconds per depth, 5),
 # IMAGE_DIR (where tgt's backing file lives: /tmp, a disk, by default; /dev/shm takes the disk's
 # fdatasync out of every SYNCHRONIZE CACHE and leaves the two initiator stacks to compare),
-# HOGS (busy-looping processes kept running during PostMark, to compare under CPU contention; 0),
+# HOGS (busy-looping processes kept running during PostMark and fio, to compare under CPU
+# contention; 0), FIO_SECONDS (per export for the depth-1 write + fsync latency, 5),
 # CARGO_TARGET_DIR.
 # Needs root, tgt, qemu-system-common (qemu-storage-daemon), qemu-block-extra, postmark, fuse3.
 set -euo pipefail
@@ -25,6 +27,7 @@ QD_SECONDS=${QD_SECONDS:-5}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 IMAGE_DIR=${IMAGE_DIR:-/tmp}
 HOGS=${HOGS:-0}
+FIO_SECONDS=${FIO_SECONDS:-5}
 HOG_PIDS=()
 IQN=iqn.2024-01.org.stics.bench:disk
 
@@ -77,17 +80,29 @@ wait_mount() {
     return 1
 }
 
-# postmark_on KIND: prints "seconds fsck-result".
-postmark_on() {
+# start_export KIND: stics (stics mount, defaults), stics-io2 (--io-threads 2) or qsd.
+start_export() {
     : >"$WORK/lun"
     case $1 in
         stics) "$STICS" mount "$URL" "$WORK/lun" 2>"$WORK/export-$1.log" & ;;
+        stics-io2) "$STICS" mount --io-threads 2 "$URL" "$WORK/lun" 2>"$WORK/export-$1.log" & ;;
         qsd) qemu-storage-daemon \
             --blockdev "driver=iscsi,transport=tcp,portal=127.0.0.1:$PORT,target=$IQN,lun=1,node-name=disk,cache.direct=on" \
             --export "type=fuse,id=exp0,node-name=disk,mountpoint=$WORK/lun,writable=on" 2>"$WORK/export-$1.log" & ;;
     esac
     EXPORT_PID=$!
     wait_mount
+}
+
+stop_export() {
+    kill -TERM "$EXPORT_PID"
+    wait "$EXPORT_PID" || true
+    EXPORT_PID=""
+}
+
+# postmark_on KIND: prints "seconds fsck-result".
+postmark_on() {
+    start_export "$1"
     mkfs.ext4 -F -q "$WORK/lun"
     mount -o loop,sync "$WORK/lun" "$WORK/fs"
     local t0 t1 fsck
@@ -96,10 +111,18 @@ postmark_on() {
     t1=$(date +%s.%N)
     umount "$WORK/fs"
     if e2fsck -fn "$WORK/lun" >"$WORK/fsck-$1.out" 2>&1; then fsck=clean; else fsck=ERRORS; fi
-    kill -TERM "$EXPORT_PID"
-    wait "$EXPORT_PID" || true
-    EXPORT_PID=""
+    stop_export
     echo "$(echo "$t1 - $t0" | bc -l) $fsck"
+}
+
+# fio_on KIND: mean microseconds per 4 KiB random write + fsync at depth 1, straight on the file.
+fio_on() {
+    start_export "$1"
+    fio --name=wsync --filename="$WORK/lun" --direct=1 --bs=4k --ioengine=psync --rw=randwrite --fsync=1 \
+        --size=64M --runtime="$FIO_SECONDS" --time_based --output-format=json >"$WORK/fio-$1.json"
+    stop_export
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))["jobs"][0]
+print("%.1f" % ((j["write"]["lat_ns"]["mean"]*j["write"]["total_ios"] + j["sync"]["lat_ns"]["mean"]*j["sync"]["total_ios"]) / j["write"]["total_ios"] / 1000))' "$WORK/fio-$1.json"
 }
 
 for _ in $(seq "$HOGS"); do
@@ -119,6 +142,12 @@ for r in $(seq "$ROUNDS"); do
     done
 done
 
+# What PostMark's chain of round trips is made of: one write and one flush at a time.
+FIO_ROWS=()
+for kind in stics stics-io2 qsd; do
+    FIO_ROWS+=("$(printf '%-34s %10s' "$kind" "$(fio_on "$kind")")")
+done
+
 for p in "${HOG_PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null || true; done
 HOG_PIDS=()
 
@@ -128,6 +157,11 @@ printf '%-5s %-28s %10s  %s\n' round export seconds e2fsck
 printf '%s\n' "${ROWS[@]}"
 printf 'total seconds: stics mount %.2f, qemu-storage-daemon fuse %.2f\n' "${TOTAL[stics]}" "${TOTAL[qsd]}"
 printf 'time ratio qemu-storage-daemon / stics: %.2f  (above 1: stics faster)\n' "$(echo "${TOTAL[qsd]} / ${TOTAL[stics]}" | bc -l)"
+
+echo
+echo "fio on the exported file: 4 KiB random write + fsync, depth 1, $FIO_SECONDS s, $HOGS busy loops beside"
+printf '%-34s %10s\n' export "us/write"
+printf '%s\n' "${FIO_ROWS[@]}"
 
 echo
 echo "4 KiB random reads through stics-initiator (examples/qd.rs), same tgt LUN, $QD_SECONDS s per depth"
