@@ -18,6 +18,35 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A tgt LUN of `size_mib` MiB exported by `stics mount` at `dir/lun`; fields drop in order,
+/// so the export goes before tgt, and the lock on the other tests goes last.
+struct Setup {
+    m: Mount,
+    file: PathBuf,
+    tgt: Tgt,
+    dir: tempfile::TempDir,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Setup {
+    fn start(size_mib: u64) -> Setup {
+        let _serial = serial();
+        let tgt = Tgt::start(size_mib);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("lun");
+        let m = Mount::start(&tgt.url(), &file);
+        Setup { m, file, tgt, dir, _serial }
+    }
+}
+
+/// Writes `data` at byte offset `off` of `path` and waits until it is durable.
+fn write_synced(path: &Path, off: u64, data: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(data, off).unwrap();
+    f.sync_all().unwrap();
+}
+
 /// A running `stics mount`, unmounted and killed on drop if the test did not stop it.
 struct Mount {
     child: Option<Child>,
@@ -81,18 +110,14 @@ impl Drop for Mount {
 
 #[test]
 fn ext4_on_stics_mount_of_tgt_runs_postmark_with_sync_and_fscks_clean() {
-    let _serial = serial();
-    let tgt = Tgt::start(256);
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("lun");
-    let fs_dir = dir.path().join("fs");
+    let mut s = Setup::start(256);
+    let fs_dir = s.dir.path().join("fs");
     std::fs::create_dir(&fs_dir).unwrap();
-    let mut m = Mount::start(&tgt.url(), &file);
-    assert_eq!(std::fs::metadata(&file).unwrap().len(), 256 << 20);
-    run_ok(Command::new("mkfs.ext4").args(["-F", "-q"]).arg(&file));
-    run_ok(Command::new("mount").args(["-o", "loop,sync"]).arg(&file).arg(&fs_dir));
-    m.fs_dir = Some(fs_dir.clone());
-    let cfg = dir.path().join("postmark.cfg");
+    assert_eq!(std::fs::metadata(&s.file).unwrap().len(), 256 << 20);
+    run_ok(Command::new("mkfs.ext4").args(["-F", "-q"]).arg(&s.file));
+    run_ok(Command::new("mount").args(["-o", "loop,sync"]).arg(&s.file).arg(&fs_dir));
+    s.m.fs_dir = Some(fs_dir.clone());
+    let cfg = s.dir.path().join("postmark.cfg");
     std::fs::write(
         &cfg,
         format!("set location {}\nset number 300\nset transactions 3000\nrun\nquit\n", fs_dir.display()),
@@ -103,10 +128,10 @@ fn ext4_on_stics_mount_of_tgt_runs_postmark_with_sync_and_fscks_clean() {
     // Write everything back while mounted, so that unmounting has nothing left to write.
     run_ok(Command::new("sync").arg("-f").arg(&fs_dir));
     run_ok(Command::new("umount").arg(&fs_dir));
-    m.fs_dir = None;
-    let fsck = Command::new("e2fsck").args(["-fn"]).arg(&file).output().unwrap();
-    m.signal("-TERM");
-    let (ok, err) = m.wait(Duration::from_secs(10));
+    s.m.fs_dir = None;
+    let fsck = Command::new("e2fsck").args(["-fn"]).arg(&s.file).output().unwrap();
+    s.m.signal("-TERM");
+    let (ok, err) = s.m.wait(Duration::from_secs(10));
     assert!(
         fsck.status.success(),
         "e2fsck found problems: {}\nstics mount said:\n{err}",
@@ -122,61 +147,37 @@ fn ext4_on_stics_mount_of_tgt_runs_postmark_with_sync_and_fscks_clean() {
         .parse()
         .unwrap();
     assert!(flushes > 0, "fsync reached the device as SYNCHRONIZE CACHE: {err}");
-    assert!(wait_mounted(&file, false, Duration::from_secs(2)));
+    assert!(wait_mounted(&s.file, false, Duration::from_secs(2)));
 }
 
 #[test]
 fn unmount_from_outside_stops_stics_mount_cleanly() {
-    let _serial = serial();
-    let tgt = Tgt::start(16);
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("lun");
-    let mut m = Mount::start(&tgt.url(), &file);
-    run_ok(Command::new("fusermount3").arg("-u").arg(&file));
-    let (ok, err) = m.wait(Duration::from_secs(10));
+    let mut s = Setup::start(16);
+    run_ok(Command::new("fusermount3").arg("-u").arg(&s.file));
+    let (ok, err) = s.m.wait(Duration::from_secs(10));
     assert!(ok, "{err}");
     assert!(err.contains("commands"), "counters printed: {err}");
 }
 
 #[test]
 fn sigint_unmounts_and_leaves_the_written_data_on_the_target() {
-    let _serial = serial();
-    let tgt = Tgt::start(16);
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("lun");
-    let mut m = Mount::start(&tgt.url(), &file);
+    let mut s = Setup::start(16);
     let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
-    {
-        use std::io::{Seek, SeekFrom, Write};
-        let mut f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
-        f.seek(SeekFrom::Start(12_345)).unwrap();
-        f.write_all(&data).unwrap();
-        f.sync_all().unwrap();
-    }
-    m.signal("-INT");
-    let (ok, err) = m.wait(Duration::from_secs(10));
+    write_synced(&s.file, 12_345, &data);
+    s.m.signal("-INT");
+    let (ok, err) = s.m.wait(Duration::from_secs(10));
     assert!(ok, "{err}");
     assert!(err.contains("read-mod-writes"), "{err}");
     // The bytes landed in tgt's backing file at the same unaligned offset.
-    let img = std::fs::read(&tgt.file).unwrap();
+    let img = std::fs::read(&s.tgt.file).unwrap();
     assert_eq!(&img[12_345..12_345 + data.len()], &data[..]);
 }
 
 #[test]
 fn fallocate_punches_and_zeroes_ranges_on_the_target() {
-    let _serial = serial();
-    let tgt = Tgt::start(16);
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("lun");
-    let mut m = Mount::start(&tgt.url(), &file);
-    let data = vec![0x5au8; 4 << 20];
-    {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
-        f.write_all(&data).unwrap();
-        f.sync_all().unwrap();
-    }
-    let fallocate = |args: &[&str]| Command::new("fallocate").args(args).arg(&file).output().unwrap();
+    let mut s = Setup::start(16);
+    write_synced(&s.file, 0, &[0x5au8; 4 << 20]);
+    let fallocate = |args: &[&str]| Command::new("fallocate").args(args).arg(&s.file).output().unwrap();
     // Unaligned at both ends, and more than one 1 MiB zero buffer in between.
     let out = fallocate(&["--punch-hole", "--offset", "1000", "--length", "1500000"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -188,12 +189,12 @@ fn fallocate_punches_and_zeroes_ranges_on_the_target() {
     let out = fallocate(&["--collapse-range", "--offset", "0", "--length", "65536"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not supported"), "{}", String::from_utf8_lossy(&out.stderr));
-    std::fs::File::open(&file).unwrap().sync_all().unwrap();
-    m.signal("-TERM");
-    let (ok, err) = m.wait(Duration::from_secs(10));
+    std::fs::File::open(&s.file).unwrap().sync_all().unwrap();
+    s.m.signal("-TERM");
+    let (ok, err) = s.m.wait(Duration::from_secs(10));
     assert!(ok, "{err}");
     assert!(err.lines().any(|l| l.starts_with("fuse zeroings") && l.ends_with(" 2")), "{err}");
-    let img = std::fs::read(&tgt.file).unwrap();
+    let img = std::fs::read(&s.tgt.file).unwrap();
     let zero = |r: std::ops::Range<usize>| img[r].iter().all(|&b| b == 0);
     let kept = |r: std::ops::Range<usize>| img[r].iter().all(|&b| b == 0x5a);
     assert!(kept(0..1000) && zero(1000..1_501_000) && kept(1_501_000..3_000_000));
@@ -202,12 +203,8 @@ fn fallocate_punches_and_zeroes_ranges_on_the_target() {
 
 #[test]
 fn sigterm_while_a_loop_device_holds_the_file_serves_until_it_lets_go() {
-    let _serial = serial();
-    let tgt = Tgt::start(16);
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("lun");
-    let mut m = Mount::start(&tgt.url(), &file);
-    let out = Command::new("losetup").args(["-f", "--show"]).arg(&file).output().unwrap();
+    let mut s = Setup::start(16);
+    let out = Command::new("losetup").args(["-f", "--show"]).arg(&s.file).output().unwrap();
     assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
     let dev = String::from_utf8(out.stdout).unwrap().trim().to_owned();
     // Detached on drop whatever happens below.
@@ -218,21 +215,15 @@ fn sigterm_while_a_loop_device_holds_the_file_serves_until_it_lets_go() {
         }
     }
     let lo = Loop(dev.clone());
-    m.signal("-TERM");
+    s.m.signal("-TERM");
     std::thread::sleep(Duration::from_millis(500));
     // The file is busy, so the export detached lazily and still serves the loop device.
     let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 253) as u8).collect();
-    {
-        use std::io::{Seek, SeekFrom, Write};
-        let mut f = std::fs::OpenOptions::new().write(true).open(&dev).unwrap();
-        f.seek(SeekFrom::Start(3 << 20)).unwrap();
-        f.write_all(&data).unwrap();
-        f.sync_all().unwrap();
-    }
+    write_synced(Path::new(&dev), 3 << 20, &data);
     drop(lo);
-    let (ok, err) = m.wait(Duration::from_secs(10));
+    let (ok, err) = s.m.wait(Duration::from_secs(10));
     assert!(ok, "{err}");
     assert!(err.contains("detached lazily"), "{err}");
-    let img = std::fs::read(&tgt.file).unwrap();
+    let img = std::fs::read(&s.tgt.file).unwrap();
     assert_eq!(&img[3 << 20..4 << 20], &data[..]);
 }
