@@ -15,6 +15,8 @@
 //! every unfinished command), one connection per session (several sessions spread the load),
 //! no redirection, no bidirectional commands.
 
+#![forbid(unsafe_code)]
+
 pub mod conn;
 pub mod core;
 pub mod counters;

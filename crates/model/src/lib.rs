@@ -83,6 +83,8 @@
 //! of two" for 264 kB requests and the "factor of three" in reachable distance at 75 Mbit/s when the loss
 //! falls from 10⁻² to 10⁻³ both follow from the formulas and are checked in `tests/seed003_paper.rs`.
 
+#![forbid(unsafe_code)]
+
 pub mod dist;
 pub mod iscsi;
 pub mod latency;

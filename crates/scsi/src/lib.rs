@@ -8,6 +8,8 @@
 //! path builds a [`Sense`] value. READ and WRITE take no global lock: reads take none at all,
 //! writes share a per-LU lock that only COMPARE AND WRITE and ORWRITE take exclusively.
 
+#![forbid(unsafe_code)]
+
 use bytes::Bytes;
 
 pub mod cdb;

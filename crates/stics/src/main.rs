@@ -1,7 +1,10 @@
 //! The `stics` command: argument parsing and wiring; every subcommand lives in `cmd/`.
 
+#![deny(unsafe_code)]
+
 use clap::{Parser, Subcommand};
 
+mod alloc;
 mod cmd;
 
 /// SCSI-to-IP storage: an iSCSI target, an initiator, the STICS cache, a WAN emulator and models.

@@ -11,6 +11,7 @@
 //! **Architecture Invariant:** memory is bounded by negotiated and configured limits: no buffer
 //! is sized from a peer-supplied length before that length is checked against them.
 
+#![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
 pub mod cmdsn;
@@ -26,24 +27,6 @@ pub mod textreq;
 
 pub use config::{Config, ConfigError, Credentials, Limits, TargetConfig};
 pub use server::Server;
-
-/// Tunes the C allocator for a storage server; call once at start, before the runtime.
-///
-/// Large read buffers (a 1 MiB READ allocates 1 MiB) would otherwise be mapped and unmapped on
-/// every command, glibc's default for blocks above its mmap threshold, and each fresh mapping
-/// costs a page fault per 4 KiB: a fifth of the CPU time of 1 MiB reads. Keeping such blocks on
-/// the heap and not trimming it eagerly makes them reusable.
-pub fn tune_allocator() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        // SAFETY: mallopt only sets allocator parameters; it takes plain integers and is safe
-        // to call at any time (glibc serialises it internally).
-        unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
-            libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
-        }
-    }
-}
 
 impl From<ConfigError> for TargetError {
     fn from(e: ConfigError) -> Self {

@@ -117,7 +117,7 @@ mod tests {
     fn mix_mean_matches_samples() {
         let mut rng = Rng::new(12, 0);
         let n = 200_000;
-        let mean = (0..n).map(|_| f64::from(SizeMix.sample(&mut rng))).sum::<f64>() / n as f64;
+        let mean = (0..n).map(|_| f64::from(SizeMix.sample(&mut rng))).sum::<f64>() / f64::from(n);
         assert!((mean - SizeMix.mean()).abs() < 3.0, "{mean} vs {}", SizeMix.mean());
     }
 

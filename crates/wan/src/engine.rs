@@ -68,6 +68,7 @@ struct Shared {
 }
 
 impl Shared {
+    #[expect(clippy::unused_self, reason = "the clock is part of the shared state so that tests can replace it")]
     fn now_ns(&self) -> u64 {
         sys::mono_ns()
     }
@@ -199,7 +200,7 @@ fn serve(inst: &Instance, params: Params) -> Result<()> {
 
     let mut result = Ok(());
     while !shared.stopping() {
-        if let Some(i) = threads.iter().position(|t| t.is_finished()) {
+        if let Some(i) = threads.iter().position(std::thread::JoinHandle::is_finished) {
             let t = threads.swap_remove(i);
             result = t.join().unwrap_or_else(|_| Err(WanError::Start("a worker thread panicked".into())));
             if result.is_ok() {
@@ -209,7 +210,7 @@ fn serve(inst: &Instance, params: Params) -> Result<()> {
         }
         sys::poll_in(&[listener.as_raw_fd()], Some(100_000_000))?;
         while let Ok((conn, _)) = listener.accept() {
-            if let Err(e) = handle(inst, &shared, conn) {
+            if let Err(e) = handle(inst, &shared, &conn) {
                 eprintln!("stics wan daemon: control request: {e}");
             }
         }
@@ -229,12 +230,12 @@ fn spawn(name: &str, f: impl FnOnce() -> Result<()> + Send + 'static) -> Result<
     std::thread::Builder::new().name(name.into()).spawn(f).map_err(|e| WanError::io("spawn thread", e))
 }
 
-fn handle(inst: &Instance, shared: &Shared, conn: UnixStream) -> Result<()> {
+fn handle(inst: &Instance, shared: &Shared, conn: &UnixStream) -> Result<()> {
     let io = |e| WanError::io("control connection", e);
     conn.set_nonblocking(false).map_err(io)?;
     conn.set_read_timeout(Some(Duration::from_secs(5))).map_err(io)?;
     let mut line = String::new();
-    BufReader::new(&conn).read_line(&mut line).map_err(io)?;
+    BufReader::new(conn).read_line(&mut line).map_err(io)?;
     let reply = match serde_json::from_str::<Request>(&line) {
         Err(e) => Reply { ok: false, error: Some(format!("bad request: {e}")), status: None },
         Ok(req) => match answer(inst, shared, req) {
@@ -244,7 +245,8 @@ fn handle(inst: &Instance, shared: &Shared, conn: UnixStream) -> Result<()> {
     };
     let mut text = serde_json::to_string(&reply).map_err(|e| WanError::Protocol(e.to_string()))?;
     text.push('\n');
-    (&conn).write_all(text.as_bytes()).map_err(io)
+    let mut w = conn;
+    w.write_all(text.as_bytes()).map_err(io)
 }
 
 fn answer(inst: &Instance, shared: &Shared, req: Request) -> Result<Option<Status>> {
@@ -316,8 +318,7 @@ fn status(inst: &Instance, shared: &Shared) -> Status {
         "-n".into(),
         "net.ipv4.tcp_congestion_control".into(),
     ])
-    .map(|s| s.trim().to_string())
-    .unwrap_or_else(|e| format!("unknown ({e})"));
+    .map_or_else(|e| format!("unknown ({e})"), |s| s.trim().to_string());
     Status {
         name: inst.name().into(),
         pid: std::process::id(),
@@ -351,15 +352,16 @@ fn link_status(topo: &Topology, d: Dir) -> LinkStatus {
     let mut s = LinkStatus { direction: d.name().into(), ..Default::default() };
     let cmd: Vec<String> = ["tc", "-s", "-j", "-n", &topo.ns(Role::Router), "qdisc", "show", "dev", dev]
         .iter()
-        .map(|a| a.to_string())
+        .map(std::string::ToString::to_string)
         .collect();
     let Ok(text) = run_cmd(&cmd) else { return s };
     let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else { return s };
-    let Some(q) = v.as_array().and_then(|a| a.iter().find(|q| q.get("root").and_then(|r| r.as_bool()) == Some(true)))
+    let Some(q) =
+        v.as_array().and_then(|a| a.iter().find(|q| q.get("root").and_then(serde_json::Value::as_bool) == Some(true)))
     else {
         return s;
     };
-    let n = |k: &str| q.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+    let n = |k: &str| q.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
     s.qdisc = q.get("kind").and_then(|k| k.as_str()).unwrap_or("").into();
     s.sent_bytes = n("bytes");
     s.sent_packets = n("packets");
@@ -387,7 +389,7 @@ fn run_path(shared: &Shared, dir: Dir, sock: &NfqSocket) -> Result<()> {
     let mut generation = 0;
     let mut seed = None;
     let mut rng = Rng::new(0, 0);
-    let mut loss = LossModel::new(Default::default());
+    let mut loss = LossModel::new(crate::params::LossSpec::default());
     let mut sampler = DelaySampler { delay_ns: 0, jitter_ns: 0 };
     let mut line = DelayLine::new();
     let mut batch = sys::RecvBatch::new(RX_SLOTS, RX_SLOT_BYTES);

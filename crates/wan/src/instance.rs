@@ -228,7 +228,7 @@ impl Instance {
 }
 
 fn now_nanos() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
 }
 
 /// Waits until `pid` no longer exists (reaping it if it is our child is not needed: teardown is
@@ -243,7 +243,7 @@ fn wait_gone(pid: i32, timeout: Duration) -> bool {
         // SAFETY: waitpid with WNOHANG on a specific pid has no memory effects beyond `status`.
         unsafe {
             let mut status = 0;
-            libc::waitpid(pid, &mut status, libc::WNOHANG);
+            libc::waitpid(pid, &raw mut status, libc::WNOHANG);
         }
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -233,7 +233,7 @@ mod tests {
         let mut hdr = id.to_be_bytes().to_vec();
         hdr.extend_from_slice(&0x0800u16.to_be_bytes());
         hdr.push(0); // hook
-        let cap = cap_len.map(|c| c.to_be_bytes());
+        let cap = cap_len.map(u32::to_be_bytes);
         let ts: Option<Vec<u8>> = stamp.map(|(s, us)| [s.to_be_bytes(), us.to_be_bytes()].concat());
         let mut attrs: Vec<(u16, &[u8])> = vec![(NFQA_PACKET_HDR, &hdr)];
         if let Some(t) = &ts {
@@ -318,7 +318,7 @@ mod tests {
         let mut ids = vec![];
         parse(&b, |m| {
             if let Msg::Packet { id, .. } = m {
-                ids.push(id)
+                ids.push(id);
             }
         })
         .unwrap();

@@ -377,6 +377,7 @@ pub struct Update {
 }
 
 /// A field that is present (even as `null`) is a change; an absent one keeps the value.
+#[expect(clippy::option_option, reason = "absent, null and a value are three different requests")]
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<Option<u64>>, D::Error> {
     Option::<u64>::deserialize(d).map(Some)
 }
@@ -386,8 +387,7 @@ fn split_number(s: &str) -> (&str, &str) {
     let end = s
         .char_indices()
         .find(|&(_, c)| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+'))
-        .map(|(i, _)| i)
-        .unwrap_or(s.len());
+        .map_or(s.len(), |(i, _)| i);
     // An exponent sign belongs to the number only after an `e`; `5e` alone would be bad anyway.
     (&s[..end], s[end..].trim())
 }

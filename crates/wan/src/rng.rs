@@ -90,7 +90,7 @@ mod tests {
     fn uniform_mean_is_one_half() {
         let mut r = Rng::new(7, 0);
         let n = 100_000;
-        let mean: f64 = (0..n).map(|_| r.f64()).sum::<f64>() / n as f64;
+        let mean: f64 = (0..n).map(|_| r.f64()).sum::<f64>() / f64::from(n);
         assert!((mean - 0.5).abs() < 0.01, "mean {mean}");
     }
 
@@ -98,7 +98,7 @@ mod tests {
     fn exponential_mean_is_one() {
         let mut r = Rng::new(7, 3);
         let n = 100_000;
-        let mean: f64 = (0..n).map(|_| r.exp1()).sum::<f64>() / n as f64;
+        let mean: f64 = (0..n).map(|_| r.exp1()).sum::<f64>() / f64::from(n);
         assert!((mean - 1.0).abs() < 0.02, "mean {mean}");
     }
 

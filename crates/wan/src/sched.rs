@@ -242,7 +242,7 @@ mod tests {
             assert!((800..=1200).contains(&d));
             sum += d;
         }
-        let mean = sum as f64 / n as f64;
+        let mean = sum as f64 / f64::from(n);
         assert!((mean - 1000.0).abs() < 2.0, "mean {mean}");
     }
 

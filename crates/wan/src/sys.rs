@@ -38,7 +38,7 @@ pub fn tight_timer_slack() {
 fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: ts is a valid timespec for the call to fill; both clocks always exist on Linux.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
+    unsafe { libc::clock_gettime(clock, &raw mut ts) };
     (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
 }
 
@@ -83,8 +83,8 @@ pub struct Timer {
 
 impl Timer {
     pub fn new() -> Result<Timer> {
-        // SAFETY: plain timerfd creation, owned right away.
         let fd = check(
+            // SAFETY: plain timerfd creation, owned right away.
             unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) },
             "timerfd_create",
         )?;
@@ -104,9 +104,16 @@ impl Timer {
                 tv_nsec: (at % 1_000_000_000) as libc::c_long,
             },
         };
-        // SAFETY: spec is a valid itimerspec; the old value is not asked for.
         check(
-            unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), libc::TFD_TIMER_ABSTIME, &spec, std::ptr::null_mut()) },
+            // SAFETY: spec is a valid itimerspec; the old value is not asked for.
+            unsafe {
+                libc::timerfd_settime(
+                    self.fd.as_raw_fd(),
+                    libc::TFD_TIMER_ABSTIME,
+                    &raw const spec,
+                    std::ptr::null_mut(),
+                )
+            },
             "timerfd_settime",
         )?;
         Ok(())
@@ -137,14 +144,14 @@ pub fn wait_either(a: RawFd, b: RawFd) -> Result<(bool, bool)> {
 }
 
 fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, val: libc::c_int) -> Result<()> {
-    // SAFETY: val lives across the call and its size is passed.
     check(
+        // SAFETY: val lives across the call and its size is passed.
         unsafe {
             libc::setsockopt(
                 fd,
                 level,
                 name,
-                &val as *const libc::c_int as *const libc::c_void,
+                (&raw const val).cast::<libc::c_void>(),
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             )
         },
@@ -170,7 +177,7 @@ impl RecvBatch {
         // The vectors are never resized, so these pointers into `buf` stay valid for its life.
         let mut iov: Vec<libc::iovec> = (0..slots)
             // SAFETY: i * slot stays within buf's slots * slot bytes.
-            .map(|i| libc::iovec { iov_base: unsafe { base.add(i * slot) } as *mut libc::c_void, iov_len: slot })
+            .map(|i| libc::iovec { iov_base: unsafe { base.add(i * slot) }.cast::<libc::c_void>(), iov_len: slot })
             .collect();
         let iov_base = iov.as_mut_ptr();
         let hdrs = (0..slots)
@@ -205,7 +212,7 @@ pub fn poll_in(fds: &[RawFd], timeout_ns: Option<u64>) -> Result<Vec<bool>> {
         tv_sec: (ns / 1_000_000_000) as libc::time_t,
         tv_nsec: (ns % 1_000_000_000) as libc::c_long,
     });
-    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    let tsp = ts.as_ref().map_or(std::ptr::null(), std::ptr::from_ref::<libc::timespec>);
     // SAFETY: pfds and ts outlive the call; the length matches the vector.
     let r = unsafe { libc::ppoll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, tsp, std::ptr::null()) };
     if r < 0 {
@@ -229,8 +236,8 @@ pub struct NfqSocket {
 impl NfqSocket {
     /// Opens a socket, binds `queue` and asks for the first `copy_range` bytes of each packet.
     pub fn open(queue: u16, copy_range: u32, maxlen: u32, rcvbuf: usize) -> Result<NfqSocket> {
-        // SAFETY: plain socket creation; the descriptor is owned right away.
         let fd = check(
+            // SAFETY: plain socket creation; the descriptor is owned right away.
             unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, nfq::NETLINK_NETFILTER) },
             "socket(AF_NETLINK)",
         )?;
@@ -239,12 +246,12 @@ impl NfqSocket {
         // SAFETY: a zeroed sockaddr_nl is valid; pid 0 lets the kernel pick the port id.
         let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        // SAFETY: addr is a valid sockaddr_nl of the given size.
         check(
+            // SAFETY: addr is a valid sockaddr_nl of the given size.
             unsafe {
                 libc::bind(
                     fd.as_raw_fd(),
-                    &addr as *const libc::sockaddr_nl as *const libc::sockaddr,
+                    (&raw const addr).cast::<libc::sockaddr>(),
                     std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
                 )
             },
@@ -301,14 +308,14 @@ impl NfqSocket {
                         io::Error::from_raw_os_error(errno)
                     )))
                 }
-                None => continue,
+                None => {}
             }
         }
     }
 
     fn recv_blocking(&self, buf: &mut [u8]) -> Result<usize> {
         // SAFETY: buf is valid for writes of its length.
-        let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
+        let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast::<libc::c_void>(), buf.len(), 0) };
         if n < 0 {
             return Err(WanError::last_os("recv(netlink)"));
         }
@@ -318,7 +325,7 @@ impl NfqSocket {
     /// Receives as many waiting datagrams as `batch` holds with one system call, without
     /// blocking; returns how many (0 when nothing is waiting).
     pub fn recv_batch(&self, batch: &mut RecvBatch) -> Result<usize> {
-        for h in batch.hdrs.iter_mut() {
+        for h in &mut batch.hdrs {
             h.msg_len = 0;
             h.msg_hdr.msg_flags = 0;
         }
@@ -337,9 +344,8 @@ impl NfqSocket {
         if n < 0 {
             let e = io::Error::last_os_error();
             return match e.raw_os_error() {
-                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(0),
-                // A lost notification leaves nothing to answer; carry on.
-                Some(libc::ENOBUFS) => Ok(0),
+                // Nothing waiting, or a lost notification that leaves nothing to answer.
+                Some(libc::EAGAIN | libc::EINTR | libc::ENOBUFS) => Ok(0),
                 _ => Err(WanError::io("recvmmsg(netlink)", e)),
             };
         }
@@ -349,7 +355,7 @@ impl NfqSocket {
     /// Sends one or more netlink messages in a single datagram.
     pub fn send(&self, msg: &[u8]) -> Result<()> {
         // SAFETY: msg is valid for reads of its length.
-        let n = unsafe { libc::send(self.fd.as_raw_fd(), msg.as_ptr() as *const libc::c_void, msg.len(), 0) };
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), msg.as_ptr().cast::<libc::c_void>(), msg.len(), 0) };
         if n < 0 {
             return Err(WanError::last_os("send(netlink)"));
         }
@@ -401,14 +407,11 @@ pub fn disable_offloads(ifname: &str) -> Result<()> {
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     for cmd in [ETHTOOL_STSO, ETHTOOL_SGSO, ETHTOOL_SGRO] {
         let mut val = EthtoolValue { cmd, data: 0 };
-        let mut ifr = IfreqData {
-            name: ifname_bytes(ifname)?,
-            data: &mut val as *mut EthtoolValue as *mut libc::c_void,
-            _pad: [0; 16],
-        };
-        // SAFETY: ifr and val outlive the ioctl; the kernel reads the ethtool_value through `data`.
+        let mut ifr =
+            IfreqData { name: ifname_bytes(ifname)?, data: (&raw mut val).cast::<libc::c_void>(), _pad: [0; 16] };
         check(
-            unsafe { libc::ioctl(fd.as_raw_fd(), SIOCETHTOOL as _, &mut ifr as *mut IfreqData) },
+            // SAFETY: ifr and val outlive the ioctl; the kernel reads the ethtool_value through `data`.
+            unsafe { libc::ioctl(fd.as_raw_fd(), SIOCETHTOOL as _, &raw mut ifr) },
             &format!("ethtool offloads off on {ifname}"),
         )?;
     }
@@ -436,8 +439,8 @@ impl FrameSender {
     pub fn open(ifname: &str) -> Result<FrameSender> {
         let idx = ifindex(ifname)?;
         // Protocol 0: the socket sends only and never receives a copy of traffic.
-        // SAFETY: plain socket creation, owned right away.
         let fd = check(
+            // SAFETY: plain socket creation, owned right away.
             unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) },
             "socket(AF_PACKET)",
         )?;
@@ -447,12 +450,12 @@ impl FrameSender {
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as u16;
         sll.sll_ifindex = idx;
-        // SAFETY: sll is a valid sockaddr_ll of the given size.
         check(
+            // SAFETY: sll is a valid sockaddr_ll of the given size.
             unsafe {
                 libc::bind(
                     fd.as_raw_fd(),
-                    &sll as *const libc::sockaddr_ll as *const libc::sockaddr,
+                    (&raw const sll).cast::<libc::sockaddr>(),
                     std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
                 )
             },
@@ -464,11 +467,11 @@ impl FrameSender {
     /// Sends one frame; false when the qdisc dropped it (queue full) or the socket is busy.
     pub fn send(&self, frame: &[u8]) -> Result<bool> {
         // SAFETY: frame is valid for reads of its length.
-        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr() as *const libc::c_void, frame.len(), 0) };
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast::<libc::c_void>(), frame.len(), 0) };
         if n < 0 {
             let e = io::Error::last_os_error();
             return match e.raw_os_error() {
-                Some(libc::ENOBUFS) | Some(libc::EAGAIN) => Ok(false),
+                Some(libc::ENOBUFS | libc::EAGAIN) => Ok(false),
                 _ => Err(WanError::io("send(AF_PACKET)", e)),
             };
         }

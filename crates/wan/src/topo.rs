@@ -98,7 +98,7 @@ impl Topology {
     pub fn setup_plan(&self) -> Vec<Vec<String>> {
         let (h, s, w) = (self.ns(Role::Host), self.ns(Role::Storage), self.ns(Role::Router));
         let mut plan: Vec<Vec<String>> = Vec::new();
-        let mut cmd = |args: &[&str]| plan.push(args.iter().map(|a| a.to_string()).collect());
+        let mut cmd = |args: &[&str]| plan.push(args.iter().map(std::string::ToString::to_string).collect());
         for ns in [&h, &s, &w] {
             cmd(&["ip", "netns", "add", ns]);
         }

@@ -5,6 +5,7 @@
 //! nothing about SCSI semantics. It turns bytes into values and values into bytes; callers own
 //! sockets and state.
 
+#![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::indexing_slicing)]
 
 pub mod chap;

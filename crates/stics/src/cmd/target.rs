@@ -142,7 +142,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     super::logging::init("info");
-    stics_target::tune_allocator();
+    crate::alloc::tune_for_storage_server();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.threads.max(1))
         .enable_all()
