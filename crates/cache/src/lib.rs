@@ -1,0 +1,14 @@
+//! The STICS cache (seed 004): a write-back cache that keeps its dirty data in a log-structured
+//! write log on a local device and destages it to a remote device in epoch order, so the remote
+//! image stays crash-consistent.
+//!
+//! This crate so far holds the log's on-disk format ([`format`]): versioned, checksummed records
+//! and a superblock that binds the log to its remote LUN. The cache device, its recovery scan and
+//! its destage planner build on it.
+//!
+//! **Architecture Invariant:** knows block devices, not iSCSI; every decision (admission, destage
+//! order, recovery) is a pure function of the log's bytes, the index and `now`.
+
+#![forbid(unsafe_code)]
+
+pub mod format;
