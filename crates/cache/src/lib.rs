@@ -11,5 +11,6 @@
 
 #![forbid(unsafe_code)]
 
+pub mod core;
 pub mod format;
 pub mod scan;
