@@ -11,6 +11,9 @@
 
 #![forbid(unsafe_code)]
 
+pub use device::{AckMode, Cache, CacheError, CacheOptions, Status};
+
 pub mod core;
+pub mod device;
 pub mod format;
 pub mod scan;

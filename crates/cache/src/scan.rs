@@ -13,13 +13,15 @@ use crate::format::{FormatError, RecordHeader, Superblock, LOG_BLOCK, RING_START
 pub const MAX_RECORD_BYTES: u64 = 32 << 20;
 
 /// Reads bytes of the log device. Recovery's only I/O.
-pub trait LogRead {
+#[async_trait::async_trait]
+pub trait LogRead: Send {
     /// Reads `len` bytes at `offset`; short only at the end of the device.
-    fn read_at(&mut self, offset: u64, len: usize) -> std::io::Result<Vec<u8>>;
+    async fn read_at(&mut self, offset: u64, len: usize) -> std::io::Result<Vec<u8>>;
 }
 
+#[async_trait::async_trait]
 impl LogRead for &[u8] {
-    fn read_at(&mut self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    async fn read_at(&mut self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
         let start = usize::try_from(offset).unwrap_or(usize::MAX).min(self.len());
         let end = start.saturating_add(len).min(self.len());
         Ok(self[start..end].to_vec())
@@ -121,22 +123,22 @@ enum Probe {
     Damaged(Option<RecordHeader>),
 }
 
-fn read(dev: &mut impl LogRead, offset: u64, len: usize) -> Result<Vec<u8>, ScanError> {
-    dev.read_at(offset, len).map_err(|source| ScanError::Io { offset, source })
+async fn read(dev: &mut impl LogRead, offset: u64, len: usize) -> Result<Vec<u8>, ScanError> {
+    dev.read_at(offset, len).await.map_err(|source| ScanError::Io { offset, source })
 }
 
 /// Reads and checks the record that should be at `offset` with sequence number `seq`.
-fn probe(dev: &mut impl LogRead, sb: &Superblock, offset: u64, seq: u64) -> Result<Probe, ScanError> {
+async fn probe(dev: &mut impl LogRead, sb: &Superblock, offset: u64, seq: u64) -> Result<Probe, ScanError> {
     if offset < RING_START || offset + LOG_BLOCK > sb.log_bytes {
         return Ok(Probe::Absent);
     }
-    let first = read(dev, offset, LOG_BLOCK as usize)?;
+    let first = read(dev, offset, LOG_BLOCK as usize).await?;
     let hlen = match RecordHeader::header_len_from_prefix(&first) {
         Ok(l) => l,
         Err(FormatError::Magic | FormatError::Truncated { .. }) => return Ok(Probe::Absent),
         Err(_) => return Ok(Probe::Damaged(None)),
     };
-    let head = if hlen > LOG_BLOCK { read(dev, offset, hlen as usize)? } else { first };
+    let head = if hlen > LOG_BLOCK { read(dev, offset, hlen as usize).await? } else { first };
     let h = match RecordHeader::decode(&head) {
         Ok(h) => h,
         Err(FormatError::Checksum { .. } | FormatError::Truncated { .. } | FormatError::Field { .. }) => {
@@ -152,7 +154,7 @@ fn probe(dev: &mut impl LogRead, sb: &Superblock, offset: u64, seq: u64) -> Resu
     }
     let data_len = h.data_len();
     if data_len > 0 {
-        let data = read(dev, offset + RecordHeader::header_len(h.entries.len()), data_len as usize)?;
+        let data = read(dev, offset + RecordHeader::header_len(h.entries.len()), data_len as usize).await?;
         let mut at = 0usize;
         for (i, e) in h.entries.iter().enumerate() {
             let n = if e.kind.has_slots() { e.blocks as usize * h.block_size as usize } else { 0 };
@@ -168,12 +170,12 @@ fn probe(dev: &mut impl LogRead, sb: &Superblock, offset: u64, seq: u64) -> Resu
 
 /// Looks for an intact record with sequence number `seq` anywhere in the window after `from`
 /// (and after the ring's start, where a wrapped writer would have put it).
-fn successor_exists(dev: &mut impl LogRead, sb: &Superblock, from: u64, seq: u64) -> Result<bool, ScanError> {
+async fn successor_exists(dev: &mut impl LogRead, sb: &Superblock, from: u64, seq: u64) -> Result<bool, ScanError> {
     for start in [from, RING_START] {
         let end = start.saturating_add(MAX_RECORD_BYTES + LOG_BLOCK).min(sb.log_bytes);
         let mut at = start;
         while at < end {
-            if let Probe::Intact(_) = probe(dev, sb, at, seq)? {
+            if let Probe::Intact(_) = probe(dev, sb, at, seq).await? {
                 return Ok(true);
             }
             at += LOG_BLOCK;
@@ -187,7 +189,7 @@ fn ranges(h: &RecordHeader) -> Vec<(u64, u32)> {
 }
 
 /// Scans the log from the superblock's checkpoint.
-pub fn scan(dev: &mut impl LogRead, sb: &Superblock) -> Result<Scanned, ScanError> {
+pub async fn scan(dev: &mut impl LogRead, sb: &Superblock) -> Result<Scanned, ScanError> {
     let mut records = Vec::new();
     let mut at = sb.checkpoint.head_offset;
     let mut seq = sb.checkpoint.head_seq;
@@ -195,9 +197,9 @@ pub fn scan(dev: &mut impl LogRead, sb: &Superblock) -> Result<Scanned, ScanErro
     let mut live = 0u64;
     let torn_tail = loop {
         // The record is where the previous one ended, or at the ring's start if it did not fit.
-        let (found_at, probe_here) = match probe(dev, sb, at, seq)? {
+        let (found_at, probe_here) = match probe(dev, sb, at, seq).await? {
             Probe::Intact(h) => (at, Probe::Intact(h)),
-            here => match probe(dev, sb, RING_START, seq)? {
+            here => match probe(dev, sb, RING_START, seq).await? {
                 Probe::Intact(h) if at != RING_START => (RING_START, Probe::Intact(h)),
                 _ => (at, here),
             },
@@ -218,7 +220,7 @@ pub fn scan(dev: &mut impl LogRead, sb: &Superblock) -> Result<Scanned, ScanErro
             Probe::Damaged(h) => {
                 let next_from = h.as_ref().map_or(at + LOG_BLOCK, |h| at + h.record_len());
                 let damage = Damage { seq, offset: at, ranges: h.as_ref().map(ranges) };
-                if successor_exists(dev, sb, next_from, seq + 1)? {
+                if successor_exists(dev, sb, next_from, seq + 1).await? {
                     return Err(ScanError::LostAcknowledged(damage));
                 }
                 break Some(damage);
@@ -284,26 +286,26 @@ mod tests {
         }
     }
 
-    #[test]
-    fn an_empty_log_scans_to_nothing() {
+    #[tokio::test]
+    async fn an_empty_log_scans_to_nothing() {
         let log = Log::new(1 << 20, 1);
-        let s = scan(&mut log.bytes.as_slice(), &superblock(1 << 20, RING_START, 1)).expect("scans");
+        let s = scan(&mut log.bytes.as_slice(), &superblock(1 << 20, RING_START, 1)).await.expect("scans");
         assert!(s.records.is_empty());
         assert_eq!((s.tail_offset, s.next_seq, s.torn_tail), (RING_START, 1, None));
     }
 
-    #[test]
-    fn the_chain_is_followed_from_the_checkpoint_and_ends_at_stale_records() {
+    #[tokio::test]
+    async fn the_chain_is_followed_from_the_checkpoint_and_ends_at_stale_records() {
         let mut log = Log::new(1 << 20, 10);
         let offs: Vec<u64> = (0..5).map(|i| log.append(i * 8, 8, i as u8)).collect();
         // Checkpoint after the first two: those were destaged and are not live.
-        let s = scan(&mut log.bytes.as_slice(), &superblock(1 << 20, offs[2], 12)).expect("scans");
+        let s = scan(&mut log.bytes.as_slice(), &superblock(1 << 20, offs[2], 12)).await.expect("scans");
         assert_eq!(s.records.iter().map(|r| r.header.seq).collect::<Vec<_>>(), vec![12, 13, 14]);
         assert_eq!((s.tail_offset, s.next_seq), (log.at, 15));
     }
 
-    #[test]
-    fn a_record_that_does_not_fit_before_the_end_is_found_at_the_ring_start() {
+    #[tokio::test]
+    async fn a_record_that_does_not_fit_before_the_end_is_found_at_the_ring_start() {
         let size = RING_START + 10 * LOG_BLOCK;
         let mut log = Log::new(size, 1);
         for i in 0..4 {
@@ -313,60 +315,60 @@ mod tests {
         let head = RING_START + 4 * LOG_BLOCK;
         let wrapped = log.append(100, 16, 9);
         assert_eq!(wrapped, RING_START);
-        let s = scan(&mut log.bytes.as_slice(), &superblock(size, head, 3)).expect("scans");
+        let s = scan(&mut log.bytes.as_slice(), &superblock(size, head, 3)).await.expect("scans");
         assert_eq!(
             s.records.iter().map(|r| (r.header.seq, r.offset)).collect::<Vec<_>>(),
             vec![(3, head), (4, head + 2 * LOG_BLOCK), (5, RING_START)]
         );
     }
 
-    #[test]
-    fn a_torn_last_record_is_dropped_and_reported() {
+    #[tokio::test]
+    async fn a_torn_last_record_is_dropped_and_reported() {
         let mut log = Log::new(1 << 20, 1);
         log.append(0, 8, 1);
         let last = log.append(64, 8, 2);
         // The data of the last record never reached the medium.
         let data_at = (last + LOG_BLOCK) as usize;
         log.bytes[data_at..data_at + 4096].fill(0);
-        let s = scan(&mut log.bytes.as_slice(), &superblock(1 << 20, RING_START, 1)).expect("scans");
+        let s = scan(&mut log.bytes.as_slice(), &superblock(1 << 20, RING_START, 1)).await.expect("scans");
         assert_eq!(s.records.len(), 1);
         assert_eq!(s.tail_offset, last);
         assert_eq!(s.torn_tail, Some(Damage { seq: 2, offset: last, ranges: Some(vec![(64, 8)]) }));
     }
 
-    #[test]
-    fn a_damaged_record_followed_by_a_later_one_refuses_to_open_and_names_the_blocks() {
+    #[tokio::test]
+    async fn a_damaged_record_followed_by_a_later_one_refuses_to_open_and_names_the_blocks() {
         let mut log = Log::new(1 << 20, 1);
         log.append(0, 8, 1);
         let mid = log.append(64, 8, 2);
         log.append(128, 8, 3);
         let data_at = (mid + LOG_BLOCK + 100) as usize;
         log.bytes[data_at] ^= 1;
-        let e = scan(&mut log.bytes.as_slice(), &superblock(1 << 20, RING_START, 1)).expect_err("refuses");
+        let e = scan(&mut log.bytes.as_slice(), &superblock(1 << 20, RING_START, 1)).await.expect_err("refuses");
         assert!(matches!(&e, ScanError::LostAcknowledged(d) if d.ranges == Some(vec![(64, 8)])));
         assert!(e.to_string().contains("LBA 64..72"), "{e}");
     }
 
-    #[test]
-    fn a_damaged_header_followed_by_a_later_record_refuses_to_open() {
+    #[tokio::test]
+    async fn a_damaged_header_followed_by_a_later_record_refuses_to_open() {
         let mut log = Log::new(1 << 20, 1);
         let first = log.append(0, 8, 1);
         log.append(64, 8, 2);
         log.bytes[first as usize + 40] ^= 0xff;
-        let e = scan(&mut log.bytes.as_slice(), &superblock(1 << 20, RING_START, 1)).expect_err("refuses");
+        let e = scan(&mut log.bytes.as_slice(), &superblock(1 << 20, RING_START, 1)).await.expect_err("refuses");
         assert!(matches!(e, ScanError::LostAcknowledged(Damage { seq: 1, ranges: None, .. })));
     }
 
-    #[test]
-    fn records_of_another_log_or_an_earlier_lap_are_not_taken() {
+    #[tokio::test]
+    async fn records_of_another_log_or_an_earlier_lap_are_not_taken() {
         let mut log = Log::new(1 << 20, 1);
         log.append(0, 8, 1);
         log.append(8, 8, 1);
         // The checkpoint says the chain starts at sequence 7: the bytes there are of sequence 1.
-        let s = scan(&mut log.bytes.as_slice(), &superblock(1 << 20, RING_START, 7)).expect("scans");
+        let s = scan(&mut log.bytes.as_slice(), &superblock(1 << 20, RING_START, 7)).await.expect("scans");
         assert!(s.records.is_empty());
         let mut other = superblock(1 << 20, RING_START, 1);
         other.log_uuid = [6; 16];
-        assert!(scan(&mut log.bytes.as_slice(), &other).expect("scans").records.is_empty());
+        assert!(scan(&mut log.bytes.as_slice(), &other).await.expect("scans").records.is_empty());
     }
 }

@@ -466,7 +466,8 @@ impl Sim {
         let sb = Superblock::choose(&self.log[..4096], &self.log[4096..8192]).map_err(|e| e.to_string())?;
         // The next superblock write goes to the copy not in force.
         self.generation = sb.generation;
-        let scanned = scan::scan(&mut self.log.as_slice(), &sb).map_err(|e| e.to_string())?;
+        let rt = tokio::runtime::Builder::new_current_thread().build().map_err(|e| e.to_string())?;
+        let scanned = rt.block_on(scan::scan(&mut self.log.as_slice(), &sb)).map_err(|e| e.to_string())?;
         let records: Vec<(u64, _)> = scanned.records.iter().map(|r| (r.offset, r.header.clone())).collect();
         self.core =
             Core::recover(self.cfg.clone(), self.uuid, sb.checkpoint, &records, scanned.tail_offset, scanned.next_seq);

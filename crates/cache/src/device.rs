@@ -1,0 +1,810 @@
+//! `Cache`, the block device that wraps a remote device with the write log: the thin tokio
+//! driver around [`crate::core::Core`]. Host requests go through the core under a short lock;
+//! one task writes log records (group commit: every write waiting in RAM, one log write and one
+//! flush), another destages epochs to the remote with many writes in flight.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use stics_block::{BlockDev, BlockError, Geometry};
+use tokio::sync::{oneshot, Notify};
+use tokio::task::JoinSet;
+
+use crate::core::{self, Config, Core, DestageIo, Piece, Submitted, Ticket};
+use crate::format::{Checkpoint, RemoteBinding, Superblock, LOG_BLOCK, RING_START};
+use crate::scan::{self, LogRead, ScanError};
+
+/// When a host write completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckMode {
+    /// When the remote completes it: no write caching (plain iSCSI, the baseline).
+    WriteThrough,
+    /// When it is on stable local storage (WCE=0).
+    Log,
+    /// When it is in RAM (WCE=1); FUA and flushes wait for stable local storage.
+    Immediate,
+}
+
+impl std::str::FromStr for AckMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "write-through" => Ok(AckMode::WriteThrough),
+            "log" => Ok(AckMode::Log),
+            "immediate" => Ok(AckMode::Immediate),
+            _ => Err(format!("unknown mode {s:?}: use write-through, log or immediate")),
+        }
+    }
+}
+
+/// How a cache runs.
+#[derive(Debug, Clone)]
+pub struct CacheOptions {
+    /// Acknowledgement rule.
+    pub mode: AckMode,
+    /// Bytes of host writes held in RAM while they wait for the log.
+    pub ram_bytes: u64,
+    /// Largest log record.
+    pub max_record_bytes: u64,
+    /// Largest remote write destage issues.
+    pub destage_io_bytes: u64,
+    /// Remote writes destage keeps in flight.
+    pub destage_inflight: usize,
+    /// Epoch limits (see [`Config`]).
+    pub epoch_max_writes: u64,
+    /// Epoch limits (see [`Config`]).
+    pub epoch_max_bytes: u64,
+    /// Log fill (0–1) above which host writes are slowed, in proportion to how far beyond.
+    pub throttle_from: f64,
+    /// Pause between attempts when the remote fails a destage write or flush.
+    pub retry_delay: Duration,
+}
+
+impl Default for CacheOptions {
+    fn default() -> Self {
+        CacheOptions {
+            mode: AckMode::Log,
+            ram_bytes: 64 << 20,
+            max_record_bytes: 4 << 20,
+            destage_io_bytes: 1 << 20,
+            destage_inflight: 16,
+            epoch_max_writes: 4096,
+            epoch_max_bytes: 64 << 20,
+            throttle_from: 0.75,
+            retry_delay: Duration::from_millis(200),
+        }
+    }
+}
+
+/// Why a cache could not open.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// The log device failed.
+    #[error("log device: {0}")]
+    Log(#[source] BlockError),
+    /// The remote device failed.
+    #[error("remote device: {0}")]
+    Remote(#[source] BlockError),
+    /// The log belongs to another remote LUN.
+    #[error(
+        "this log belongs to another LUN ({}, {} blocks of {} bytes), not the remote given ({}, {} blocks of {} bytes); \
+         destage it there first or give a fresh log",
+        show_id(&found.device_id), found.num_blocks, found.block_size,
+        show_id(&wanted.device_id), wanted.num_blocks, wanted.block_size
+    )]
+    WrongRemote { found: RemoteBinding, wanted: RemoteBinding },
+    /// The superblock is unreadable (both copies).
+    #[error("the log's superblock is unreadable: {0}")]
+    Superblock(#[source] crate::format::FormatError),
+    /// Recovery found damage it cannot repair.
+    #[error("recovery: {0}")]
+    Scan(#[from] ScanError),
+    /// The log is too small for these settings.
+    #[error("{0}")]
+    Config(#[from] core::ConfigError),
+    /// The log device's size does not match the log written on it.
+    #[error("the log was formatted for {formatted} bytes but the device has {device}")]
+    LogSize { formatted: u64, device: u64 },
+}
+
+fn show_id(id: &[u8]) -> String {
+    use std::fmt::Write;
+    if !id.is_empty() && id.iter().all(u8::is_ascii_graphic) {
+        return String::from_utf8_lossy(id).into_owned();
+    }
+    id.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Byte-granular reads of the log device.
+struct LogDev(Arc<dyn BlockDev>);
+
+impl LogDev {
+    async fn read(&self, off: u64, len: usize) -> Result<Bytes, BlockError> {
+        let bs = u64::from(self.0.geometry().block_size);
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        let first = off / bs;
+        let last = (off + len as u64 - 1) / bs;
+        let blocks =
+            u32::try_from(last - first + 1).map_err(|_| BlockError::Unsupported("log read over 4 G blocks"))?;
+        let data = self.0.read(first, blocks).await?;
+        let skip = (off - first * bs) as usize;
+        Ok(data.slice(skip..skip + len))
+    }
+
+    /// Writes whole log blocks (offsets and lengths are multiples of [`LOG_BLOCK`]).
+    async fn write(&self, off: u64, data: Bytes) -> Result<(), BlockError> {
+        let bs = u64::from(self.0.geometry().block_size);
+        self.0.write(off / bs, data, false).await
+    }
+}
+
+#[async_trait]
+impl LogRead for &LogDev {
+    async fn read_at(&mut self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        let end = self.0.geometry().bytes();
+        let len = len.min(end.saturating_sub(offset) as usize);
+        self.read(offset, len).await.map(|b| b.to_vec()).map_err(std::io::Error::other)
+    }
+}
+
+/// Counters an operator scrapes (see [`Cache::status`]).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Status {
+    /// Acknowledgement mode.
+    pub mode: String,
+    /// Blocks held dirty (not yet on the remote).
+    pub dirty_blocks: u64,
+    /// Bytes held dirty.
+    pub dirty_bytes: u64,
+    /// Fraction of the log in use.
+    pub log_fill: f64,
+    /// Bytes of the log's ring.
+    pub log_bytes: u64,
+    /// Host write bytes in RAM waiting for the log.
+    pub ram_bytes: u64,
+    /// The open epoch.
+    pub epoch: u64,
+    /// The newest epoch fully on the remote.
+    pub destaged_epoch: u64,
+    /// Host write blocks absorbed by later writes before reaching the remote.
+    pub blocks_absorbed: u64,
+    /// Blocks destaged to the remote.
+    pub blocks_destaged: u64,
+    /// Log records written.
+    pub records: u64,
+    /// Host reads (blocks) served from RAM or the log.
+    pub read_blocks_cache: u64,
+    /// Host reads (blocks) that went to the remote.
+    pub read_blocks_remote: u64,
+    /// Remote destage writes or flushes that failed and were retried.
+    pub destage_retries: u64,
+    /// Host writes slowed because the log was filling.
+    pub throttled_writes: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    read_blocks_cache: u64,
+    read_blocks_remote: u64,
+    destage_retries: u64,
+    throttled_writes: u64,
+}
+
+struct Inner {
+    core: Mutex<Core>,
+    log: LogDev,
+    remote: Arc<dyn BlockDev>,
+    opts: CacheOptions,
+    geometry: Geometry,
+    /// Superblock fields that do not change, and the generation last written.
+    superblock: Mutex<Superblock>,
+    waiters: Mutex<HashMap<Ticket, oneshot::Sender<()>>>,
+    /// New writes for the log writer.
+    logger: Notify,
+    /// Durable records or a new checkpoint for the destager.
+    destager: Notify,
+    /// RAM or log space became free.
+    space: Notify,
+    counters: Mutex<Counters>,
+    stopping: std::sync::atomic::AtomicBool,
+}
+
+/// The STICS cache as a block device over a remote one.
+pub struct Cache {
+    inner: Arc<Inner>,
+    tasks: Mutex<Option<JoinSet<()>>>,
+}
+
+impl Cache {
+    /// Opens (or formats, when it holds no log) the log on `log` for `remote`, recovers what it
+    /// holds and starts the log writer and destage. `remote_id` identifies the remote LUN (VPD
+    /// page 83h); a log is only ever opened for the LUN it was made for.
+    pub async fn open(
+        log: Arc<dyn BlockDev>,
+        remote: Arc<dyn BlockDev>,
+        remote_id: &[u8],
+        opts: CacheOptions,
+    ) -> Result<Cache, CacheError> {
+        let geometry = remote.geometry();
+        let wanted = RemoteBinding {
+            device_id: remote_id.iter().copied().take(crate::format::MAX_DEVICE_ID).collect(),
+            num_blocks: geometry.num_blocks,
+            block_size: geometry.block_size,
+        };
+        let log = LogDev(log);
+        let device_bytes = log.0.geometry().bytes() / LOG_BLOCK * LOG_BLOCK;
+        let head = log.read(0, 2 * LOG_BLOCK as usize).await.map_err(CacheError::Log)?;
+        let (a, b) = head.split_at(LOG_BLOCK as usize);
+        let sb = match Superblock::choose(a, b) {
+            Ok(sb) => sb,
+            Err(crate::format::FormatError::Magic) if head.iter().all(|x| *x == 0) => {
+                format(&log, device_bytes, wanted.clone()).await?
+            }
+            Err(e) => return Err(CacheError::Superblock(e)),
+        };
+        if sb.remote != wanted {
+            return Err(CacheError::WrongRemote { found: sb.remote, wanted });
+        }
+        if sb.log_bytes > log.0.geometry().bytes() {
+            return Err(CacheError::LogSize { formatted: sb.log_bytes, device: device_bytes });
+        }
+        let cfg = Config {
+            block_size: geometry.block_size,
+            num_blocks: geometry.num_blocks,
+            mode: match opts.mode {
+                AckMode::Immediate => core::Mode::Immediate,
+                AckMode::Log | AckMode::WriteThrough => core::Mode::Log,
+            },
+            ram_bytes: opts.ram_bytes,
+            ring_start: RING_START,
+            ring_end: sb.log_bytes,
+            max_record_bytes: opts.max_record_bytes,
+            destage_io_bytes: opts.destage_io_bytes,
+            destage_inflight: opts.destage_inflight,
+            epoch_max_writes: opts.epoch_max_writes,
+            epoch_max_bytes: opts.epoch_max_bytes,
+        };
+        cfg.validate()?;
+        let scanned = scan::scan(&mut &log, &sb).await?;
+        if let Some(t) = &scanned.torn_tail {
+            tracing::info!(seq = t.seq, offset = t.offset, "dropped a torn record that was never acknowledged");
+        }
+        let records: Vec<(u64, _)> = scanned.records.iter().map(|r| (r.offset, r.header.clone())).collect();
+        let live = records.len();
+        let core = Core::recover(cfg, sb.log_uuid, sb.checkpoint, &records, scanned.tail_offset, scanned.next_seq);
+        if live > 0 {
+            tracing::info!(
+                records = live,
+                dirty_blocks = core.dirty_blocks(),
+                "recovered the write log; destage resumes"
+            );
+        }
+        let inner = Arc::new(Inner {
+            core: Mutex::new(core),
+            log,
+            remote,
+            opts,
+            geometry,
+            superblock: Mutex::new(sb),
+            waiters: Mutex::new(HashMap::new()),
+            logger: Notify::new(),
+            destager: Notify::new(),
+            space: Notify::new(),
+            counters: Mutex::new(Counters::default()),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+        });
+        let mut tasks = JoinSet::new();
+        tasks.spawn(log_writer(Arc::clone(&inner)));
+        tasks.spawn(destager(Arc::clone(&inner)));
+        Ok(Cache { inner, tasks: Mutex::new(Some(tasks)) })
+    }
+
+    /// What the cache holds and has done.
+    pub fn status(&self) -> Status {
+        let c = lock(&self.inner.core);
+        let n = lock(&self.inner.counters);
+        let s = c.stats();
+        let (epoch, destaged_epoch) = c.epochs();
+        let cfg = c.config();
+        Status {
+            mode: format!("{:?}", self.inner.opts.mode).to_lowercase(),
+            dirty_blocks: c.dirty_blocks() as u64,
+            dirty_bytes: c.dirty_blocks() as u64 * u64::from(cfg.block_size),
+            log_fill: c.log_fill(),
+            log_bytes: cfg.ring_end - cfg.ring_start,
+            ram_bytes: c.ram_used(),
+            epoch,
+            destaged_epoch,
+            blocks_absorbed: s.blocks_absorbed,
+            blocks_destaged: s.blocks_destaged,
+            records: s.records,
+            read_blocks_cache: n.read_blocks_cache,
+            read_blocks_remote: n.read_blocks_remote,
+            destage_retries: n.destage_retries,
+            throttled_writes: n.throttled_writes,
+        }
+    }
+
+    /// Waits until every dirty block is on the remote and synchronised (for maintenance: the
+    /// remote alone is then the whole truth).
+    pub async fn drain(&self) {
+        loop {
+            let notified = self.inner.space.notified();
+            {
+                let mut c = lock(&self.inner.core);
+                if c.is_clean() {
+                    // Checkpoints are written by the destager; one more makes the empty log final.
+                    if c.take_checkpoint().is_none() {
+                        return;
+                    }
+                    drop(c);
+                    self.inner.destager.notify_one();
+                }
+            }
+            self.inner.destager.notify_one();
+            let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+        }
+    }
+
+    /// Stops the log writer and destage after the record in flight: what is dirty stays in the
+    /// log and is destaged at the next open.
+    pub async fn close(&self) {
+        self.inner.stopping.store(true, std::sync::atomic::Ordering::Release);
+        self.inner.logger.notify_one();
+        self.inner.destager.notify_one();
+        let tasks = lock(&self.tasks).take();
+        if let Some(mut t) = tasks {
+            // Give the writer a moment to finish its record; destage may be cut anywhere.
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), async { while t.join_next().await.is_some() {} }).await;
+            t.abort_all();
+        }
+    }
+
+    /// Runs a host request through the core and waits for its acknowledgement. The waiter is
+    /// registered under the core's lock, so the log writer cannot acknowledge it unseen.
+    async fn submit(&self, f: impl FnOnce(&mut Core) -> Result<Submitted, core::CoreError>) -> Result<(), BlockError> {
+        let rx = {
+            let mut c = lock(&self.inner.core);
+            match f(&mut c).map_err(from_core)? {
+                Submitted::Done => None,
+                Submitted::Wait(t) => {
+                    let (tx, rx) = oneshot::channel();
+                    lock(&self.inner.waiters).insert(t, tx);
+                    Some(rx)
+                }
+            }
+        };
+        self.inner.logger.notify_one();
+        if let Some(rx) = rx {
+            let _ = rx.await;
+        }
+        Ok(())
+    }
+
+    /// Holds a host write back while RAM is full, and slows it while the log fills.
+    async fn admit(&self, bytes: u64) {
+        loop {
+            let notified = self.inner.space.notified();
+            let (room, fill) = {
+                let c = lock(&self.inner.core);
+                (c.ram_has_room(bytes), c.log_fill())
+            };
+            let from = self.inner.opts.throttle_from;
+            if room && fill < from {
+                return;
+            }
+            if room {
+                // A smooth curve: no delay at `from`, growing as the log fills, so that writes
+                // follow the destage rate instead of stopping at a cliff.
+                let over = ((fill - from) / (1.0 - from).max(1e-3)).clamp(0.0, 1.0);
+                lock(&self.inner.counters).throttled_writes += 1;
+                let delay = Duration::from_micros((over * over * 20_000.0) as u64);
+                if fill < 0.98 {
+                    tokio::time::sleep(delay).await;
+                    return;
+                }
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
+        }
+    }
+
+    async fn resolve(&self, pieces: Vec<Piece>) -> Result<Bytes, BlockError> {
+        resolve(&self.inner, pieces).await
+    }
+}
+
+fn complete(inner: &Inner, tickets: Vec<Ticket>) {
+    if tickets.is_empty() {
+        return;
+    }
+    let mut w = lock(&inner.waiters);
+    for t in tickets {
+        if let Some(tx) = w.remove(&t) {
+            let _ = tx.send(());
+        }
+    }
+}
+
+#[expect(clippy::needless_pass_by_value, reason = "used as a map_err function")]
+fn from_core(e: core::CoreError) -> BlockError {
+    match e {
+        core::CoreError::OutOfRange { lba, blocks, num_blocks } => BlockError::OutOfRange { lba, blocks, num_blocks },
+        core::CoreError::Misaligned { len, block_size } => BlockError::Misaligned { len, block_size },
+    }
+}
+
+async fn resolve(inner: &Inner, pieces: Vec<Piece>) -> Result<Bytes, BlockError> {
+    let bs = inner.geometry.block_size as usize;
+    if let [Piece::Ram(b)] = pieces.as_slice() {
+        return Ok(b.clone());
+    }
+    let mut out = BytesMut::new();
+    let mut cache_blocks = 0u64;
+    let mut remote_blocks = 0u64;
+    for p in pieces {
+        match p {
+            Piece::Ram(b) => {
+                cache_blocks += (b.len() / bs) as u64;
+                out.extend_from_slice(&b);
+            }
+            Piece::Log { offset, blocks } => {
+                cache_blocks += u64::from(blocks);
+                out.extend_from_slice(&inner.log.read(offset, blocks as usize * bs).await?);
+            }
+            Piece::Zero { blocks } => {
+                cache_blocks += u64::from(blocks);
+                out.resize(out.len() + blocks as usize * bs, 0);
+            }
+            Piece::Remote { lba, blocks } => {
+                remote_blocks += u64::from(blocks);
+                out.extend_from_slice(&inner.remote.read(lba, blocks).await?);
+            }
+        }
+    }
+    let mut n = lock(&inner.counters);
+    n.read_blocks_cache += cache_blocks;
+    n.read_blocks_remote += remote_blocks;
+    Ok(out.freeze())
+}
+
+async fn format(log: &LogDev, device_bytes: u64, remote: RemoteBinding) -> Result<Superblock, CacheError> {
+    let log_uuid: [u8; 16] = rand::random();
+    let mut sb = Superblock {
+        log_uuid,
+        generation: 1,
+        log_bytes: device_bytes,
+        remote,
+        checkpoint: Checkpoint { head_offset: RING_START, head_seq: 1, destaged_epoch: 0 },
+    };
+    if device_bytes < RING_START + LOG_BLOCK {
+        return Err(CacheError::Config(core::ConfigError::LogTooSmall { ring: 0, need: RING_START + LOG_BLOCK }));
+    }
+    // Both copies, so that no copy of an earlier log can win.
+    for _ in 0..2 {
+        sb.generation += 1;
+        log.write(sb.copy_offset(), Bytes::from(sb.encode())).await.map_err(CacheError::Log)?;
+    }
+    log.0.flush().await.map_err(CacheError::Log)?;
+    tracing::info!(bytes = device_bytes, "formatted a new write log");
+    Ok(sb)
+}
+
+/// Group commit: everything waiting in RAM goes to the log in one write and one flush.
+async fn log_writer(inner: Arc<Inner>) {
+    loop {
+        let notified = inner.logger.notified();
+        let record = lock(&inner.core).next_record();
+        let Some(r) = record else {
+            if inner.stopping.load(std::sync::atomic::Ordering::Acquire) {
+                return;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+            continue;
+        };
+        let res = async {
+            inner.log.write(r.offset, Bytes::from(r.bytes)).await?;
+            inner.log.0.flush().await
+        }
+        .await;
+        match res {
+            Ok(()) => {
+                let done = lock(&inner.core).record_durable(r.seq);
+                complete(&inner, done);
+                inner.destager.notify_one();
+                inner.space.notify_waiters();
+            }
+            Err(e) => {
+                tracing::error!("log write failed, retrying: {e}");
+                lock(&inner.core).record_failed(r.seq);
+                tokio::time::sleep(inner.opts.retry_delay).await;
+            }
+        }
+    }
+}
+
+/// Destage: epochs in order, many remote writes in flight, a flush of the remote at the end of
+/// each, then a durable checkpoint before the next.
+async fn destager(inner: Arc<Inner>) {
+    let mut running: JoinSet<(u64, Result<(), BlockError>)> = JoinSet::new();
+    loop {
+        if inner.stopping.load(std::sync::atomic::Ordering::Acquire) {
+            running.abort_all();
+            return;
+        }
+        let notified = inner.destager.notified();
+        let ios = lock(&inner.core).next_destage();
+        let mut progressed = !ios.is_empty();
+        for io in ios {
+            match io {
+                DestageIo::Write { id, lba, sources, .. } => {
+                    let inner = Arc::clone(&inner);
+                    running.spawn(async move {
+                        let r = async {
+                            let data = resolve(&inner, sources).await?;
+                            inner.remote.write(lba, data, false).await
+                        }
+                        .await;
+                        (id, r)
+                    });
+                }
+                DestageIo::Zero { id, lba, blocks, discard } => {
+                    let inner = Arc::clone(&inner);
+                    running.spawn(async move {
+                        let remote = &inner.remote;
+                        let r = if discard && remote.supports_discard() {
+                            remote.discard(lba, u64::from(blocks)).await
+                        } else {
+                            remote.write_zeros(lba, u64::from(blocks)).await
+                        };
+                        (id, r)
+                    });
+                }
+                DestageIo::Sync { epoch } => sync_epoch(&inner, epoch).await,
+            }
+        }
+        // Collect what finished; wait for the first if nothing else can happen.
+        while let Some(joined) = if progressed { running.try_join_next() } else { running.join_next().await } {
+            progressed = true;
+            let Ok((id, r)) = joined else { continue };
+            let mut c = lock(&inner.core);
+            match r {
+                Ok(()) => c.destage_done(id),
+                Err(e) => {
+                    drop(c);
+                    tracing::warn!("destage write failed, retrying: {e}");
+                    lock(&inner.counters).destage_retries += 1;
+                    tokio::time::sleep(inner.opts.retry_delay).await;
+                    lock(&inner.core).destage_failed(id);
+                }
+            }
+        }
+        if !progressed {
+            let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+        }
+    }
+}
+
+/// Flushes the remote for `epoch`, then makes the new checkpoint durable.
+async fn sync_epoch(inner: &Arc<Inner>, epoch: u64) {
+    loop {
+        if inner.stopping.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        match inner.remote.flush().await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(epoch, "remote flush failed, retrying: {e}");
+                lock(&inner.counters).destage_retries += 1;
+                tokio::time::sleep(inner.opts.retry_delay).await;
+            }
+        }
+    }
+    let cp = {
+        let mut c = lock(&inner.core);
+        c.synced(epoch);
+        c.take_checkpoint()
+    };
+    if let Some(cp) = cp {
+        write_checkpoint(inner, cp).await;
+    }
+    inner.space.notify_waiters();
+}
+
+async fn write_checkpoint(inner: &Arc<Inner>, cp: Checkpoint) {
+    loop {
+        let bytes = {
+            let mut sb = lock(&inner.superblock);
+            sb.generation += 1;
+            sb.checkpoint = cp;
+            (sb.copy_offset(), sb.encode())
+        };
+        let r = async {
+            inner.log.write(bytes.0, Bytes::from(bytes.1)).await?;
+            inner.log.0.flush().await
+        }
+        .await;
+        match r {
+            Ok(()) => {
+                lock(&inner.core).checkpoint_durable(cp);
+                return;
+            }
+            Err(e) => {
+                tracing::error!("checkpoint write failed, retrying: {e}");
+                tokio::time::sleep(inner.opts.retry_delay).await;
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl BlockDev for Cache {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry
+    }
+
+    fn volatile_cache(&self) -> bool {
+        match self.inner.opts.mode {
+            AckMode::Immediate => true,
+            AckMode::Log => false,
+            AckMode::WriteThrough => self.inner.remote.volatile_cache(),
+        }
+    }
+
+    fn supports_discard(&self) -> bool {
+        true
+    }
+
+    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
+        let plan = lock(&self.inner.core).read(lba, u64::from(blocks)).map_err(from_core)?;
+        let r = self.resolve(plan.pieces).await;
+        lock(&self.inner.core).unpin(&plan.pinned);
+        r
+    }
+
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
+        if self.inner.opts.mode == AckMode::WriteThrough {
+            return self.write_through(lba, data, fua).await;
+        }
+        self.admit(data.len() as u64).await;
+        self.submit(|c| c.write(lba, data, fua)).await
+    }
+
+    async fn flush(&self) -> Result<(), BlockError> {
+        if self.inner.opts.mode == AckMode::WriteThrough {
+            return self.inner.remote.flush().await;
+        }
+        self.submit(|c| Ok(c.flush())).await
+    }
+
+    async fn write_zeros(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        if self.inner.opts.mode == AckMode::WriteThrough {
+            return self.inner.remote.write_zeros(lba, blocks).await;
+        }
+        self.submit(|c| c.zero(lba, blocks, false)).await
+    }
+
+    async fn discard(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        if self.inner.opts.mode == AckMode::WriteThrough {
+            return if self.inner.remote.supports_discard() {
+                self.inner.remote.discard(lba, blocks).await
+            } else {
+                self.inner.remote.write_zeros(lba, blocks).await
+            };
+        }
+        self.submit(|c| c.zero(lba, blocks, true)).await
+    }
+}
+
+impl Cache {
+    async fn write_through(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
+        self.inner.remote.write(lba, data, fua).await
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        self.inner.stopping.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(mut t) = lock(&self.tasks).take() {
+            t.abort_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stics_block::MemDev;
+
+    fn opts(mode: AckMode) -> CacheOptions {
+        CacheOptions {
+            mode,
+            ram_bytes: 1 << 20,
+            max_record_bytes: 256 << 10,
+            destage_io_bytes: 64 << 10,
+            destage_inflight: 4,
+            epoch_max_writes: 64,
+            epoch_max_bytes: 1 << 20,
+            throttle_from: 0.75,
+            retry_delay: Duration::from_millis(10),
+        }
+    }
+
+    fn pattern(lba: u64, n: u32, v: u8) -> Bytes {
+        let mut b = vec![v; n as usize * 512];
+        for i in 0..n as usize {
+            b[i * 512..i * 512 + 8].copy_from_slice(&(lba + i as u64).to_le_bytes());
+        }
+        Bytes::from(b)
+    }
+
+    #[tokio::test]
+    async fn writes_read_back_and_drain_to_the_remote() {
+        for mode in [AckMode::Log, AckMode::Immediate, AckMode::WriteThrough] {
+            let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 32 << 11));
+            let remote = Arc::new(MemDev::new(512, 4096));
+            let cache = Cache::open(log, remote.clone(), b"mem-remote", opts(mode)).await.expect("opens");
+            for i in 0..20u64 {
+                cache.write(i * 7, pattern(i * 7, 3, i as u8), false).await.expect("write");
+            }
+            cache.write(7, pattern(7, 1, 99), true).await.expect("fua write");
+            cache.flush().await.expect("flush");
+            assert_eq!(cache.read(7, 1).await.expect("read"), pattern(7, 1, 99));
+            assert_eq!(cache.read(14, 3).await.expect("read"), pattern(14, 3, 2));
+            cache.drain().await;
+            assert_eq!(remote.read(7, 1).await.expect("remote read"), pattern(7, 1, 99), "{mode:?}");
+            assert_eq!(remote.read(133, 3).await.expect("remote read"), pattern(133, 3, 19), "{mode:?}");
+            cache.close().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_log_is_refused_for_another_remote() {
+        let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 32 << 11));
+        let remote = Arc::new(MemDev::new(512, 4096));
+        let cache = Cache::open(Arc::clone(&log), remote.clone(), b"lun-a", opts(AckMode::Log)).await.expect("opens");
+        cache.close().await;
+        drop(cache);
+        let err = Cache::open(Arc::clone(&log), remote.clone(), b"lun-b", opts(AckMode::Log)).await.err();
+        assert!(matches!(err, Some(CacheError::WrongRemote { .. })), "{err:?}");
+        let other = Arc::new(MemDev::new(512, 8192));
+        let err = Cache::open(log, other, b"lun-a", opts(AckMode::Log)).await.err();
+        assert!(err.is_some_and(|e| e.to_string().contains("belongs to another LUN")));
+    }
+
+    #[tokio::test]
+    async fn what_is_in_the_log_survives_a_close_and_reaches_the_remote_after_reopening() {
+        let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 32 << 11));
+        let remote = Arc::new(MemDev::new(512, 4096));
+        let cache = Cache::open(Arc::clone(&log), remote.clone(), b"r", opts(AckMode::Log)).await.expect("opens");
+        cache.write(100, pattern(100, 4, 5), false).await.expect("write");
+        cache.close().await;
+        drop(cache);
+        let cache = Cache::open(Arc::clone(&log), remote.clone(), b"r", opts(AckMode::Log)).await.expect("reopens");
+        assert_eq!(cache.read(100, 4).await.expect("read"), pattern(100, 4, 5));
+        cache.drain().await;
+        assert_eq!(remote.read(100, 4).await.expect("remote"), pattern(100, 4, 5));
+        assert_eq!(cache.status().dirty_blocks, 0);
+    }
+
+    #[tokio::test]
+    async fn a_log_too_small_is_refused_with_the_size_it_needs() {
+        let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 2048));
+        let remote = Arc::new(MemDev::new(512, 4096));
+        let err = Cache::open(log, remote, b"r", opts(AckMode::Log)).await.err().expect("refused");
+        assert!(err.to_string().contains("needs at least"), "{err}");
+    }
+}
