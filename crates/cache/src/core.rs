@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, VecDeque};
 use bytes::Bytes;
 
 use crate::format::{Checkpoint, Entry, ExtentKind, RecordHeader, LOG_BLOCK};
+use crate::readcache::{Policy, ReadCache};
 
 /// When a host write is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +53,12 @@ pub struct Config {
     pub epoch_max_writes: u64,
     /// An epoch ends after this many bytes of host writes.
     pub epoch_max_bytes: u64,
+    /// Clean blocks kept in RAM for reads.
+    pub read_cache_blocks: usize,
+    /// How the read cache evicts.
+    pub read_cache_policy: Policy,
+    /// Largest read-ahead window in blocks (0: none); it doubles while reads stay sequential.
+    pub read_ahead_blocks: u64,
 }
 
 impl Config {
@@ -175,6 +182,8 @@ pub struct ReadPlan {
     /// The cache's invalidation generation when planned: remote data read for this plan may go
     /// into the read cache only if [`Core::invalidations`] still returns it.
     pub generation: u64,
+    /// Blocks to read ahead from the remote into the read cache (see [`Core::fill`]).
+    pub prefetch: Option<(u64, u32)>,
 }
 
 /// One remote operation of a destage batch.
@@ -261,6 +270,11 @@ pub struct Core {
     /// remote would go back to a state the host never saw.
     durable_destaged_epoch: u64,
     stats: Stats,
+    read_cache: ReadCache,
+    /// Where the last read ended, the read-ahead window and how far read-ahead has gone.
+    last_read_end: u64,
+    ra_window: u64,
+    ra_end: u64,
 }
 
 /// What a host write or flush needs before it is acknowledged.
@@ -301,6 +315,10 @@ impl Core {
             durable_head_seq: checkpoint.head_seq,
             durable_destaged_epoch: checkpoint.destaged_epoch,
             stats: Stats::default(),
+            read_cache: ReadCache::new(cfg.read_cache_policy, cfg.read_cache_blocks),
+            last_read_end: u64::MAX,
+            ra_window: 0,
+            ra_end: 0,
             cfg,
         }
     }
@@ -356,6 +374,7 @@ impl Core {
     }
 
     fn install(&mut self, lba: u64, v: Version) {
+        self.read_cache.remove(lba);
         let keep_newest = self.newest.get(&lba).is_none_or(|old| old.write_seq <= v.write_seq);
         let per_epoch = self.epochs.entry(v.epoch).or_default();
         if let Some(old) = per_epoch.get(&lba) {
@@ -680,8 +699,19 @@ impl Core {
         while at < lba + blocks {
             let next_dirty = it.peek().map_or(lba + blocks, |(l, _)| **l);
             if next_dirty > at {
-                let n = next_dirty - at;
-                push_remote(&mut pieces, at, n);
+                for b in at..next_dirty {
+                    match self.read_cache.get(b) {
+                        Some(block) => pieces.push(Piece::Ram(block)),
+                        None => match pieces.last_mut() {
+                            Some(Piece::Remote { lba, blocks })
+                                if *lba + u64::from(*blocks) == b && *blocks < u32::MAX =>
+                            {
+                                *blocks += 1;
+                            }
+                            _ => pieces.push(Piece::Remote { lba: b, blocks: 1 }),
+                        },
+                    }
+                }
                 at = next_dirty;
                 continue;
             }
@@ -714,7 +744,53 @@ impl Core {
                 r.pins += 1;
             }
         }
-        Ok(ReadPlan { pieces, pinned, generation: self.invalidations })
+        let prefetch = self.read_ahead(lba, blocks);
+        Ok(ReadPlan { pieces, pinned, generation: self.invalidations, prefetch })
+    }
+
+    /// Sequential reads grow a read-ahead window (doubling up to the limit); the next stretch is
+    /// fetched when the reader comes within half a window of where read-ahead has got to.
+    fn read_ahead(&mut self, lba: u64, blocks: u64) -> Option<(u64, u32)> {
+        let end = lba + blocks;
+        let sequential = lba == self.last_read_end;
+        self.last_read_end = end;
+        if !sequential || self.cfg.read_ahead_blocks == 0 {
+            self.ra_window = 0;
+            self.ra_end = 0;
+            return None;
+        }
+        self.ra_window = (self.ra_window * 2).max(blocks * 4).min(self.cfg.read_ahead_blocks);
+        if self.ra_end > end + self.ra_window / 2 {
+            return None;
+        }
+        let from = self.ra_end.max(end);
+        let to = (end + self.ra_window).min(self.cfg.num_blocks);
+        if from >= to {
+            return None;
+        }
+        self.ra_end = to;
+        Some((from, (to - from).min(u64::from(u32::MAX)) as u32))
+    }
+
+    /// Remote data read for a plan of generation `generation` (a read or a read-ahead): kept in
+    /// the read cache unless blocks left the dirty index since (the data may then predate a
+    /// destaged write) or the block is dirty now.
+    pub fn fill(&mut self, lba: u64, data: &Bytes, generation: u64) {
+        if generation != self.invalidations {
+            return;
+        }
+        let bs = self.cfg.block_size as usize;
+        for (i, chunk) in (0..data.len() / bs).map(|i| (i, data.slice(i * bs..(i + 1) * bs))) {
+            let b = lba + i as u64;
+            if !self.newest.contains_key(&b) {
+                self.read_cache.insert(b, chunk);
+            }
+        }
+    }
+
+    /// Read cache lookups that hit and missed.
+    pub fn read_cache_hits(&self) -> (u64, u64) {
+        self.read_cache.hits_and_misses()
     }
 
     fn record_of(&self, offset: u64) -> Option<u64> {
@@ -858,6 +934,8 @@ impl Core {
                 if self.newest.get(&lba).is_some_and(|n| n.write_seq == v.write_seq) {
                     self.newest.remove(&lba);
                 }
+                // A fill planned before the write may have slipped in; the block is clean now.
+                self.read_cache.remove(lba);
             }
         }
         self.invalidations += 1;
@@ -905,16 +983,6 @@ impl Core {
     }
 }
 
-fn push_remote(pieces: &mut Vec<Piece>, lba: u64, n: u64) {
-    let mut at = lba;
-    let end = lba + n;
-    while at < end {
-        let k = (end - at).min(u64::from(u32::MAX));
-        pieces.push(Piece::Remote { lba: at, blocks: k as u32 });
-        at += k;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -933,6 +1001,9 @@ mod tests {
             destage_inflight: 4,
             epoch_max_writes: 1000,
             epoch_max_bytes: 8 << 20,
+            read_cache_blocks: 64,
+            read_cache_policy: Policy::Lru,
+            read_ahead_blocks: 64,
         }
     }
 
@@ -1077,6 +1148,38 @@ mod tests {
         assert_eq!(plan.pieces[4], Piece::Remote { lba: 7, blocks: 1 });
         assert_eq!(plan.pinned.len(), 1);
         c.unpin(&plan.pinned);
+    }
+
+    #[test]
+    fn remote_data_is_cached_unless_a_destage_raced_it() {
+        let mut c = core(Mode::Immediate);
+        let plan = c.read(0, 4).expect("plan");
+        assert_eq!(plan.pieces, vec![Piece::Remote { lba: 0, blocks: 4 }]);
+        c.fill(0, &blocks(4, 7), plan.generation);
+        let again = c.read(0, 4).expect("plan");
+        assert!(again.pieces.iter().all(|p| matches!(p, Piece::Ram(b) if b[0] == 7)));
+        // A read planned, then block 9 written and destaged, then the stale data arrives.
+        let stale = c.read(8, 2).expect("plan");
+        c.write(9, blocks(1, 1), false).expect("write");
+        log_all(&mut c);
+        let (_, sync) = destage_epoch(&mut c);
+        assert!(c.synced(sync.expect("sync")));
+        c.fill(8, &blocks(2, 0), stale.generation);
+        assert_eq!(c.read(9, 1).expect("plan").pieces, vec![Piece::Remote { lba: 9, blocks: 1 }]);
+    }
+
+    #[test]
+    fn sequential_reads_grow_a_read_ahead_window_and_random_reads_stop_it() {
+        let mut c = core(Mode::Immediate);
+        assert_eq!(c.read(100, 2).expect("plan").prefetch, None);
+        assert_eq!(c.read(102, 2).expect("plan").prefetch, Some((104, 8)));
+        // The window doubles (16, then 32) and read-ahead keeps at least half of it ahead.
+        assert_eq!(c.read(104, 2).expect("plan").prefetch, Some((112, 10)));
+        assert_eq!(c.read(106, 2).expect("plan").prefetch, Some((122, 18)));
+        assert_eq!(c.read(108, 2).expect("plan").prefetch, Some((140, 34)));
+        assert_eq!(c.read(110, 2).expect("plan").prefetch, None, "a full window is already ahead");
+        assert_eq!(c.read(500, 2).expect("plan").prefetch, None);
+        assert_eq!(c.read(502, 2).expect("plan").prefetch, Some((504, 8)));
     }
 
     #[test]

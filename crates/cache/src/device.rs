@@ -15,6 +15,7 @@ use tokio::task::JoinSet;
 
 use crate::core::{self, Config, Core, DestageIo, Piece, Submitted, Ticket};
 use crate::format::{Checkpoint, RemoteBinding, Superblock, LOG_BLOCK, RING_START};
+use crate::readcache::Policy;
 use crate::scan::{self, LogRead, ScanError};
 
 /// When a host write completes.
@@ -62,6 +63,12 @@ pub struct CacheOptions {
     pub throttle_from: f64,
     /// Pause between attempts when the remote fails a destage write or flush.
     pub retry_delay: Duration,
+    /// Bytes of clean blocks kept in RAM for reads.
+    pub read_cache_bytes: u64,
+    /// How the read cache evicts.
+    pub read_cache_policy: Policy,
+    /// Largest read-ahead window for sequential readers (0: none).
+    pub read_ahead_bytes: u64,
 }
 
 impl Default for CacheOptions {
@@ -76,6 +83,9 @@ impl Default for CacheOptions {
             epoch_max_bytes: 64 << 20,
             throttle_from: 0.75,
             retry_delay: Duration::from_millis(200),
+            read_cache_bytes: 256 << 20,
+            read_cache_policy: Policy::default(),
+            read_ahead_bytes: 1 << 20,
         }
     }
 }
@@ -189,6 +199,10 @@ pub struct Status {
     pub read_blocks_cache: u64,
     /// Host reads (blocks) that went to the remote.
     pub read_blocks_remote: u64,
+    /// Read cache lookups that found their block.
+    pub read_cache_hits: u64,
+    /// Read cache lookups that did not.
+    pub read_cache_misses: u64,
     /// Remote destage writes or flushes that failed and were retried.
     pub destage_retries: u64,
     /// Host writes slowed because the log was filling.
@@ -220,6 +234,8 @@ struct Inner {
     space: Notify,
     counters: Mutex<Counters>,
     stopping: std::sync::atomic::AtomicBool,
+    /// Read-ahead in flight: block range and who waits for it.
+    prefetching: Mutex<Vec<(u64, u64, Arc<Notify>)>>,
 }
 
 /// The STICS cache as a block device over a remote one.
@@ -276,6 +292,9 @@ impl Cache {
             destage_inflight: opts.destage_inflight,
             epoch_max_writes: opts.epoch_max_writes,
             epoch_max_bytes: opts.epoch_max_bytes,
+            read_cache_blocks: (opts.read_cache_bytes / u64::from(geometry.block_size)) as usize,
+            read_cache_policy: opts.read_cache_policy,
+            read_ahead_blocks: opts.read_ahead_bytes / u64::from(geometry.block_size),
         };
         cfg.validate()?;
         let scanned = scan::scan(&mut &log, &sb).await?;
@@ -305,6 +324,7 @@ impl Cache {
             space: Notify::new(),
             counters: Mutex::new(Counters::default()),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            prefetching: Mutex::new(Vec::new()),
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(log_writer(Arc::clone(&inner)));
@@ -333,6 +353,8 @@ impl Cache {
             records: s.records,
             read_blocks_cache: n.read_blocks_cache,
             read_blocks_remote: n.read_blocks_remote,
+            read_cache_hits: c.read_cache_hits().0,
+            read_cache_misses: c.read_cache_hits().1,
             destage_retries: n.destage_retries,
             throttled_writes: n.throttled_writes,
         }
@@ -422,8 +444,34 @@ impl Cache {
         }
     }
 
-    async fn resolve(&self, pieces: Vec<Piece>) -> Result<Bytes, BlockError> {
-        resolve(&self.inner, pieces).await
+    /// Reads ahead in the background; a read of those blocks waits for it instead of asking
+    /// the remote a second time.
+    fn prefetch(&self, lba: u64, blocks: u32, generation: u64) {
+        let done = Arc::new(Notify::new());
+        lock(&self.inner.prefetching).push((lba, lba + u64::from(blocks), Arc::clone(&done)));
+        let inner = Arc::clone(&self.inner);
+        tokio::spawn(async move {
+            if let Ok(data) = inner.remote.read(lba, blocks).await {
+                lock(&inner.core).fill(lba, &data, generation);
+            }
+            lock(&inner.prefetching).retain(|(s, _, _)| *s != lba);
+            done.notify_waiters();
+        });
+    }
+
+    async fn wait_for_prefetch(&self, lba: u64, blocks: u64) {
+        let pending = lock(&self.inner.prefetching)
+            .iter()
+            .find(|(s, e, _)| *s < lba + blocks && lba < *e)
+            .map(|(_, _, n)| Arc::clone(n));
+        if let Some(n) = pending {
+            let notified = n.notified();
+            // Registered after the lookup: the prefetch may have ended in between.
+            let still = lock(&self.inner.prefetching).iter().any(|(s, e, _)| *s < lba + blocks && lba < *e);
+            if still {
+                let _ = tokio::time::timeout(Duration::from_secs(5), notified).await;
+            }
+        }
     }
 }
 
@@ -447,11 +495,13 @@ fn from_core(e: core::CoreError) -> BlockError {
     }
 }
 
-async fn resolve(inner: &Inner, pieces: Vec<Piece>) -> Result<Bytes, BlockError> {
+/// Reads a plan's pieces; returns the bytes and what came from the remote (for the read cache).
+async fn resolve(inner: &Inner, pieces: Vec<Piece>) -> Result<(Bytes, Vec<(u64, Bytes)>), BlockError> {
     let bs = inner.geometry.block_size as usize;
     if let [Piece::Ram(b)] = pieces.as_slice() {
-        return Ok(b.clone());
+        return Ok((b.clone(), Vec::new()));
     }
+    let mut fetched = Vec::new();
     let mut out = BytesMut::new();
     let mut cache_blocks = 0u64;
     let mut remote_blocks = 0u64;
@@ -471,14 +521,16 @@ async fn resolve(inner: &Inner, pieces: Vec<Piece>) -> Result<Bytes, BlockError>
             }
             Piece::Remote { lba, blocks } => {
                 remote_blocks += u64::from(blocks);
-                out.extend_from_slice(&inner.remote.read(lba, blocks).await?);
+                let data = inner.remote.read(lba, blocks).await?;
+                out.extend_from_slice(&data);
+                fetched.push((lba, data));
             }
         }
     }
     let mut n = lock(&inner.counters);
     n.read_blocks_cache += cache_blocks;
     n.read_blocks_remote += remote_blocks;
-    Ok(out.freeze())
+    Ok((out.freeze(), fetched))
 }
 
 async fn format(log: &LogDev, device_bytes: u64, remote: RemoteBinding) -> Result<Superblock, CacheError> {
@@ -554,7 +606,7 @@ async fn destager(inner: Arc<Inner>) {
                     let inner = Arc::clone(&inner);
                     running.spawn(async move {
                         let r = async {
-                            let data = resolve(&inner, sources).await?;
+                            let (data, _) = resolve(&inner, sources).await?;
                             inner.remote.write(lba, data, false).await
                         }
                         .await;
@@ -669,10 +721,19 @@ impl BlockDev for Cache {
     }
 
     async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
+        self.wait_for_prefetch(lba, u64::from(blocks)).await;
         let plan = lock(&self.inner.core).read(lba, u64::from(blocks)).map_err(from_core)?;
-        let r = self.resolve(plan.pieces).await;
-        lock(&self.inner.core).unpin(&plan.pinned);
-        r
+        if let Some((from, n)) = plan.prefetch {
+            self.prefetch(from, n, plan.generation);
+        }
+        let r = resolve(&self.inner, plan.pieces).await;
+        let mut c = lock(&self.inner.core);
+        c.unpin(&plan.pinned);
+        let (data, fetched) = r?;
+        for (at, d) in &fetched {
+            c.fill(*at, d, plan.generation);
+        }
+        Ok(data)
     }
 
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
@@ -740,6 +801,9 @@ mod tests {
             epoch_max_bytes: 1 << 20,
             throttle_from: 0.75,
             retry_delay: Duration::from_millis(10),
+            read_cache_bytes: 1 << 20,
+            read_cache_policy: Policy::S3Fifo,
+            read_ahead_bytes: 64 << 10,
         }
     }
 

@@ -16,4 +16,5 @@ pub use device::{AckMode, Cache, CacheError, CacheOptions, Status};
 pub mod core;
 pub mod device;
 pub mod format;
+pub mod readcache;
 pub mod scan;

@@ -21,6 +21,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use stics_cache::core::{Config, Core, DestageIo, Mode, Piece, Submitted, Ticket};
 use stics_cache::format::{Checkpoint, RemoteBinding, Superblock, LOG_BLOCK, RING_START};
+use stics_cache::readcache::Policy;
 use stics_cache::scan;
 
 const BS: usize = 512;
@@ -130,7 +131,7 @@ struct Sim {
     /// A checkpoint waiting to be written to the superblock.
     pending_super: Option<Checkpoint>,
     /// Reads planned and not yet resolved, with what they must return.
-    held: Vec<(stics_cache::core::ReadPlan, u64, Vec<Val>)>,
+    held: Vec<(stics_cache::core::ReadPlan, u64, Vec<Val>, Vec<(u64, Bytes)>)>,
     /// Every host write in order.
     writes: Vec<HostWrite>,
     /// Indices into `writes` where a flush boundary falls (writes before it are in earlier epochs).
@@ -161,6 +162,9 @@ impl Sim {
             destage_inflight: 3,
             epoch_max_writes: 8,
             epoch_max_bytes: 8 << 10,
+            read_cache_blocks: 16,
+            read_cache_policy: if mode == Mode::Log { Policy::Lru } else { Policy::S3Fifo },
+            read_ahead_blocks: 8,
         };
         cfg.validate().expect("the simulated log is large enough");
         let uuid = [0x5a; 16];
@@ -312,6 +316,7 @@ impl Sim {
                 let plan = self.core.read(lba, blocks).map_err(|e| e.to_string())?;
                 let got = self.resolve(&plan.pieces);
                 self.core.unpin(&plan.pinned);
+                self.fill(&plan, lba);
                 let want = self.newest();
                 for (i, b) in (lba..lba + blocks).enumerate() {
                     let chunk = &got[i * BS..(i + 1) * BS];
@@ -368,15 +373,20 @@ impl Sim {
             Op::ReadStart { lba, blocks } => {
                 let plan = self.core.read(lba, blocks).map_err(|e| e.to_string())?;
                 let want = self.newest()[lba as usize..(lba + blocks) as usize].to_vec();
-                self.held.push((plan, lba, want));
+                // The remote answers now; its data reaches the cache only at the finish.
+                let fetched = self.fetch(&plan);
+                self.held.push((plan, lba, want, fetched));
             }
             Op::ReadFinish => {
                 if !self.held.is_empty() {
-                    let (plan, lba, want) = self.held.remove(0);
+                    let (plan, lba, want, fetched) = self.held.remove(0);
                     // Remote pieces may legitimately see newer destaged data; log and RAM pieces
                     // must still hold what they held when planned.
                     let got = self.resolve(&plan.pieces);
                     self.core.unpin(&plan.pinned);
+                    for (at, d) in &fetched {
+                        self.core.fill(*at, d, plan.generation);
+                    }
                     let mut at = 0usize;
                     for p in &plan.pieces {
                         let n = match p {
@@ -389,7 +399,7 @@ impl Sim {
                             for i in at..at + n {
                                 let b = lba + i as u64;
                                 if got[i * BS..(i + 1) * BS] != *block_bytes(want[i], b).as_slice() {
-                                    return Err(format!("a read in flight saw block {b} change under it (log space reused while pinned?)"));
+                                    return Err(format!("a read in flight returned block {b} other than it held when planned (log space reused while pinned, or a stale read cache fill)"));
                                 }
                             }
                         }
@@ -400,6 +410,29 @@ impl Sim {
             Op::Crash { tear, land } => self.crash(tear, land)?,
         }
         Ok(())
+    }
+
+    /// Hands what the plan read from the remote (and its read-ahead) to the read cache, as the
+    /// driver does when the remote answers; for a held read that is after the log moved on.
+    fn fill(&mut self, plan: &stics_cache::core::ReadPlan, _lba: u64) {
+        for (at, d) in self.fetch(plan) {
+            self.core.fill(at, &d, plan.generation);
+        }
+    }
+
+    /// What the remote returns now for a plan's remote pieces and read-ahead.
+    fn fetch(&self, plan: &stics_cache::core::ReadPlan) -> Vec<(u64, Bytes)> {
+        let mut out = Vec::new();
+        for p in &plan.pieces {
+            if let Piece::Remote { lba, blocks } = p {
+                out.push((*lba, Bytes::from(self.resolve(&[Piece::Remote { lba: *lba, blocks: *blocks }]))));
+            }
+        }
+        if let Some((lba, blocks)) = plan.prefetch {
+            let blocks = blocks.min((BLOCKS - lba) as u32);
+            out.push((lba, Bytes::from(self.resolve(&[Piece::Remote { lba, blocks }]))));
+        }
+        out
     }
 
     /// Applies a destage operation to the remote image.
