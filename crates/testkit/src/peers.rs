@@ -207,12 +207,15 @@ impl SticsTarget {
         &self.lun.as_ref().expect("a target started with_file_lun").file
     }
 
-    pub fn iqn(&self) -> &str {
-        self.options.iqn.as_deref().unwrap_or(IQN)
+    /// The `--iqn` it was started with (None when its config file names the targets).
+    pub fn iqn(&self) -> Option<&str> {
+        self.options.iqn.as_deref()
     }
 
+    /// The URL of `lun` of the `--iqn` target; panics for a target named by a config file.
     pub fn url(&self, lun: u32) -> String {
-        format!("iscsi://127.0.0.1:{}/{}/{lun}", self.port, self.iqn())
+        let iqn = self.iqn().expect("a URL for a target named by --iqn");
+        format!("iscsi://127.0.0.1:{}/{iqn}/{lun}", self.port)
     }
 
     pub fn process(&mut self) -> &mut Guard {

@@ -28,13 +28,16 @@ impl Guard {
         }
     }
 
-    /// Sends a signal by name or number (`"TERM"`, `"-INT"`, `"9"`) with kill(1); panics if
-    /// there is no child or kill fails.
-    pub fn signal(&self, sig: &str) {
+    /// Sends a signal by name or number (`"TERM"`, `"-INT"`, `"9"`) with kill(1); false if
+    /// there is no child or kill failed.
+    pub fn signal(&self, sig: &str) -> bool {
         let pid = self.pid();
-        assert!(pid != 0, "no child to signal");
+        if pid == 0 {
+            return false;
+        }
         let sig = if sig.starts_with('-') { sig.to_owned() } else { format!("-{sig}") };
-        run_ok(Command::new("kill").args([sig.as_str(), &pid.to_string()]));
+        let st = Command::new("kill").args([sig.as_str(), &pid.to_string()]).stderr(Stdio::null()).status();
+        st.is_ok_and(|s| s.success())
     }
 
     /// True while the child runs.
@@ -149,10 +152,11 @@ mod tests {
         // Killed and reaped: the PID is gone (reuse within these microseconds is not a concern).
         assert!(!Path::new(&format!("/proc/{pid}")).exists());
         g = spawn(Command::new("sleep").arg("30"), None);
-        g.signal("TERM");
+        assert!(g.signal("TERM"));
         let st = g.wait_exit(Duration::from_secs(5)).expect("exited on SIGTERM");
         assert!(!st.success());
         assert_eq!(g.pid(), 0);
+        assert!(!g.signal("TERM"), "nothing left to signal");
     }
 
     #[test]
