@@ -224,13 +224,9 @@ async fn discovery_session_lists_targets_with_send_targets_all() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abort_task_lun_reset_and_logout() {
     let t = start(config(None, None, Limits::default())).await;
-    let mut c = Client::connect(t.addr).await;
-    c.login(&[("InitialR2T", "Yes"), ("ImmediateData", "No")]).await;
-    c.clear_ua().await;
+    let mut c = Client::session(t.addr, &[("InitialR2T", "Yes"), ("ImmediateData", "No")]).await;
     // A write that waits for its data (R2T) is aborted.
-    let h = c.cmd(&[0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0], 0, 4096, false);
-    c.send(Pdu::new(h, Bytes::new())).await;
-    let Header::R2t(r2t) = c.recv().await.header else { panic!() };
+    let (h, r2t) = c.write10_awaiting_r2t(0, 8).await;
     // The response's ITT is checked against the request's by task_mgmt.
     let r = c.task_mgmt(tmf::ABORT_TASK, 0, h.itt, h.cmd_sn).await;
     assert_eq!(r.response, tmf::FUNCTION_COMPLETE);
@@ -255,9 +251,7 @@ async fn abort_task_lun_reset_and_logout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cmdsn_outside_the_window_is_ignored_and_gaps_are_waited_for() {
     let t = start(config(None, None, Limits { queue_depth: 8, ..Limits::default() })).await;
-    let mut c = Client::connect(t.addr).await;
-    c.login(&[]).await;
-    c.clear_ua().await;
+    let mut c = Client::session(t.addr, &[]).await;
     // Beyond MaxCmdSN: silently dropped.
     let mut h = c.cmd(&[0u8; 6], 0, 0, false);
     c.cmd_sn -= 1;
@@ -296,9 +290,7 @@ async fn same_isid_and_initiator_reinstates_the_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_truncated_and_oversized_pdus_leave_other_sessions_working() {
     let t = start(config(None, None, Limits::default())).await;
-    let mut good = Client::connect(t.addr).await;
-    good.login(&[]).await;
-    good.clear_ua().await;
+    let mut good = Client::session(t.addr, &[]).await;
     let data = ramp(7, 4096);
     assert_eq!(good.write10(50, &data, 4096, 4096).await, 0);
 
@@ -343,9 +335,7 @@ async fn garbage_truncated_and_oversized_pdus_leave_other_sessions_working() {
 async fn login_flood_is_bounded_and_stalled_logins_time_out() {
     let limits = Limits { max_connections: 20, max_logins: 4, login_timeout_secs: 1, ..Limits::default() };
     let t = start(config(None, None, limits)).await;
-    let mut good = Client::connect(t.addr).await;
-    good.login(&[]).await;
-    good.clear_ua().await;
+    let mut good = Client::session(t.addr, &[]).await;
     let mut flood = Vec::new();
     for _ in 0..100 {
         if let Ok(s) = TcpStream::connect(t.addr).await {
@@ -380,9 +370,7 @@ async fn login_flood_is_bounded_and_stalled_logins_time_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_never_reads_is_throttled_not_buffered() {
     let t = start(config(None, None, Limits::default())).await;
-    let mut good = Client::connect(t.addr).await;
-    good.login(&[]).await;
-    good.clear_ua().await;
+    let mut good = Client::session(t.addr, &[]).await;
     let mut hog = Client::connect(t.addr).await;
     hog.isid[5] = 0x55;
     hog.login(&[("MaxRecvDataSegmentLength", "262144")]).await;
@@ -415,13 +403,9 @@ async fn a_peer_that_never_reads_is_throttled_not_buffered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lun_reset_aborts_the_waiting_writes_of_other_sessions() {
     let t = start(config(None, None, Limits::default())).await;
-    let mut b = Client::connect(t.addr).await;
-    b.login(&[("InitialR2T", "Yes"), ("ImmediateData", "No")]).await;
-    b.clear_ua().await;
+    let mut b = Client::session(t.addr, &[("InitialR2T", "Yes"), ("ImmediateData", "No")]).await;
     // B's write waits for its data when A resets the LUN.
-    let h = b.cmd(&[0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0], 0, 4096, false);
-    b.send(Pdu::new(h, Bytes::new())).await;
-    let Header::R2t(r2t) = b.recv().await.header else { panic!() };
+    let (h, r2t) = b.write10_awaiting_r2t(0, 8).await;
     let mut a = Client::connect(t.addr).await;
     a.isid = [0x80, 0, 0, 0, 0x56, 0x78];
     a.login(&[]).await;

@@ -124,6 +124,15 @@ impl Client {
         }
     }
 
+    /// Connects, logs in with `ops` and clears the first unit attention: a session ready for
+    /// commands.
+    pub async fn session(addr: SocketAddr, ops: &[(&str, &str)]) -> Client {
+        let mut c = Client::connect(addr).await;
+        c.login(ops).await;
+        c.clear_ua().await;
+        c
+    }
+
     pub fn next_itt(&mut self) -> u32 {
         self.itt += 1;
         self.itt
@@ -280,6 +289,20 @@ impl Client {
         let (status, data, _) = self.run(&cdb, u32::from(blocks) * 512, &[], 0, 0).await;
         assert_eq!(status, 0);
         data
+    }
+
+    /// Sends WRITE(10) of `blocks` blocks at `lba` without data and returns it with the R2T the
+    /// target answers (the session must have negotiated InitialR2T=Yes, or send nothing
+    /// unsolicited).
+    pub async fn write10_awaiting_r2t(&mut self, lba: u32, blocks: u16) -> (ScsiCommand, R2t) {
+        let mut cdb = [0x2a, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        let h = self.cmd(&cdb, 0, u32::from(blocks) * 512, false);
+        self.send(Pdu::new(h, Bytes::new())).await;
+        let got = self.recv_header().await;
+        let Header::R2t(r2t) = got else { panic!("expected an R2T, got {got:?}") };
+        (h, r2t)
     }
 
     /// An immediate task management request; returns the response.
