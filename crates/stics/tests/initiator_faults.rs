@@ -2,14 +2,14 @@
 //! end, while tgt is killed with SIGKILL and restarted, while connections are cut at the socket,
 //! and while the link goes silent.
 
-mod initiator_support;
-
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use initiator_support::{fault_options as options, run_with_fault, Proxy, Tgt};
 use stics_block::BlockDev;
 use stics_initiator::{IscsiUrl, Lun};
+use stics_testkit::net::Proxy;
+use stics_testkit::peers::Tgt;
+use stics_testkit::workload::{fault_options as options, run_with_fault};
 
 #[test]
 fn target_killed_and_restarted_mid_workload_loses_no_write() {

@@ -2,13 +2,12 @@
 //! runs PostMark and stays consistent (`e2fsck -fn`); the export stops on SIGTERM and on an
 //! unmount from outside.
 
-mod initiator_support;
-
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use initiator_support::{run_ok, wait_mounted, Tgt};
+use stics_testkit::peers::Tgt;
+use stics_testkit::proc::{run_ok, spawn_stics, wait_mounted, Guard};
 
 /// The tests of this file run one at a time: each drives a tgtd, a FUSE export and the kernel's
 /// loop and ext4 code, and together they overload a 2-core machine.
@@ -49,7 +48,7 @@ fn write_synced(path: &Path, off: u64, data: &[u8]) {
 
 /// A running `stics mount`, unmounted and killed on drop if the test did not stop it.
 struct Mount {
-    child: Option<Child>,
+    proc: Guard,
     file: PathBuf,
     fs_dir: Option<PathBuf>,
     /// Where its stderr goes: a file, not a pipe, so that a chatty export never blocks on it.
@@ -60,37 +59,26 @@ impl Mount {
     fn start(url: &str, file: &Path) -> Mount {
         std::fs::File::create(file).unwrap();
         let log = tempfile::NamedTempFile::new().unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_stics"))
-            .args(["mount", "--stats", url, file.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log.reopen().unwrap()))
-            .spawn()
-            .unwrap();
-        let m = Mount { child: Some(child), file: file.to_owned(), fs_dir: None, log };
+        let args = ["mount", "--stats", url, file.to_str().unwrap()];
+        let proc = spawn_stics(Path::new(env!("CARGO_BIN_EXE_stics")), &args, &[], Some(log.path()));
+        let m = Mount { proc, file: file.to_owned(), fs_dir: None, log };
         assert!(wait_mounted(file, true, Duration::from_secs(10)), "stics mount did not mount {}", file.display());
         m
     }
 
     fn signal(&self, sig: &str) {
-        let pid = self.child.as_ref().unwrap().id().to_string();
-        run_ok(Command::new("kill").args([sig, &pid]));
+        assert!(self.proc.signal(sig), "kill {sig} {} failed", self.proc.pid());
     }
 
     /// Waits for the process to exit; returns its success and stderr.
     fn wait(&mut self, limit: Duration) -> (bool, String) {
-        let mut child = self.child.take().unwrap();
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                return (st.success(), std::fs::read_to_string(self.log.path()).unwrap());
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
+        match self.proc.wait_exit(limit) {
+            Some(st) => (st.success(), std::fs::read_to_string(self.log.path()).unwrap()),
+            None => {
+                self.proc.kill();
                 let err = std::fs::read_to_string(self.log.path()).unwrap_or_default();
                 panic!("stics mount did not stop within {limit:?}; it said:\n{err}");
             }
-            std::thread::sleep(Duration::from_millis(50));
         }
     }
 }
@@ -100,10 +88,9 @@ impl Drop for Mount {
         if let Some(d) = &self.fs_dir {
             let _ = Command::new("umount").arg("-l").arg(d).status();
         }
-        if let Some(mut c) = self.child.take() {
+        if self.proc.pid() != 0 {
             let _ = Command::new("umount").arg("-l").arg(&self.file).status();
-            let _ = c.kill();
-            let _ = c.wait();
+            self.proc.kill();
         }
     }
 }

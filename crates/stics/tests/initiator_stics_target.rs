@@ -1,19 +1,25 @@
 //! The initiator against `stics target`: listing, data integrity with digests and R2T bursts,
 //! CHAP, and a SIGKILL of the target in the middle of a verified workload.
 
-mod initiator_support;
-
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
-use initiator_support::{run_with_fault, SticsTarget, IQN};
 use stics_block::BlockDev;
 use stics_initiator::{IscsiUrl, Lun, LunOptions};
+use stics_testkit::peers::SticsTarget;
+use stics_testkit::workload::{run_with_fault, zeroing_reads_back_zeros};
+use stics_testkit::IQN;
+
+/// `stics target` with LUN 0 on a sparse file of `size_mib` MiB.
+fn start(size_mib: u64, extra: &[&str]) -> SticsTarget {
+    SticsTarget::with_file_lun(Path::new(env!("CARGO_BIN_EXE_stics")), size_mib, extra)
+}
 
 #[test]
 fn ls_lists_the_stics_target_and_its_file_lun() {
-    let t = SticsTarget::start(32, &[]);
+    let t = start(32, &[]);
     let out = Command::new(env!("CARGO_BIN_EXE_stics"))
         .args(["ls", &format!("iscsi://127.0.0.1:{}", t.port)])
         .output()
@@ -26,7 +32,7 @@ fn ls_lists_the_stics_target_and_its_file_lun() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_with_digests_and_r2t_bursts_reads_back_from_stics_target() {
-    let t = SticsTarget::start(32, &[]);
+    let t = start(32, &[]);
     let mut opts = LunOptions::default();
     opts.config.offer.header_digest = true;
     opts.config.offer.data_digest = true;
@@ -34,7 +40,7 @@ async fn data_with_digests_and_r2t_bursts_reads_back_from_stics_target() {
     opts.config.offer.first_burst_length = 16384;
     opts.config.offer.max_burst_length = 65536;
     opts.max_transfer = 2 << 20;
-    let lun = Lun::open(&IscsiUrl::parse(&t.url()).unwrap(), &opts).await.unwrap();
+    let lun = Lun::open(&IscsiUrl::parse(&t.url(0)).unwrap(), &opts).await.unwrap();
     let p = lun.sessions()[0].params();
     assert!(p.header_digest && p.data_digest, "{p:?}");
     let data: Bytes =
@@ -49,7 +55,7 @@ async fn data_with_digests_and_r2t_bursts_reads_back_from_stics_target() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_chap_with_stics_target_and_wrong_secret_refused() {
-    let t = SticsTarget::start(
+    let t = start(
         8,
         &[
             "--chap-user",
@@ -74,8 +80,8 @@ async fn mutual_chap_with_stics_target_and_wrong_secret_refused() {
 
 #[test]
 fn stics_target_killed_and_restarted_mid_workload_loses_no_write() {
-    let mut t = SticsTarget::start(16, &[]);
-    let url = t.url();
+    let mut t = start(16, &[]);
+    let url = t.url(0);
     let c = run_with_fault(&url, 4, || {
         std::thread::sleep(Duration::from_millis(1000));
         t.kill();
@@ -87,20 +93,20 @@ fn stics_target_killed_and_restarted_mid_workload_loses_no_write() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zeroing_a_range_is_one_write_same_on_stics_target() {
-    let t = SticsTarget::start(32, &[]);
-    let used = initiator_support::zeroing_reads_back_zeros(&t.url()).await;
+    let t = start(32, &[]);
+    let used = zeroing_reads_back_zeros(&t.url(0)).await;
     assert_eq!(used, 1, "9000 blocks zeroed by one WRITE SAME");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discard_unmaps_blocks_of_a_stics_file_lun_and_they_read_zero() {
     use std::os::unix::fs::MetadataExt;
-    let t = SticsTarget::start(32, &[]);
-    let lun = Lun::open(&IscsiUrl::parse(&t.url()).unwrap(), &LunOptions::default()).await.unwrap();
+    let t = start(32, &[]);
+    let lun = Lun::open(&IscsiUrl::parse(&t.url(0)).unwrap(), &LunOptions::default()).await.unwrap();
     assert!(lun.supports_discard(), "a file LUN is thin-provisioned and unmapped blocks read zero");
     lun.write(0, Bytes::from(vec![0x77u8; 8 << 20]), false).await.unwrap();
     lun.flush().await.unwrap();
-    let allocated = std::fs::metadata(&t.file).unwrap().blocks();
+    let allocated = std::fs::metadata(t.file()).unwrap().blocks();
     // 4 MiB from block 2048: whole file-system blocks, so the hole is real.
     lun.discard(2048, 8192).await.unwrap();
     lun.flush().await.unwrap();
@@ -108,7 +114,7 @@ async fn discard_unmaps_blocks_of_a_stics_file_lun_and_they_read_zero() {
     assert!(b[..2048 * 512].iter().all(|&x| x == 0x77));
     assert!(b[2048 * 512..10_240 * 512].iter().all(|&x| x == 0));
     assert!(b[10_240 * 512..].iter().all(|&x| x == 0x77));
-    let after = std::fs::metadata(&t.file).unwrap().blocks();
+    let after = std::fs::metadata(t.file()).unwrap().blocks();
     assert!(after + 8000 <= allocated, "space freed: {allocated} → {after} sectors");
     lun.close().await;
 }

@@ -1,28 +1,19 @@
 //! The initiator against tgt (Debian's user-space target, a peer written elsewhere): listing,
 //! data integrity with digests and R2T-solicited bursts, interleaving, several sessions, CHAP.
 
-mod initiator_support;
-
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use initiator_support::{Tgt, TgtChap, IQN};
 use stics_block::BlockDev;
 use stics_initiator::{Error, IscsiUrl, LoginError, Lun, LunOptions};
+use stics_testkit::peers::{Tgt, TgtOptions};
+use stics_testkit::workload::zeroing_reads_back_zeros;
+use stics_testkit::IQN;
 
 fn pattern(seed: u64, len: usize) -> Bytes {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let v: Vec<u8> = (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    Bytes::from(v)
+    Bytes::from(stics_testkit::pattern::noise(seed, len))
 }
 
 #[test]
@@ -44,7 +35,7 @@ fn ls_lists_target_and_lun_with_size_and_block_size() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_written_with_digests_and_r2t_bursts_reads_back_identically() {
     let digests = vec![("HeaderDigest".into(), "CRC32C".into()), ("DataDigest".into(), "CRC32C".into())];
-    let tgt = Tgt::start_with(64, TgtChap { params: digests, ..TgtChap::default() });
+    let tgt = Tgt::start_with(64, TgtOptions { params: digests, ..TgtOptions::default() });
     let url = IscsiUrl::parse(&tgt.url()).unwrap();
     let mut opts = LunOptions::default();
     opts.config.offer.header_digest = true;
@@ -141,7 +132,7 @@ async fn several_sessions_share_the_load() {
 fn chap_tgt() -> Tgt {
     Tgt::start_with(
         16,
-        TgtChap {
+        TgtOptions {
             incoming: Some(("alice".into(), "alicesecret12".into())),
             outgoing: Some(("tgtuser".into(), "targetsecret1".into())),
             params: Vec::new(),
@@ -199,7 +190,7 @@ async fn wrong_chap_secret_fails_the_open_with_a_permanent_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zeroing_a_range_reads_back_zeros_from_tgt() {
     let tgt = Tgt::start(16);
-    initiator_support::zeroing_reads_back_zeros(&tgt.url()).await;
+    zeroing_reads_back_zeros(&tgt.url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

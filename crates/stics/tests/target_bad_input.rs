@@ -4,8 +4,9 @@
 //! memory stays bounded. CHAP: a wrong secret is refused and no secret reaches the log.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
@@ -13,63 +14,30 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use stics_block::BlockDev;
 use stics_initiator::{IscsiUrl, Lun, LunOptions};
+use stics_testkit::client::encode;
+use stics_testkit::peers::{SticsOptions, SticsTarget};
 use stics_wire::pdu::{stage, DataOut, LoginRequest, Pdu, ScsiCommand};
-use stics_wire::{encode, text, Digests};
+use stics_wire::{text, Digests};
 
 const IQN: &str = "iqn.2024-01.org.stics.test:bad-input";
 
-struct Target {
-    child: Child,
-    port: u16,
-}
-
-impl Target {
-    fn start(extra: &[&str], log: Option<&std::path::Path>) -> Target {
-        Target::start_with_env(extra, log, &[])
-    }
-
-    fn start_with_env(extra: &[&str], log: Option<&std::path::Path>, env: &[(&str, &str)]) -> Target {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let stderr = match log {
-            Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
-            None => Stdio::null(),
-        };
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stics"));
-        cmd.args(["target", "--listen", &format!("127.0.0.1:{port}")]);
+/// `stics target` with `extra` arguments, debug logging into `log`, and `env`.
+fn start(extra: &[&str], log: Option<&Path>, env: &[(&str, &str)]) -> SticsTarget {
+    let mut env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    env.push(("RUST_LOG".into(), "debug".into()));
+    let options = SticsOptions {
         // A config file names its own targets.
-        if !extra.contains(&"--config") {
-            cmd.args(["--iqn", IQN]);
-        }
-        cmd.envs(env.iter().copied());
-        let child = cmd.args(extra).env("RUST_LOG", "debug").stdout(Stdio::null()).stderr(stderr).spawn().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "target did not listen");
-            sleep(Duration::from_millis(50));
-        }
-        Target { child, port }
-    }
-
-    fn url(&self) -> String {
-        format!("iscsi://127.0.0.1:{}/{IQN}/0", self.port)
-    }
-
-    fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
-    }
+        iqn: (!extra.contains(&"--config")).then(|| IQN.to_owned()),
+        args: extra.iter().map(|s| s.to_string()).collect(),
+        env,
+        stderr: log.map(Path::to_owned),
+    };
+    SticsTarget::start(Path::new(env!("CARGO_BIN_EXE_stics")), options)
 }
 
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The URL of LUN 0 of [`IQN`] (also when a config file names it).
+fn url(t: &SticsTarget) -> String {
+    format!("iscsi://127.0.0.1:{}/{IQN}/0", t.port)
 }
 
 fn connect(port: u16) -> TcpStream {
@@ -79,9 +47,7 @@ fn connect(port: u16) -> TcpStream {
 }
 
 fn wire(pdu: &Pdu) -> BytesMut {
-    let mut out = BytesMut::new();
-    encode(pdu, Digests::default(), &mut out);
-    out
+    encode(pdu, Digests::default())
 }
 
 /// The target's login timeout (`login_timeout_secs`, 15 s by default) plus slack: a connection
@@ -144,17 +110,17 @@ fn raw_session(port: u16) -> TcpStream {
 }
 
 fn pattern(seed: u8, len: usize) -> Bytes {
-    Bytes::from((0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<_>>())
+    Bytes::from(stics_testkit::pattern::ramp(seed, len))
 }
 
 #[test]
 fn hostile_peers_do_not_disturb_other_sessions_or_grow_memory() {
-    let mut t = Target::start(&["--lun", "mem:64MiB"], None);
+    let mut t = start(&["--lun", "mem:64MiB"], None, &[]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let url = IscsiUrl::parse(&t.url()).unwrap();
+    let url = IscsiUrl::parse(&url(&t)).unwrap();
     let lun = Arc::new(rt.block_on(Lun::open(&url, &LunOptions::default())).unwrap());
     rt.block_on(lun.write(0, pattern(1, 65536), true)).unwrap();
-    let baseline = t.rss_kib();
+    let baseline = t.process().rss_kib();
 
     // Keep the good session busy while the abuse goes on.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -234,8 +200,8 @@ fn hostile_peers_do_not_disturb_other_sessions_or_grow_memory() {
         })
         .collect();
     sleep(Duration::from_secs(1));
-    let during = t.rss_kib();
-    assert!(t.alive(), "target died under the flood");
+    let during = t.process().rss_kib();
+    assert!(t.process().alive(), "target died under the flood");
     drop(flood);
 
     for p in probes {
@@ -254,8 +220,8 @@ fn hostile_peers_do_not_disturb_other_sessions_or_grow_memory() {
     assert_eq!(rt.block_on(fresh.read(0, 128)).unwrap(), pattern(1, 65536));
     rt.block_on(fresh.close());
     rt.block_on(lun.close());
-    let after = t.rss_kib();
-    assert!(t.alive(), "target died");
+    let after = t.process().rss_kib();
+    assert!(t.process().alive(), "target died");
     eprintln!("RSS KiB: baseline {baseline}, during flood {during}, after {after}");
     assert!(during < baseline + 96 * 1024, "RSS grew from {baseline} to {during} KiB under abuse");
     assert!(after < baseline + 96 * 1024, "RSS grew from {baseline} to {after} KiB after abuse");
@@ -274,7 +240,7 @@ fn wrong_chap_secret_is_refused_and_no_secret_is_logged() {
         ),
     )
     .unwrap();
-    let t = Target::start(&["--config", config.to_str().unwrap()], Some(&log));
+    let t = start(&["--config", config.to_str().unwrap()], Some(&log), &[]);
     let inq = |user: &str, pass: &str| {
         Command::new("iscsi-inq").arg(format!("iscsi://{user}%{pass}@127.0.0.1:{}/{IQN}/0", t.port)).output().unwrap()
     };
@@ -282,7 +248,7 @@ fn wrong_chap_secret_is_refused_and_no_secret_is_logged() {
     assert!(good.status.success(), "right secret refused: {}", String::from_utf8_lossy(&good.stderr));
     let bad = inq("alice", "wrong-secret-xyz1");
     assert!(!bad.status.success(), "wrong secret accepted");
-    let nobody = Command::new("iscsi-inq").arg(t.url()).output().unwrap();
+    let nobody = Command::new("iscsi-inq").arg(url(&t)).output().unwrap();
     assert!(!nobody.status.success(), "login without CHAP accepted");
     drop(t);
     let text = std::fs::read_to_string(&log).unwrap();
@@ -304,7 +270,7 @@ fn mutual_chap_from_the_environment_authenticates_both_ways_and_no_secret_is_log
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("target.log");
     let (secret, mutual) = ("alice-env-secret-34", "target-env-secret-56");
-    let t = Target::start_with_env(
+    let t = start(
         &["--lun", "mem:16MiB", "--chap-user", "alice", "--mutual-user", "disk0"],
         Some(&log),
         &[("STICS_CHAP_SECRET", secret), ("STICS_MUTUAL_SECRET", mutual)],

@@ -3,60 +3,18 @@
 
 use std::fs;
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::thread::sleep;
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use stics_testkit::peers::SticsTarget;
+use stics_testkit::proc::{run_ok as run, wait_mounted, Guard};
 
 const IQN: &str = "iqn.2024-01.org.stics.test:interop";
 
-/// A `stics target` child, killed (by its PID) when dropped.
-struct Target {
-    child: Child,
-    port: u16,
-}
-
-impl Target {
-    fn start(luns: &[&str]) -> Target {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stics"));
-        cmd.args(["target", "--listen", &format!("127.0.0.1:{port}"), "--iqn", IQN]);
-        for l in luns {
-            cmd.args(["--lun", l]);
-        }
-        let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start stics target");
-        let t = Target { child, port };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "stics target did not listen on {port}");
-            sleep(Duration::from_millis(50));
-        }
-        t
-    }
-
-    fn url(&self, lun: u32) -> String {
-        format!("iscsi://127.0.0.1:{}/{IQN}/{lun}", self.port)
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Runs a command and returns its stdout; panics with its output if it fails.
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+/// `stics target` serving `luns` as LUN 0, 1, ...
+fn start(luns: &[&str]) -> SticsTarget {
+    SticsTarget::with_luns(Path::new(env!("CARGO_BIN_EXE_stics")), IQN, luns)
 }
 
 fn sha256(path: &Path) -> String {
@@ -67,7 +25,7 @@ fn sha256(path: &Path) -> String {
 fn libiscsi_tools_report_luns_names_and_geometry() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("lun1.img");
-    let t = Target::start(&["mem:64MiB", &format!("file:{}:32MiB", file.display())]);
+    let t = start(&["mem:64MiB", &format!("file:{}:32MiB", file.display())]);
 
     let ls = run(Command::new("iscsi-ls").args(["-s", &format!("iscsi://127.0.0.1:{}", t.port)]));
     assert!(ls.contains(&format!("Target:{IQN}")), "{ls}");
@@ -99,7 +57,7 @@ fn qemu_img_convert_to_and_from_the_lun_keeps_every_byte() {
     }
     fs::File::create(&src).unwrap().write_all(&data).unwrap();
     let lun = dir.path().join("lun.img");
-    let t = Target::start(&[&format!("file:{}:64MiB", lun.display())]);
+    let t = start(&[&format!("file:{}:64MiB", lun.display())]);
 
     run(Command::new("qemu-img").args(["convert", "-n", "-f", "raw", "-O", "raw"]).arg(&src).arg(t.url(0)));
     run(Command::new("qemu-img").args(["convert", "-f", "raw", "-O", "raw"]).arg(t.url(0)).arg(&back));
@@ -109,7 +67,7 @@ fn qemu_img_convert_to_and_from_the_lun_keeps_every_byte() {
 
 /// Unmounts, stops qemu-storage-daemon (by PID) and removes the mount point, even on failure.
 struct FuseExport {
-    qsd: Child,
+    qsd: Guard,
     file: std::path::PathBuf,
     mnt: std::path::PathBuf,
 }
@@ -117,31 +75,19 @@ struct FuseExport {
 impl Drop for FuseExport {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.mnt).stderr(Stdio::null()).status();
-        let _ = Command::new("kill").arg("-TERM").arg(self.qsd.id().to_string()).status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.qsd.try_wait() {
-                return;
-            }
-            sleep(Duration::from_millis(50));
+        self.qsd.signal("TERM");
+        if self.qsd.wait_exit(Duration::from_secs(10)).is_none() {
+            self.qsd.kill();
+            let _ = Command::new("umount").arg("-l").arg(&self.file).stderr(Stdio::null()).status();
         }
-        let _ = self.qsd.kill();
-        let _ = self.qsd.wait();
-        let _ = Command::new("umount").arg("-l").arg(&self.file).stderr(Stdio::null()).status();
     }
-}
-
-fn is_fuse_mounted(file: &Path) -> bool {
-    fs::read_to_string("/proc/self/mountinfo")
-        .map(|m| m.lines().any(|l| l.split_whitespace().nth(4) == Some(file.to_str().unwrap())))
-        .unwrap_or(false)
 }
 
 #[test]
 fn ext4_over_a_fuse_export_runs_postmark_with_sync_mount_and_fscks_clean() {
     let dir = tempfile::tempdir().unwrap();
     let lun = dir.path().join("lun.img");
-    let t = Target::start(&[&format!("file:{}:256MiB", lun.display())]);
+    let t = start(&[&format!("file:{}:256MiB", lun.display())]);
 
     let file = dir.path().join("export");
     fs::File::create(&file).unwrap();
@@ -159,12 +105,9 @@ fn ext4_over_a_fuse_export_runs_postmark_with_sync_mount_and_fscks_clean() {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start qemu-storage-daemon");
+    let qsd = Guard::new(qsd);
     let export = FuseExport { qsd, file: file.clone(), mnt: mnt.clone() };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !is_fuse_mounted(&file) {
-        assert!(Instant::now() < deadline, "FUSE export did not appear on {}", file.display());
-        sleep(Duration::from_millis(100));
-    }
+    assert!(wait_mounted(&file, true, Duration::from_secs(20)), "FUSE export did not appear on {}", file.display());
 
     run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&file));
     run(Command::new("mount").args(["-o", "loop,sync"]).arg(&file).arg(&mnt));

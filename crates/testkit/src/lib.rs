@@ -1,0 +1,21 @@
+//! What the stics tests stand on: process guards and peers (tgt, `stics target`), free ports and a
+//! cutting proxy, one raw iSCSI client, data patterns that a checker can verify, a
+//! fault-injecting block device, and a verified workload through the initiator.
+//!
+//! A dev-dependency only: no library or binary of the workspace may depend on it.
+
+#![forbid(unsafe_code)]
+
+pub mod client;
+pub mod faults;
+pub mod net;
+pub mod pattern;
+pub mod peers;
+pub mod proc;
+pub mod workload;
+
+/// The target name the test peers serve unless told otherwise.
+pub const IQN: &str = "iqn.2024-01.org.stics.test:disk";
+
+/// The initiator name the raw client logs in with.
+pub const INITIATOR: &str = "iqn.2024-01.org.stics.test:initiator";

@@ -1,0 +1,276 @@
+//! Targets for tests to talk to: tgt (tgtd, a peer written elsewhere), `stics target` as a
+//! process, and the stics target in process; each stops when dropped.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use stics_target::{Config, Server};
+use tokio::sync::oneshot;
+
+use crate::net::free_port;
+use crate::proc::{spawn, wait_port, Guard};
+use crate::IQN;
+
+/// How long a peer may take to listen.
+const START: Duration = Duration::from_secs(20);
+
+/// A sparse file of `size_mib` MiB in a temporary directory of its own, removed with it.
+pub struct FileLun {
+    pub dir: tempfile::TempDir,
+    pub file: PathBuf,
+}
+
+impl FileLun {
+    pub fn new(size_mib: u64) -> FileLun {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("lun.img");
+        std::fs::File::create(&file).unwrap().set_len(size_mib << 20).unwrap();
+        FileLun { dir, file }
+    }
+}
+
+/// CHAP accounts and target parameters to set up on the tgt target.
+#[derive(Clone, Default)]
+pub struct TgtOptions {
+    pub incoming: Option<(String, String)>,
+    pub outgoing: Option<(String, String)>,
+    /// `tgtadm --op update --mode target --name N --value V` pairs (e.g. HeaderDigest=CRC32C).
+    pub params: Vec<(String, String)>,
+}
+
+/// A tgtd on a random loopback port with one target ([`IQN`]) and one file-backed LUN (LUN 1).
+pub struct Tgt {
+    pub port: u16,
+    /// tgtd's control socket index, its own so that parallel tests never reach each other's.
+    pub control: u16,
+    pub file: PathBuf,
+    _lun: FileLun,
+    options: TgtOptions,
+    proc: Guard,
+}
+
+fn tgtadm(control: u16, args: &[&str]) -> std::io::Result<std::process::Output> {
+    Command::new("tgtadm").arg("-C").arg(control.to_string()).args(["--lld", "iscsi"]).args(args).output()
+}
+
+impl Tgt {
+    pub fn start(size_mib: u64) -> Tgt {
+        Tgt::start_with(size_mib, TgtOptions::default())
+    }
+
+    pub fn start_with(size_mib: u64, options: TgtOptions) -> Tgt {
+        let lun = FileLun::new(size_mib);
+        let port = free_port();
+        let control = 10000 + (port % 20000);
+        let mut t = Tgt { port, control, file: lun.file.clone(), _lun: lun, options, proc: Guard::default() };
+        t.spawn();
+        t
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new("tgtd");
+        cmd.args(["-f", "-C", &self.control.to_string(), "--iscsi", &format!("portal=127.0.0.1:{}", self.port)]);
+        self.proc = spawn(&mut cmd, None);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = tgtadm(self.control, &["--op", "new", "--mode", "target", "--tid", "1", "-T", IQN])
+                .expect("tgtadm (Debian package tgt) must be installed");
+            if out.status.success() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "tgtd did not come up: {}", String::from_utf8_lossy(&out.stderr));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let file = self.file.to_str().unwrap().to_owned();
+        let run = |args: &[&str]| {
+            let out = tgtadm(self.control, args).unwrap();
+            assert!(out.status.success(), "tgtadm {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        run(&["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "-b", &file]);
+        run(&["--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL"]);
+        for (n, v) in &self.options.params {
+            run(&["--op", "update", "--mode", "target", "--tid", "1", "--name", n, "--value", v]);
+        }
+        if let Some((u, p)) = &self.options.incoming {
+            run(&["--op", "new", "--mode", "account", "--user", u, "--password", p]);
+            run(&["--op", "bind", "--mode", "account", "--tid", "1", "--user", u]);
+        }
+        if let Some((u, p)) = &self.options.outgoing {
+            run(&["--op", "new", "--mode", "account", "--user", u, "--password", p]);
+            run(&["--op", "bind", "--mode", "account", "--tid", "1", "--user", u, "--outgoing"]);
+        }
+        // The portal listens once the target exists; wait until it accepts.
+        assert!(wait_port(self.port, Duration::from_secs(10)), "tgtd portal never opened");
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    /// SIGKILL (tgtd ignores SIGTERM while targets exist).
+    pub fn kill(&mut self) {
+        self.proc.kill();
+        let _ = std::fs::remove_file(format!("/var/run/tgtd/socket.{}", self.control));
+        let _ = std::fs::remove_file(format!("/var/run/tgtd/socket.{}.lock", self.control));
+    }
+
+    /// Starts tgtd again on the same port and file.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn url(&self) -> String {
+        self.url_via(self.port)
+    }
+
+    /// The LUN's URL through another port (a [`crate::net::Proxy`] in front of tgtd).
+    pub fn url_via(&self, port: u16) -> String {
+        format!("iscsi://127.0.0.1:{port}/{IQN}/1")
+    }
+}
+
+impl Drop for Tgt {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// How to start `stics target`.
+#[derive(Clone, Debug, Default)]
+pub struct SticsOptions {
+    /// `--iqn`; None when the arguments name the targets (`--config`).
+    pub iqn: Option<String>,
+    /// Arguments after `target --listen ADDR [--iqn IQN]`.
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Where its stderr goes (otherwise nowhere).
+    pub stderr: Option<PathBuf>,
+}
+
+impl SticsOptions {
+    /// Target [`IQN`] with these arguments.
+    pub fn args(args: &[&str]) -> SticsOptions {
+        SticsOptions { iqn: Some(IQN.into()), args: args.iter().map(|s| s.to_string()).collect(), ..Default::default() }
+    }
+}
+
+/// `stics target` as a child process on a random loopback port.
+pub struct SticsTarget {
+    pub port: u16,
+    bin: PathBuf,
+    options: SticsOptions,
+    lun: Option<FileLun>,
+    proc: Guard,
+}
+
+impl SticsTarget {
+    /// Starts the binary at `bin` (`env!("CARGO_BIN_EXE_stics")`) and waits until it listens.
+    pub fn start(bin: &Path, options: SticsOptions) -> SticsTarget {
+        let mut t = SticsTarget { port: free_port(), bin: bin.to_owned(), options, lun: None, proc: Guard::default() };
+        t.spawn();
+        t
+    }
+
+    /// Target [`IQN`] with LUN 0 on a new sparse file of `size_mib` MiB, plus `extra` arguments.
+    pub fn with_file_lun(bin: &Path, size_mib: u64, extra: &[&str]) -> SticsTarget {
+        let lun = FileLun::new(size_mib);
+        let mut options = SticsOptions::args(&["--lun", &format!("file:{}", lun.file.display())]);
+        options.args.extend(extra.iter().map(|s| s.to_string()));
+        let mut t =
+            SticsTarget { port: free_port(), bin: bin.to_owned(), options, lun: Some(lun), proc: Guard::default() };
+        t.spawn();
+        t
+    }
+
+    /// Target `iqn` with one `--lun` per spec.
+    pub fn with_luns(bin: &Path, iqn: &str, luns: &[&str]) -> SticsTarget {
+        let args = luns.iter().flat_map(|l| ["--lun".to_owned(), l.to_string()]).collect();
+        SticsTarget::start(bin, SticsOptions { iqn: Some(iqn.into()), args, ..Default::default() })
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(["target", "--listen", &format!("127.0.0.1:{}", self.port)]);
+        if let Some(iqn) = &self.options.iqn {
+            cmd.args(["--iqn", iqn]);
+        }
+        cmd.args(&self.options.args).envs(self.options.env.iter().map(|(k, v)| (k, v)));
+        self.proc = spawn(&mut cmd, self.options.stderr.as_deref());
+        assert!(wait_port(self.port, START), "stics target did not listen on {}", self.port);
+    }
+
+    /// The backing file made by [`SticsTarget::with_file_lun`].
+    pub fn file(&self) -> &Path {
+        &self.lun.as_ref().expect("a target started with_file_lun").file
+    }
+
+    /// The `--iqn` it was started with (None when its config file names the targets).
+    pub fn iqn(&self) -> Option<&str> {
+        self.options.iqn.as_deref()
+    }
+
+    /// The URL of `lun` of the `--iqn` target; panics for a target named by a config file.
+    pub fn url(&self, lun: u32) -> String {
+        let iqn = self.iqn().expect("a URL for a target named by --iqn");
+        format!("iscsi://127.0.0.1:{}/{iqn}/{lun}", self.port)
+    }
+
+    pub fn process(&mut self) -> &mut Guard {
+        &mut self.proc
+    }
+
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+
+    /// Starts it again on the same port with the same arguments.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+/// The stics target inside the test's runtime, stopped by [`InProcess::stop`] (or when the
+/// runtime ends).
+pub struct InProcess {
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl InProcess {
+    /// Binds `config` (listen on `127.0.0.1:0` for a free port) and serves it in a task.
+    pub async fn start(config: &Config) -> InProcess {
+        let server = Server::bind(config).await.unwrap();
+        let addr = server.local_addrs()[0];
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            server
+                .run(async {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+        });
+        InProcess { addr, stop: Some(tx), task }
+    }
+
+    /// Shuts the server down and waits (up to 10 s) for it to finish.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
