@@ -6,7 +6,9 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use stics_wire::keepalive::{Keepalive, Tick};
 use stics_wire::keys::Params;
+use stics_wire::serial;
 use stics_wire::{attr, logout, lun, reject, DataOut, Header, LogoutRequest, NopOut, Pdu, ScsiCommand, RESERVED_TAG};
 
 use crate::login::Outcome;
@@ -101,8 +103,9 @@ struct Task {
 enum Link {
     Up {
         gen: u64,
-        last_rx: Instant,
-        ping: Option<(u32, Instant)>,
+        alive: Keepalive,
+        /// The ITT of the NOP-Out ping awaiting its answer.
+        ping: Option<u32>,
     },
     Connecting {
         gen: u64,
@@ -113,11 +116,6 @@ enum Link {
     /// Recovery gave up; the next command starts a new attempt.
     Down,
     Closed,
-}
-
-/// Serial number arithmetic (RFC 1982) on 32-bit sequence numbers: `a < b`.
-pub fn serial_lt(a: u32, b: u32) -> bool {
-    a != b && (b.wrapping_sub(a) as i32) > 0
 }
 
 /// The session core.
@@ -197,7 +195,7 @@ impl Core {
             self.next_itt = self.next_itt.wrapping_add(1);
             if itt != RESERVED_TAG
                 && !self.tasks.contains_key(&itt)
-                && !matches!(self.link, Link::Up { ping: Some((p, _)), .. } if p == itt)
+                && !matches!(self.link, Link::Up { ping: Some(p), .. } if p == itt)
             {
                 return itt;
             }
@@ -225,7 +223,7 @@ impl Core {
     }
 
     fn window_open(&self) -> bool {
-        !serial_lt(self.max_cmd_sn, self.cmd_sn)
+        !serial::lt(self.max_cmd_sn, self.cmd_sn)
     }
 
     fn pump(&mut self, now: Instant, out: &mut Vec<Action>) {
@@ -279,20 +277,20 @@ impl Core {
 
     fn note_status(&mut self, stat_sn: u32) {
         let next = stat_sn.wrapping_add(1);
-        if serial_lt(self.exp_stat_sn, next) {
+        if serial::lt(self.exp_stat_sn, next) {
             self.exp_stat_sn = next;
         }
     }
 
     fn note_window(&mut self, exp: u32, max: u32) {
         // RFC 7143 §4.2.2.1: a MaxCmdSN below ExpCmdSN-1 is ignored, with its ExpCmdSN.
-        if serial_lt(max, exp.wrapping_sub(1)) {
+        if serial::lt(max, exp.wrapping_sub(1)) {
             return;
         }
-        if serial_lt(self.exp_cmd_sn, exp) {
+        if serial::lt(self.exp_cmd_sn, exp) {
             self.exp_cmd_sn = exp;
         }
-        if serial_lt(self.max_cmd_sn, max) {
+        if serial::lt(self.max_cmd_sn, max) {
             self.max_cmd_sn = max;
         }
     }
@@ -329,13 +327,8 @@ impl Core {
     pub fn on_pdu(&mut self, gen: u64, pdu: Pdu, now: Instant) -> Vec<Action> {
         let mut out = Vec::new();
         match &mut self.link {
-            Link::Up { gen: g, last_rx, ping } if *g == gen => {
-                *last_rx = now;
-                // Any traffic proves the connection alive.
-                if let Some((_, sent)) = ping {
-                    *sent = now;
-                }
-            }
+            // Any traffic proves the connection alive.
+            Link::Up { gen: g, alive, .. } if *g == gen => alive.received(now),
             _ => return out,
         }
         match pdu.header {
@@ -405,9 +398,10 @@ impl Core {
                 self.note_window(n.exp_cmd_sn, n.max_cmd_sn);
                 if n.itt != RESERVED_TAG {
                     self.note_status(n.stat_sn);
-                    if let Link::Up { ping, .. } = &mut self.link {
-                        if ping.is_some_and(|(p, _)| p == n.itt) {
+                    if let Link::Up { ping, alive, .. } = &mut self.link {
+                        if *ping == Some(n.itt) {
                             *ping = None;
+                            alive.answered();
                         }
                     }
                 }
@@ -543,7 +537,8 @@ impl Core {
         self.exp_cmd_sn = login.exp_cmd_sn;
         self.max_cmd_sn = login.max_cmd_sn;
         self.exp_stat_sn = login.exp_stat_sn;
-        self.link = Link::Up { gen, last_rx: now, ping: None };
+        let alive = Keepalive::new(Some(self.timers.nop_interval), self.timers.nop_timeout, now);
+        self.link = Link::Up { gen, alive, ping: None };
         self.recovery.on_success();
         self.last_error.clear();
         self.pump(now, &mut out);
@@ -568,13 +563,16 @@ impl Core {
     pub fn on_tick(&mut self, now: Instant) -> Vec<Action> {
         let mut out = Vec::new();
         match self.link {
-            Link::Up { last_rx, ping, .. } => {
-                if let Some((_, sent)) = ping {
-                    if now.saturating_duration_since(sent) >= self.timers.nop_timeout {
-                        self.lose(now, "connection silent: NOP-Out unanswered", &mut out);
-                        return out;
-                    }
-                } else if now.saturating_duration_since(last_rx) >= self.timers.nop_interval {
+            Link::Up { .. } => {
+                let tick = match &mut self.link {
+                    Link::Up { alive, .. } => alive.tick(now),
+                    _ => Tick::Wait,
+                };
+                if tick == Tick::Dead {
+                    self.lose(now, "connection silent: NOP-Out unanswered", &mut out);
+                    return out;
+                }
+                if tick == Tick::Ping {
                     let itt = self.alloc_itt();
                     let nop = NopOut {
                         immediate: true,
@@ -586,7 +584,7 @@ impl Core {
                     };
                     out.push(Action::Send(Pdu::new(nop, Bytes::new())));
                     if let Link::Up { ping, .. } = &mut self.link {
-                        *ping = Some((itt, now));
+                        *ping = Some(itt);
                     }
                 }
                 if self
@@ -606,13 +604,9 @@ impl Core {
     /// When [`Core::on_tick`] next has something to do.
     pub fn next_deadline(&self) -> Option<Instant> {
         match self.link {
-            Link::Up { last_rx, ping, .. } => {
-                let t = match ping {
-                    Some((_, sent)) => sent + self.timers.nop_timeout,
-                    None => last_rx + self.timers.nop_interval,
-                };
+            Link::Up { alive, .. } => {
                 let oldest = self.tasks.values().filter_map(|t| t.sent).min();
-                Some(oldest.map_or(t, |o| t.min(o + self.timers.cmd_timeout)))
+                alive.deadline().into_iter().chain(oldest.map(|o| o + self.timers.cmd_timeout)).min()
             }
             Link::Waiting { until } => Some(until),
             _ => None,
@@ -772,7 +766,7 @@ mod tests {
         let mut c = Core::new(Timers::default(), &outcome(true, true, 65536, 8192), 1, t0);
         c.note_window(100, 50);
         assert_eq!((c.exp_cmd_sn, c.max_cmd_sn), (5, 6));
-        assert!(serial_lt(u32::MAX, 0));
+        assert!(serial::lt(u32::MAX, 0));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use stics_block::{BlockDev, Geometry};
 
 use crate::pr::{NexusKey, PrState};
 
-/// Largest data transfer of one READ/WRITE (reported in the Block Limits VPD page).
+/// Default largest data transfer of one READ/WRITE ([`LuConfig::max_transfer_bytes`]).
 pub const MAX_TRANSFER_BYTES: u64 = 64 << 20;
 /// Most unit attentions queued per nexus; older ones are dropped first.
 const MAX_UA: usize = 8;
@@ -31,6 +31,9 @@ pub struct LuConfig {
     pub read_only: bool,
     /// log2 of logical blocks per physical block (READ CAPACITY 16).
     pub lbppbe: u8,
+    /// Largest data transfer of one command: reported in the Block Limits VPD page and
+    /// enforced, so that it should equal what the transport accepts.
+    pub max_transfer_bytes: u64,
 }
 
 impl Default for LuConfig {
@@ -43,6 +46,7 @@ impl Default for LuConfig {
             naa_id: 0x5001_4050_0000_0001,
             read_only: false,
             lbppbe: 0,
+            max_transfer_bytes: MAX_TRANSFER_BYTES,
         }
     }
 }
@@ -122,7 +126,7 @@ impl LogicalUnit {
 
     /// Largest transfer in blocks.
     pub(crate) fn max_transfer_blocks(&self) -> u64 {
-        (MAX_TRANSFER_BYTES / u64::from(self.geo.block_size.max(1))).max(1)
+        (self.cfg.max_transfer_bytes / u64::from(self.geo.block_size.max(1))).max(1)
     }
 
     pub(crate) fn refresh_reserved(&self, st: &LuState) {

@@ -241,6 +241,22 @@ async fn large_reads_work_and_oversized_transfers_are_invalid_field() {
 }
 
 #[tokio::test]
+async fn block_limits_report_and_enforce_the_configured_transfer_length() {
+    let cfg = LuConfig { max_transfer_bytes: 1 << 20, ..LuConfig::default() };
+    let lu = LogicalUnit::new(Arc::new(NullDev::new(512, 1 << 24)), cfg);
+    let d = Device::new(vec![Arc::new(lu)]);
+    let n = nexus(1);
+    let r = run(&d, &n, &[0x12, 1, 0xb0, 0, 64, 0], 64, &[]).await;
+    let blocks = 2048u32.to_be_bytes();
+    assert_eq!(&r.data_in[8..12], &blocks, "MAXIMUM TRANSFER LENGTH");
+    assert_eq!(&r.data_in[16..20], &blocks, "MAXIMUM PREFETCH LENGTH");
+    let r = run(&d, &n, &read10(0, 2048), 1 << 20, &[]).await;
+    assert_eq!(r.status, 0);
+    let r = run(&d, &n, &read10(0, 2049), (1 << 20) + 512, &[]).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x24, 0));
+}
+
+#[tokio::test]
 async fn inquiry_standard_vpd_and_missing_lun() {
     let d = mem_device();
     let n = nexus(1);

@@ -1,12 +1,13 @@
 //! The stics iSCSI target (RFC 7143, error recovery level 0) over tokio.
 //!
 //! Protocol decisions live in pure state machines that take inputs and return actions:
-//! [`login`] (security and operational negotiation, CHAP), [`cmdsn`] (the command window),
-//! [`dataout`] (R2T and Data-Out tracking), [`datain`] (responses as Data-In and SCSI Response
-//! PDUs), [`textreq`] (SendTargets and text continuation) and [`registry`] (TSIH and session
-//! reinstatement). Only `conn` touches sockets: one reader and one writer task per connection,
-//! SCSI commands executed concurrently, responses stamped with sequence numbers and written in
-//! batches.
+//! [`login`] (security and operational negotiation, CHAP), [`session`] (the full-feature
+//! session core: task table, task management, logout, NOP, keep-alive, StatSN stamping rules)
+//! over [`cmdsn`] (the command window), [`dataout`] (R2T and Data-Out tracking), [`datain`]
+//! (responses as Data-In and SCSI Response PDUs) and [`textreq`] (SendTargets and text
+//! continuation), and [`registry`] (TSIH and session reinstatement). Only `conn` touches
+//! sockets: one reader and one writer task per connection, SCSI commands executed concurrently,
+//! responses stamped with sequence numbers and written in batches.
 //!
 //! **Architecture Invariant:** memory is bounded by negotiated and configured limits: no buffer
 //! is sized from a peer-supplied length before that length is checked against them.
@@ -19,10 +20,10 @@ pub mod config;
 mod conn;
 pub mod datain;
 pub mod dataout;
-pub mod keepalive;
 pub mod login;
 pub mod registry;
 mod server;
+pub mod session;
 pub mod textreq;
 
 pub use config::{Config, ConfigError, Credentials, Limits, TargetConfig};

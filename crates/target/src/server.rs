@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::config::{Config, Limits};
-use crate::conn::TaskSet;
+use crate::conn::SessionHandle;
 use crate::login::{Policy, TargetAuth};
 use crate::registry::{Registry, SessionCtl};
 use crate::TargetError;
@@ -36,7 +36,7 @@ pub(crate) struct Shared {
     /// Killed when the whole target shuts down.
     pub stopping: SessionCtl,
     /// The tasks of every session in full feature phase, by nexus id (resets reach across).
-    task_sets: Mutex<HashMap<u64, Arc<TaskSet>>>,
+    task_sets: Mutex<HashMap<u64, Arc<SessionHandle>>>,
 }
 
 impl Shared {
@@ -44,7 +44,7 @@ impl Shared {
         self.registry.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn task_sets(&self) -> MutexGuard<'_, HashMap<u64, Arc<TaskSet>>> {
+    pub fn task_sets(&self) -> MutexGuard<'_, HashMap<u64, Arc<SessionHandle>>> {
         self.task_sets.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -86,6 +86,8 @@ impl Server {
                     serial: format!("{:016x}", id),
                     // NAA 6 (registered extended) with the IEEE company id field left as our hash.
                     naa_id: (0x6u64 << 60) | (id >> 4),
+                    // The Block Limits VPD page reports exactly the command size the target takes.
+                    max_transfer_bytes: u64::from(config.limits.max_command_bytes),
                     ..LuConfig::default()
                 };
                 luns.push(Arc::new(LogicalUnit::new(dev, cfg)));

@@ -135,42 +135,109 @@ pub fn parse(frame: Bytes, digests: Digests) -> Result<Pdu, DecodeError> {
     Ok(Pdu { header, ahs: frame.slice(BHS_LEN..BHS_LEN + ahs_len), data })
 }
 
-/// The bytes before the data segment (BHS, AHS, header digest) and after it (padding, data
-/// digest), so that a sender can write `head`, `pdu.data`, `tail` without copying the data.
-pub fn encode_parts(pdu: &Pdu, digests: Digests) -> (Bytes, Bytes) {
+/// Appends the bytes before the data segment (BHS, AHS, header digest) to `out`.
+fn put_head(pdu: &Pdu, digests: Digests, out: &mut BytesMut) {
     let mut bhs = pdu.header.encode();
     let ahs_words = pdu.ahs.len().div_ceil(4).min(255);
     bhs[4] = ahs_words as u8;
     let dsl = (pdu.data.len() as u32).min(0x00ff_ffff);
     let dsl_bytes = dsl.to_be_bytes();
     bhs[5..8].copy_from_slice(&dsl_bytes[1..4]);
-    let mut head = BytesMut::with_capacity(BHS_LEN + ahs_words * 4 + 4);
-    head.put_slice(&bhs);
-    head.put_slice(&pdu.ahs);
-    head.put_bytes(0, ahs_words * 4 - pdu.ahs.len().min(ahs_words * 4));
+    let start = out.len();
+    out.reserve(BHS_LEN + ahs_words * 4 + 4);
+    out.put_slice(&bhs);
+    out.put_slice(&pdu.ahs);
+    out.put_bytes(0, ahs_words * 4 - pdu.ahs.len().min(ahs_words * 4));
     if digests.header {
-        head.put_slice(&digest::to_wire(digest::crc32c(&[&head])));
+        let crc = digest::crc32c(&[out.get(start..).unwrap_or_default()]);
+        out.put_slice(&digest::to_wire(crc));
     }
+}
+
+/// Appends the bytes after the data segment (padding, data digest) to `out`.
+fn put_tail(pdu: &Pdu, digests: Digests, out: &mut BytesMut) {
+    if pdu.data.is_empty() {
+        return;
+    }
+    let pad = pad4(pdu.data.len());
+    out.put_bytes(0, pad);
+    if digests.data {
+        let pad_bytes = [0u8; 3];
+        let crc = digest::crc32c(&[&pdu.data, pad_bytes.get(..pad).unwrap_or_default()]);
+        out.put_slice(&digest::to_wire(crc));
+    }
+}
+
+/// The bytes before the data segment (BHS, AHS, header digest) and after it (padding, data
+/// digest), so that a sender can write `head`, `pdu.data`, `tail` without copying the data.
+pub fn encode_parts(pdu: &Pdu, digests: Digests) -> (Bytes, Bytes) {
+    let mut head = BytesMut::new();
+    put_head(pdu, digests, &mut head);
     let mut tail = BytesMut::new();
-    if !pdu.data.is_empty() {
-        let pad = pad4(pdu.data.len());
-        tail.put_bytes(0, pad);
-        if digests.data {
-            let pad_bytes = [0u8; 3];
-            let crc = digest::crc32c(&[&pdu.data, pad_bytes.get(..pad).unwrap_or_default()]);
-            tail.put_slice(&digest::to_wire(crc));
-        }
-    }
+    put_tail(pdu, digests, &mut tail);
     (head.freeze(), tail.freeze())
 }
 
 /// Appends the whole wire form of `pdu` to `out`.
 pub fn encode(pdu: &Pdu, digests: Digests, out: &mut BytesMut) {
-    let (head, tail) = encode_parts(pdu, digests);
-    out.reserve(head.len() + pdu.data.len() + tail.len());
-    out.put_slice(&head);
+    out.reserve(BHS_LEN + 8 + pdu.ahs.len() + pdu.data.len() + 8);
+    put_head(pdu, digests, out);
     out.put_slice(&pdu.data);
-    out.put_slice(&tail);
+    put_tail(pdu, digests, out);
+}
+
+/// The wire form of many PDUs for one vectored write: headers, digests, padding and data
+/// segments shorter than a threshold are packed into one buffer; longer data segments are
+/// referenced where they are, without a copy.
+#[derive(Debug)]
+pub struct Batch {
+    packed: BytesMut,
+    parts: Vec<Part>,
+    run_start: usize,
+    copy_below: usize,
+}
+
+#[derive(Debug)]
+enum Part {
+    Packed(std::ops::Range<usize>),
+    Data(Bytes),
+}
+
+impl Batch {
+    /// An empty batch; data segments shorter than `copy_below` bytes are copied.
+    pub fn new(copy_below: usize) -> Batch {
+        Batch { packed: BytesMut::with_capacity(8192), parts: Vec::new(), run_start: 0, copy_below }
+    }
+
+    /// Appends one PDU.
+    pub fn push(&mut self, pdu: &Pdu, digests: Digests) {
+        put_head(pdu, digests, &mut self.packed);
+        if pdu.data.len() < self.copy_below {
+            self.packed.put_slice(&pdu.data);
+        } else {
+            if self.packed.len() > self.run_start {
+                self.parts.push(Part::Packed(self.run_start..self.packed.len()));
+            }
+            self.parts.push(Part::Data(pdu.data.clone()));
+            self.run_start = self.packed.len();
+        }
+        put_tail(pdu, digests, &mut self.packed);
+    }
+
+    /// The chunks to write, in order.
+    pub fn finish(mut self) -> Vec<Bytes> {
+        if self.packed.len() > self.run_start {
+            self.parts.push(Part::Packed(self.run_start..self.packed.len()));
+        }
+        let packed = self.packed.freeze();
+        self.parts
+            .into_iter()
+            .map(|p| match p {
+                Part::Packed(r) => packed.slice(r),
+                Part::Data(b) => b,
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -269,6 +336,31 @@ mod tests {
             encode(&pdu, d, &mut out);
             prop_assert_eq!(check(&out, d, 1 << 24), Ok(out.len()));
             prop_assert_eq!(parse(out.freeze(), d).unwrap(), pdu);
+        }
+    }
+
+    #[test]
+    fn batch_matches_the_codec_byte_for_byte() {
+        for digests in [Digests::default(), Digests { header: true, data: true }] {
+            let pdus = vec![
+                Pdu::new(
+                    DataIn { itt: 1, status_present: true, final_: true, stat_sn: 4, ..Default::default() },
+                    Bytes::from(vec![3u8; 4097]),
+                ),
+                Pdu::new(ScsiResponse { itt: 2, stat_sn: 5, ..Default::default() }, Bytes::from(vec![1u8; 5])),
+                Pdu::new(R2t { itt: 3, ..Default::default() }, Bytes::new()),
+                Pdu::new(DataIn { itt: 4, ..Default::default() }, Bytes::from(vec![9u8; 1024])),
+            ];
+            let mut b = Batch::new(1024);
+            let mut expect = BytesMut::new();
+            for p in &pdus {
+                encode(p, digests, &mut expect);
+                b.push(p, digests);
+            }
+            let chunks = b.finish();
+            assert!(chunks.iter().any(|c| c.len() == 4097), "large data is referenced, not copied");
+            let got: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+            assert_eq!(got, expect.to_vec());
         }
     }
 }

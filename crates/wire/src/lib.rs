@@ -11,9 +11,11 @@
 pub mod chap;
 pub mod digest;
 pub mod frame;
+pub mod keepalive;
 pub mod keys;
 pub mod lun;
 pub mod pdu;
+pub mod serial;
 pub mod text;
 
 pub use frame::{check, encode, parse, DecodeError, Digests, FrameError};
