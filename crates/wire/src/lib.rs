@@ -11,9 +11,11 @@ pub mod chap;
 pub mod digest;
 pub mod frame;
 pub mod keys;
-pub mod lun;
 pub mod pdu;
 pub mod text;
+
+/// The 8-byte LUN field; SAM defines it, so it lives with the other SCSI facts.
+pub use stics_sam::lun;
 
 pub use frame::{check, encode, parse, DecodeError, Digests, FrameError};
 pub use pdu::*;
