@@ -30,7 +30,7 @@ fn env() -> &'static Env {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let _ = stics_scsi::decode_cdb(data);
+    let _ = stics_sam::decode_cdb(data);
     // Layout: 16 CDB bytes, 2 bytes of expected length, the rest is data-out.
     if data.len() >= 18 {
         let e = env();

@@ -737,7 +737,7 @@ mod tests {
     }
 
     fn read_req(n: u32) -> Request {
-        Request { lun: 1, cdb: crate::scsi::read16(0, n / 512), data: Data::Read(n) }
+        Request { lun: 1, cdb: stics_sam::cdb::read16(0, n / 512), data: Data::Read(n) }
     }
 
     #[test]

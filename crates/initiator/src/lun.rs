@@ -10,7 +10,11 @@ use stics_block::{blocks_in, write_zeros_by_writes, BlockDev, BlockError, Geomet
 
 use crate::core::{Data, Request};
 use crate::counters::{Counters, Snapshot};
-use crate::scsi::{self, sense_key, status, ScsiOutcome};
+use stics_sam::op::{mode_page, vpd};
+use stics_sam::sense::key as sense_key;
+use stics_sam::{cdb, data, status};
+
+use crate::scsi::ScsiOutcome;
 use crate::session::{random_isid, Config, Session};
 use crate::url::IscsiUrl;
 use crate::Error;
@@ -101,28 +105,31 @@ impl Lun {
         let (_, lun) = url.require_lun()?;
         let first = Session::connect(url, &opts.config, random_isid(0)).await?;
         let c = first.counters_ref().clone();
-        let inq = execute_retrying(&first, Request { lun, cdb: scsi::inquiry(96), data: Data::Read(96) }, &c).await?;
-        let inq = scsi::parse_inquiry(&inq.data).ok_or_else(|| Error::Protocol("short INQUIRY data".into()))?;
-        if inq.qualifier != 0 || inq.device_type != 0 {
-            return Err(Error::NotADisk { lun, device_type: scsi::device_type_name(inq.device_type) });
+        let inq = execute_retrying(&first, Request { lun, cdb: cdb::inquiry(96), data: Data::Read(96) }, &c).await?;
+        let inq = data::parse_inquiry(&inq.data).ok_or_else(|| Error::Protocol("short INQUIRY data".into()))?;
+        if inq.qualifier != 0 || inq.device_type != data::DIRECT_ACCESS {
+            return Err(Error::NotADisk { lun, device_type: data::device_type_name(inq.device_type) });
         }
         let cap = read_capacity(&first, lun, &c).await?;
-        let ms =
-            execute_retrying(&first, Request { lun, cdb: scsi::mode_sense6_caching(64), data: Data::Read(64) }, &c)
-                .await;
+        let ms = execute_retrying(
+            &first,
+            Request { lun, cdb: cdb::mode_sense6(mode_page::CACHING, 64), data: Data::Read(64) },
+            &c,
+        )
+        .await;
         // Assume a volatile cache when the target does not say: flushes are then never skipped.
-        let wce = ms.ok().and_then(|o| scsi::parse_wce(&o.data)).unwrap_or(true);
-        let vpd = |page| {
-            execute_retrying(&first, Request { lun, cdb: scsi::inquiry_vpd(page, 64), data: Data::Read(64) }, &c)
-        };
+        let wce = ms.ok().and_then(|o| data::parse_wce(&o.data)).unwrap_or(true);
+        let vpd =
+            |page| execute_retrying(&first, Request { lun, cdb: cdb::inquiry_vpd(page, 64), data: Data::Read(64) }, &c);
         let limits =
-            vpd(scsi::VPD_BLOCK_LIMITS).await.ok().and_then(|o| scsi::parse_block_limits(&o.data)).unwrap_or_default();
+            vpd(vpd::BLOCK_LIMITS).await.ok().and_then(|o| data::parse_block_limits(&o.data)).unwrap_or_default();
         // A zero count means the target does not implement UNMAP.
         let unmap = if cap.thin
             && cap.unmapped_read_zero
             && limits.max_unmap_blocks > 0
             && limits.max_unmap_descriptors > 0
-            && vpd(scsi::VPD_PROVISIONING).await.ok().and_then(|o| scsi::parse_unmap_supported(&o.data)) == Some(true)
+            && vpd(vpd::LOGICAL_BLOCK_PROVISIONING).await.ok().and_then(|o| data::parse_unmap_supported(&o.data))
+                == Some(true)
         {
             Some(UnmapLimits {
                 blocks_per_descriptor: limits.max_unmap_blocks,
@@ -195,13 +202,13 @@ impl Lun {
 }
 
 /// READ CAPACITY(16), or (10) when the target does not know (16).
-pub async fn read_capacity(s: &Session, lun: u64, c: &Counters) -> Result<scsi::Capacity, Error> {
-    let r16 = execute_retrying(s, Request { lun, cdb: scsi::read_capacity16(32), data: Data::Read(32) }, c).await;
-    if let Some(cap) = r16.as_ref().ok().and_then(|o| scsi::parse_capacity16(&o.data)) {
+pub async fn read_capacity(s: &Session, lun: u64, c: &Counters) -> Result<data::Capacity, Error> {
+    let r16 = execute_retrying(s, Request { lun, cdb: cdb::read_capacity16(32), data: Data::Read(32) }, c).await;
+    if let Some(cap) = r16.as_ref().ok().and_then(|o| data::parse_capacity16(&o.data)) {
         return Ok(cap);
     }
-    let r10 = execute_retrying(s, Request { lun, cdb: scsi::read_capacity10(), data: Data::Read(8) }, c).await?;
-    scsi::parse_capacity10(&r10.data).ok_or_else(|| Error::Protocol("short READ CAPACITY data".into()))
+    let r10 = execute_retrying(s, Request { lun, cdb: cdb::read_capacity10(), data: Data::Read(8) }, c).await?;
+    data::parse_capacity10(&r10.data).ok_or_else(|| Error::Protocol("short READ CAPACITY data".into()))
 }
 
 #[async_trait]
@@ -226,7 +233,7 @@ impl BlockDev for Lun {
             let n = (blocks - done).min(self.max_blocks);
             let at = lba + u64::from(done);
             let len = n * bs;
-            let o = self.execute(scsi::read16(at, n), Data::Read(len)).await.map_err(|e| Self::io_err(at, e))?;
+            let o = self.execute(cdb::read16(at, n), Data::Read(len)).await.map_err(|e| Self::io_err(at, e))?;
             if o.data.len() != len as usize {
                 return Err(Self::io_err(at, Error::Protocol(format!("short read: {} of {len} bytes", o.data.len()))));
             }
@@ -251,7 +258,7 @@ impl BlockDev for Lun {
             let at = lba + done;
             let off = (done * u64::from(bs)) as usize;
             let chunk = data.slice(off..off + (n * bs) as usize);
-            self.execute(scsi::write16(at, n, fua), Data::Write(chunk)).await.map_err(|e| Self::io_err(at, e))?;
+            self.execute(cdb::write16(at, n, fua), Data::Write(chunk)).await.map_err(|e| Self::io_err(at, e))?;
             done += u64::from(n);
         }
         self.write_gen.fetch_add(1, SeqCst);
@@ -275,8 +282,8 @@ impl BlockDev for Lun {
             at += u64::from(n);
         }
         for group in ranges.chunks(lim.descriptors) {
-            let params = Bytes::from(scsi::unmap_parameters(group));
-            self.execute(scsi::unmap(group.len()), Data::Write(params))
+            let params = Bytes::from(data::unmap_parameters(group));
+            self.execute(cdb::unmap(group.len()), Data::Write(params))
                 .await
                 .map_err(|e| Self::io_err(group[0].0, e))?;
         }
@@ -292,7 +299,7 @@ impl BlockDev for Lun {
         let (mut at, end) = (lba, lba + blocks);
         while at < end && self.write_same_max > 0 && self.write_same_ok.load(Relaxed) {
             let n = (end - at).min(self.write_same_max) as u32;
-            match self.execute(scsi::write_same16(at, n), Data::Write(zero.clone())).await {
+            match self.execute(cdb::write_same16(at, n), Data::Write(zero.clone())).await {
                 Ok(_) => at += u64::from(n),
                 Err(Error::Scsi { sense: Some(s), .. }) if s.key == sense_key::ILLEGAL_REQUEST => {
                     tracing::info!(lun = self.lun, "target refuses WRITE SAME; zeroing with writes");
@@ -322,7 +329,7 @@ impl BlockDev for Lun {
         for s in &self.sessions {
             execute_retrying(
                 s,
-                Request { lun: self.lun, cdb: scsi::synchronize_cache10(), data: Data::None },
+                Request { lun: self.lun, cdb: cdb::synchronize_cache10(), data: Data::None },
                 s.counters_ref(),
             )
             .await

@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
+use stics_sam::{cdb, data};
+
 use crate::core::{Data, Request};
 use crate::counters::{Counters, Snapshot};
 use crate::discovery::{discover, TargetEntry};
 use crate::lun::{execute_retrying, read_capacity};
-use crate::scsi;
 use crate::session::{random_isid, Config, Session};
 use crate::url::IscsiUrl;
 use crate::Error;
@@ -20,7 +21,7 @@ pub struct LunInfo {
     pub vendor: String,
     pub product: String,
     /// Block size and number of blocks, for disks.
-    pub capacity: Option<scsi::Capacity>,
+    pub capacity: Option<data::Capacity>,
 }
 
 /// A target and its LUNs.
@@ -32,12 +33,12 @@ pub struct TargetInfo {
 
 /// Lists the LUNs of one logged-in target.
 pub async fn luns(s: &Session, c: &Counters) -> Result<Vec<LunInfo>, Error> {
-    let rl = execute_retrying(s, Request { lun: 0, cdb: scsi::report_luns(16384), data: Data::Read(16384) }, c).await?;
+    let rl = execute_retrying(s, Request { lun: 0, cdb: cdb::report_luns(16384), data: Data::Read(16384) }, c).await?;
     let mut out = Vec::new();
-    for lun in scsi::parse_report_luns(&rl.data) {
-        let inq = execute_retrying(s, Request { lun, cdb: scsi::inquiry(96), data: Data::Read(96) }, c).await?;
-        let Some(inq) = scsi::parse_inquiry(&inq.data) else { continue };
-        let capacity = if inq.device_type == 0 { read_capacity(s, lun, c).await.ok() } else { None };
+    for lun in data::parse_report_luns(&rl.data) {
+        let inq = execute_retrying(s, Request { lun, cdb: cdb::inquiry(96), data: Data::Read(96) }, c).await?;
+        let Some(inq) = data::parse_inquiry(&inq.data) else { continue };
+        let capacity = if inq.device_type == data::DIRECT_ACCESS { read_capacity(s, lun, c).await.ok() } else { None };
         out.push(LunInfo { lun, device_type: inq.device_type, vendor: inq.vendor, product: inq.product, capacity });
     }
     Ok(out)

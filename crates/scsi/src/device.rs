@@ -7,10 +7,13 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use stics_block::{BlockError, Provisioning};
 
-use crate::cdb::{decode_cdb, op, Cdb, RwForm};
+use stics_sam::cdb::{decode_cdb, Cdb, ModeSense, RwForm, WriteSame};
+use stics_sam::op::{self, mode_page, pr_in};
+use stics_sam::sense::{asc, Sense};
+use stics_sam::{lun, status};
+
 use crate::lu::LogicalUnit;
 use crate::pr::{Access, PrError, PrOutParams, PrState};
-use crate::sense::{key, status, Sense};
 use crate::spc;
 use crate::{Command, Nexus, Residual, Response, TmfResult};
 
@@ -104,26 +107,6 @@ fn block_error(e: BlockError, write: bool) -> Fail {
     }
 }
 
-/// Encodes a LUN number as the 8-byte SAM LUN (peripheral or flat addressing).
-pub fn lun_to_bytes(lun: u64) -> [u8; 8] {
-    let mut b = [0u8; 8];
-    if lun < 256 {
-        b[1] = lun as u8;
-    } else {
-        b[0] = 0x40 | ((lun >> 8) as u8 & 0x3f);
-        b[1] = lun as u8;
-    }
-    b
-}
-
-/// Decodes the first level of an 8-byte SAM LUN (peripheral or flat addressing).
-pub fn lun_from_bytes(b: [u8; 8]) -> u64 {
-    match b[0] >> 6 {
-        0 | 1 => (u64::from(b[0] & 0x3f) << 8) | u64::from(b[1]),
-        _ => u64::MAX,
-    }
-}
-
 /// How each command is treated under a persistent reservation (SPC-4 table 46 and SBC-3).
 fn access_of(c: &Cdb) -> Access {
     match c {
@@ -209,7 +192,7 @@ impl Device {
                 u64::from(rw.blocks) * bs
             }
             Cdb::CompareAndWrite { blocks, .. } => 2 * u64::from(blocks) * bs,
-            Cdb::WriteSame { ndob, .. } => {
+            Cdb::WriteSame(WriteSame { ndob, .. }) => {
                 if ndob {
                     0
                 } else {
@@ -244,7 +227,7 @@ impl Device {
     pub fn lun_reset(&self, lun: u64, by: &Nexus) -> TmfResult {
         match self.lu(lun) {
             Some(lu) => {
-                lu.reset(0x29, 0x03, false, Some(by.id));
+                lu.reset(asc::BUS_DEVICE_RESET, false, Some(by.id));
                 TmfResult::Complete
             }
             None => TmfResult::LunDoesNotExist,
@@ -257,9 +240,9 @@ impl Device {
     pub fn target_reset(&self, by: &Nexus, cold: bool) -> TmfResult {
         for lu in &self.luns {
             if cold {
-                lu.reset(0x29, 0x01, true, None);
+                lu.reset(asc::POWER_ON_OCCURRED, true, None);
             } else {
-                lu.reset(0x29, 0x03, false, Some(by.id));
+                lu.reset(asc::BUS_DEVICE_RESET, false, Some(by.id));
             }
         }
         TmfResult::Complete
@@ -270,7 +253,7 @@ impl Device {
     pub fn clear_task_set(&self, lun: u64, by: &Nexus) -> TmfResult {
         let Some(lu) = self.lu(lun) else { return TmfResult::LunDoesNotExist };
         let mut st = lu.lock();
-        lu.queue_ua_all(&mut st, Some(by.id), 0x2f, 0x00);
+        lu.queue_ua_all(&mut st, Some(by.id), asc::COMMANDS_CLEARED_BY_ANOTHER_INITIATOR);
         TmfResult::Complete
     }
 
@@ -295,7 +278,7 @@ impl Device {
         v.extend_from_slice(&((8 * n) as u32).to_be_bytes());
         v.extend_from_slice(&[0; 4]);
         for i in 0..n {
-            v.extend_from_slice(&lun_to_bytes(i as u64));
+            v.extend_from_slice(&lun::to_bytes(i as u64));
         }
         Ok(Done::data_in(v, alloc))
     }
@@ -315,8 +298,8 @@ impl Device {
         let opcode = cmd.cdb.first().copied().unwrap_or(0xff);
         if lu.may_have_ua(nexus.id) && !matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
             let mut st = lu.lock();
-            if let Some((asc, ascq)) = lu.take_ua(&mut st, nexus.id) {
-                return Err(Sense::new(key::UNIT_ATTENTION, asc, ascq).into());
+            if let Some(ua) = lu.take_ua(&mut st, nexus.id) {
+                return Err(Sense::unit_attention(ua).into());
             }
         }
         let c = decode_cdb(&cmd.cdb).map_err(|e| Fail::from(e.sense()))?;
@@ -396,9 +379,7 @@ impl Device {
                 Ok(Done::out(total))
             }
             Cdb::CompareAndWrite { lba, blocks, fua } => self.compare_and_write(lu, cmd, lba, blocks, fua).await,
-            Cdb::WriteSame { lba, blocks, unmap, anchor, ndob, sixteen } => {
-                self.write_same(lu, cmd, lba, blocks, unmap, anchor, ndob, sixteen).await
-            }
+            Cdb::WriteSame(ws) => self.write_same(lu, cmd, ws).await,
             Cdb::Unmap { anchor, param_len } => self.unmap(lu, cmd, anchor, param_len).await,
             Cdb::SyncCache { lba, blocks, .. } => {
                 let n = if blocks == 0 { lu.geo.num_blocks.saturating_sub(lba) } else { u64::from(blocks) };
@@ -427,7 +408,7 @@ impl Device {
                 let sense = {
                     let mut st = lu.lock();
                     match lu.take_ua(&mut st, nexus.id) {
-                        Some((asc, ascq)) => Sense::new(key::UNIT_ATTENTION, asc, ascq),
+                        Some(ua) => Sense::unit_attention(ua),
                         None => Sense::no_sense(),
                     }
                 };
@@ -435,9 +416,7 @@ impl Device {
             }
             Cdb::ReadCapacity10 => Ok(Done::data_in(spc::read_capacity10(lu), 8)),
             Cdb::ReadCapacity16 { alloc } => Ok(Done::data_in(spc::read_capacity16(lu), alloc)),
-            Cdb::ModeSense { ten, dbd, llbaa, pc, page, subpage, alloc } => {
-                mode_sense(lu, ten, dbd, llbaa, pc, page, subpage, alloc)
-            }
+            Cdb::ModeSense(ms) => mode_sense(lu, &ms),
             Cdb::ModeSelect { ten, sp, param_len, .. } => self.mode_select(lu, nexus, cmd, ten, sp, param_len),
             Cdb::Reserve { .. } => {
                 let mut st = lu.lock();
@@ -466,10 +445,10 @@ impl Device {
             Cdb::PrIn { sa, alloc } => {
                 let st = lu.lock();
                 let v = match sa {
-                    0 => st.resv.pr.read_keys(),
-                    1 => st.resv.pr.read_reservation(),
-                    2 => PrState::report_capabilities(),
-                    3 => st.resv.pr.read_full_status(),
+                    pr_in::READ_KEYS => st.resv.pr.read_keys(),
+                    pr_in::READ_RESERVATION => st.resv.pr.read_reservation(),
+                    pr_in::REPORT_CAPABILITIES => PrState::report_capabilities(),
+                    pr_in::READ_FULL_STATUS => st.resv.pr.read_full_status(),
                     _ => return Err(Sense::invalid_cdb_field(1, Some(4)).into()),
                 };
                 Ok(Done::data_in(v, alloc))
@@ -487,7 +466,7 @@ impl Device {
                 let out = match result {
                     Ok(uas) => {
                         for ua in uas {
-                            lu.queue_ua_key(&mut st, &ua.nexus, ua.asc, ua.ascq);
+                            lu.queue_ua_key(&mut st, &ua.nexus, (ua.asc, ua.ascq));
                         }
                         Ok(Done::out(xfer))
                     }
@@ -574,18 +553,8 @@ impl Device {
         Ok(Done::out(total))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn write_same(
-        &self,
-        lu: &LogicalUnit,
-        cmd: &Command,
-        lba: u64,
-        blocks: u32,
-        unmap: bool,
-        anchor: bool,
-        ndob: bool,
-        sixteen: bool,
-    ) -> Outcome {
+    async fn write_same(&self, lu: &LogicalUnit, cmd: &Command, ws: WriteSame) -> Outcome {
+        let WriteSame { lba, blocks, unmap, anchor, ndob, sixteen } = ws;
         let bs = u64::from(lu.geo.block_size);
         let xfer = if ndob { 0 } else { bs };
         if lu.cfg.read_only {
@@ -771,7 +740,7 @@ impl Device {
                     return Err(fail(Sense::invalid_param_field((off + i) as u16, None)));
                 }
             }
-            if code == 0x08 {
+            if code == mode_page::CACHING {
                 new_wce = Some(page[2] & 0x04 != 0);
             }
             off += 2 + plen;
@@ -779,7 +748,7 @@ impl Device {
         if let Some(w) = new_wce {
             if lu.wce.swap(w, Ordering::AcqRel) != w {
                 let mut st = lu.lock();
-                lu.queue_ua_all(&mut st, Some(nexus.id), 0x2a, 0x01);
+                lu.queue_ua_all(&mut st, Some(nexus.id), asc::MODE_PARAMETERS_CHANGED);
             }
         }
         Ok(Done::out(xfer))
@@ -826,22 +795,13 @@ fn write_checks(lu: &LogicalUnit, cmd: &Command, lba: u64, blocks: u64, len_byte
     out_len_checks(cmd, total)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn mode_sense(
-    lu: &LogicalUnit,
-    ten: bool,
-    dbd: bool,
-    llbaa: bool,
-    pc: u8,
-    page: u8,
-    subpage: u8,
-    alloc: u32,
-) -> Outcome {
-    if pc == 3 {
+fn mode_sense(lu: &LogicalUnit, ms: &ModeSense) -> Outcome {
+    let &ModeSense { ten, dbd, llbaa, pc, page, subpage, alloc } = ms;
+    if pc == spc::PC_SAVED {
         return Err(Sense::saving_not_supported().into());
     }
     let mut pages = Vec::new();
-    if page == 0x3f {
+    if page == mode_page::ALL {
         if subpage != 0 && subpage != 0xff {
             return Err(Sense::invalid_cdb_field(3, None).into());
         }

@@ -1,5 +1,7 @@
-//! SCSI command emulation (SPC-4 / SBC-3) over a [`stics_block::BlockDev`]: CDB decoding, sense
-//! data, mode pages, reservations and unit attentions. No iSCSI, no sockets, no logging.
+//! SCSI command emulation (SPC-4 / SBC-3) over a [`stics_block::BlockDev`]: INQUIRY and VPD
+//! pages, mode pages, reservations and unit attentions. No iSCSI, no sockets, no logging. The
+//! SCSI facts it speaks (CDB decoding, sense data, opcodes, LUN field) come from [`stics_sam`] and
+//! are re-exported here under their former paths.
 //!
 //! The iSCSI target hands each SCSI command to [`Device::execute`] with the session's [`Nexus`]
 //! and gets back status, sense, data-in and the residual to put in the SCSI Response PDU.
@@ -12,15 +14,22 @@
 
 use bytes::Bytes;
 
-pub mod cdb;
 mod device;
 mod lu;
 pub mod pr;
-pub mod sense;
 mod spc;
 
+pub use stics_sam::cdb;
+pub use stics_sam::lun::{from_bytes as lun_from_bytes, to_bytes as lun_to_bytes};
+
+/// Sense data and SCSI status codes.
+pub mod sense {
+    pub use stics_sam::sense::*;
+    pub use stics_sam::status;
+}
+
 pub use cdb::{decode_cdb, Cdb, CdbError, Rw, RwForm};
-pub use device::{lun_from_bytes, lun_to_bytes, Device};
+pub use device::Device;
 pub use lu::{LogicalUnit, LuConfig, MAX_TRANSFER_BYTES};
 pub use pr::NexusKey;
 pub use sense::Sense;
@@ -103,8 +112,8 @@ pub struct Response {
 impl Response {
     /// Decodes the sense key, ASC and ASCQ of a CHECK CONDITION (for tests and logs).
     pub fn sense_triple(&self) -> Option<(u8, u8, u8)> {
-        let s = self.sense.as_ref()?;
-        Some((*s.get(2)? & 0x0f, *s.get(12)?, *s.get(13)?))
+        let s = Sense::parse(self.sense.as_ref()?)?;
+        Some((s.key, s.asc, s.ascq))
     }
 }
 

@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use stics_block::{BlockDev, Geometry};
 
+use stics_sam::sense::asc;
+
 use crate::pr::{NexusKey, PrState};
 
 /// Default largest data transfer of one READ/WRITE ([`LuConfig::max_transfer_bytes`]).
@@ -134,16 +136,16 @@ impl LogicalUnit {
     }
 
     /// Queues a unit attention for one session. Reset conditions (29h) replace what is queued.
-    pub(crate) fn queue_ua(&self, st: &mut LuState, id: u64, asc: u8, ascq: u8) {
+    pub(crate) fn queue_ua(&self, st: &mut LuState, id: u64, code: (u8, u8)) {
         let q = st.ua.entry(id).or_default();
-        if asc == 0x29 {
+        if code.0 == asc::POWER_ON_RESET.0 {
             q.clear();
         }
-        if !q.contains(&(asc, ascq)) {
+        if !q.contains(&code) {
             if q.len() >= MAX_UA {
                 q.pop_front();
             }
-            q.push_back((asc, ascq));
+            q.push_back(code);
         }
         self.ua_bits.fetch_or(ua_bit(id), Ordering::AcqRel);
     }
@@ -162,18 +164,18 @@ impl LogicalUnit {
     }
 
     /// Queues a unit attention for every session of a nexus identity.
-    pub(crate) fn queue_ua_key(&self, st: &mut LuState, key: &NexusKey, asc: u8, ascq: u8) {
+    pub(crate) fn queue_ua_key(&self, st: &mut LuState, key: &NexusKey, code: (u8, u8)) {
         let ids: Vec<u64> = st.nexuses.iter().filter(|(_, k)| *k == key).map(|(id, _)| *id).collect();
         for id in ids {
-            self.queue_ua(st, id, asc, ascq);
+            self.queue_ua(st, id, code);
         }
     }
 
     /// Queues a unit attention for every session except `except`.
-    pub(crate) fn queue_ua_all(&self, st: &mut LuState, except: Option<u64>, asc: u8, ascq: u8) {
+    pub(crate) fn queue_ua_all(&self, st: &mut LuState, except: Option<u64>, code: (u8, u8)) {
         let ids: Vec<u64> = st.nexuses.keys().copied().filter(|id| Some(*id) != except).collect();
         for id in ids {
-            self.queue_ua(st, id, asc, ascq);
+            self.queue_ua(st, id, code);
         }
     }
 
@@ -193,7 +195,7 @@ impl LogicalUnit {
         st.nexuses.insert(id, key);
         // Every new I_T nexus sees POWER ON, RESET, OR BUS DEVICE RESET OCCURRED first, as real
         // disks report it; initiators (libiscsi, Linux) clear it with TEST UNIT READY on login.
-        self.queue_ua(&mut st, id, 0x29, 0x00);
+        self.queue_ua(&mut st, id, asc::POWER_ON_RESET);
     }
 
     pub(crate) fn remove_nexus(&self, id: u64) {
@@ -211,14 +213,14 @@ impl LogicalUnit {
 
     /// LOGICAL UNIT RESET and target resets: drop RESERVE(6/10), restore mode defaults, tell
     /// every session but `except`.
-    pub(crate) fn reset(&self, asc: u8, ascq: u8, clear_pr: bool, except: Option<u64>) {
+    pub(crate) fn reset(&self, code: (u8, u8), clear_pr: bool, except: Option<u64>) {
         let mut st = self.lock();
         st.resv.spc2 = None;
         if clear_pr {
             st.resv.pr.clear_all();
         }
         self.wce.store(self.volatile, Ordering::Release);
-        self.queue_ua_all(&mut st, except, asc, ascq);
+        self.queue_ua_all(&mut st, except, code);
         self.refresh_reserved(&st);
     }
 }

@@ -1,28 +1,10 @@
 //! Persistent reservations (SPC-4 5.9): registrations, the reservation and the conflict rules,
 //! as a plain state machine that returns the unit attentions each change causes.
 
-use crate::sense::Sense;
+use stics_sam::sense::{asc, Sense};
 
-/// Reservation types (SPC-4 table 208).
-pub mod ptype {
-    pub const WRITE_EXCLUSIVE: u8 = 1;
-    pub const EXCLUSIVE_ACCESS: u8 = 3;
-    pub const WRITE_EXCLUSIVE_RO: u8 = 5;
-    pub const EXCLUSIVE_ACCESS_RO: u8 = 6;
-    pub const WRITE_EXCLUSIVE_AR: u8 = 7;
-    pub const EXCLUSIVE_ACCESS_AR: u8 = 8;
-}
-
-/// PERSISTENT RESERVE OUT service actions.
-pub mod sa {
-    pub const REGISTER: u8 = 0;
-    pub const RESERVE: u8 = 1;
-    pub const RELEASE: u8 = 2;
-    pub const CLEAR: u8 = 3;
-    pub const PREEMPT: u8 = 4;
-    pub const PREEMPT_AND_ABORT: u8 = 5;
-    pub const REGISTER_AND_IGNORE: u8 = 6;
-}
+pub use stics_sam::op::pr_out as sa;
+pub use stics_sam::op::pr_type as ptype;
 
 /// The identity of an I_T nexus as reservations see it: initiator port (name + ISID) and target
 /// port group tag. A reinstated session with the same ISID is the same nexus.
@@ -82,6 +64,12 @@ pub struct PrUa {
     pub nexus: NexusKey,
     pub asc: u8,
     pub ascq: u8,
+}
+
+impl PrUa {
+    fn new(nexus: &NexusKey, (asc, ascq): (u8, u8)) -> Self {
+        PrUa { nexus: nexus.clone(), asc, ascq }
+    }
 }
 
 /// Why a PERSISTENT RESERVE OUT failed.
@@ -192,8 +180,8 @@ impl PrState {
         self.generation = self.generation.wrapping_add(1);
     }
 
-    fn others(&self, n: &NexusKey, asc: u8, ascq: u8) -> Vec<PrUa> {
-        self.regs.iter().filter(|r| &r.nexus != n).map(|r| PrUa { nexus: r.nexus.clone(), asc, ascq }).collect()
+    fn others(&self, n: &NexusKey, code: (u8, u8)) -> Vec<PrUa> {
+        self.regs.iter().filter(|r| &r.nexus != n).map(|r| PrUa::new(&r.nexus, code)).collect()
     }
 
     /// Releases the reservation as a side effect of the holder leaving; RO/AR types tell the
@@ -205,7 +193,7 @@ impl PrState {
         if release {
             self.resv = None;
             if is_registrants_only(ptype) {
-                uas.extend(self.others(n, 0x2a, 0x04));
+                uas.extend(self.others(n, asc::RESERVATIONS_RELEASED));
             }
         }
     }
@@ -273,14 +261,14 @@ impl PrState {
                 let t = r.ptype;
                 self.resv = None;
                 if is_registrants_only(t) || is_all_registrants(t) {
-                    uas.extend(self.others(n, 0x2a, 0x04));
+                    uas.extend(self.others(n, asc::RESERVATIONS_RELEASED));
                 }
             }
             sa::CLEAR => {
                 if mine != Some(p.key) {
                     return Err(PrError::Conflict);
                 }
-                uas.extend(self.others(n, 0x2a, 0x03));
+                uas.extend(self.others(n, asc::RESERVATIONS_PREEMPTED));
                 self.regs.clear();
                 self.resv = None;
                 self.generation = self.generation.wrapping_add(1);
@@ -295,13 +283,13 @@ impl PrState {
                 match resv {
                     Some(r) if is_all_registrants(r.ptype) && victim == 0 => {
                         // Preempting an all-registrants reservation with key 0 removes everyone else.
-                        uas.extend(self.others(n, 0x2a, 0x05));
+                        uas.extend(self.others(n, asc::REGISTRATIONS_PREEMPTED));
                         self.regs.retain(|x| &x.nexus == n);
                         self.resv = Some(Reservation { holder: n.clone(), ptype });
                     }
                     Some(r) if !is_all_registrants(r.ptype) && self.key_of(&r.holder) == Some(victim) => {
                         for x in self.regs.iter().filter(|x| x.key == victim && &x.nexus != n) {
-                            uas.push(PrUa { nexus: x.nexus.clone(), asc: 0x2a, ascq: 0x05 });
+                            uas.push(PrUa::new(&x.nexus, asc::REGISTRATIONS_PREEMPTED));
                         }
                         self.regs.retain(|x| x.key != victim || &x.nexus == n);
                         let changed = r.ptype != ptype;
@@ -309,7 +297,7 @@ impl PrState {
                         if changed {
                             let hit: Vec<NexusKey> = uas.iter().map(|u| u.nexus.clone()).collect();
                             for x in self.regs.iter().filter(|x| &x.nexus != n && !hit.contains(&x.nexus)) {
-                                uas.push(PrUa { nexus: x.nexus.clone(), asc: 0x2a, ascq: 0x03 });
+                                uas.push(PrUa::new(&x.nexus, asc::RESERVATIONS_PREEMPTED));
                             }
                         }
                     }
@@ -324,7 +312,7 @@ impl PrState {
                         }
                         for h in &hit {
                             if h != n {
-                                uas.push(PrUa { nexus: h.clone(), asc: 0x2a, ascq: 0x05 });
+                                uas.push(PrUa::new(h, asc::REGISTRATIONS_PREEMPTED));
                             }
                         }
                         self.regs.retain(|x| x.key != victim || &x.nexus == n);

@@ -3,6 +3,9 @@
 
 use std::sync::atomic::Ordering;
 
+use stics_sam::data::DIRECT_ACCESS;
+use stics_sam::op::{self, mode_page, pr_in, pr_out, vpd as page};
+
 use crate::lu::LogicalUnit;
 use crate::Nexus;
 
@@ -25,7 +28,7 @@ fn pad(s: &str, n: usize) -> Vec<u8> {
 /// Standard INQUIRY data for a present LU.
 pub fn standard_inquiry(lu: &LogicalUnit) -> Vec<u8> {
     let mut v = vec![0u8; 74];
-    v[0] = 0x00; // connected, direct access block device
+    v[0] = DIRECT_ACCESS; // connected
     v[2] = 0x06; // SPC-4
     v[3] = 0x12; // HISUP, response data format 2
     v[4] = (v.len() - 5) as u8;
@@ -51,7 +54,14 @@ pub fn missing_lun_inquiry() -> Vec<u8> {
 }
 
 /// VPD pages we serve, ascending.
-pub const VPD_PAGES: [u8; 6] = [0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2];
+pub const VPD_PAGES: [u8; 6] = [
+    page::SUPPORTED_PAGES,
+    page::UNIT_SERIAL_NUMBER,
+    page::DEVICE_IDENTIFICATION,
+    page::BLOCK_LIMITS,
+    page::BLOCK_DEVICE_CHARACTERISTICS,
+    page::LOGICAL_BLOCK_PROVISIONING,
+];
 
 fn vpd(page: u8, body: Vec<u8>) -> Vec<u8> {
     let mut v = Vec::with_capacity(4 + body.len());
@@ -78,12 +88,12 @@ fn scsi_name(s: &str) -> Vec<u8> {
 }
 
 /// One VPD page, or None when the page is not supported.
-pub fn vpd_page(lu: &LogicalUnit, nexus: &Nexus, page: u8) -> Option<Vec<u8>> {
+pub fn vpd_page(lu: &LogicalUnit, nexus: &Nexus, code: u8) -> Option<Vec<u8>> {
     let bs = lu.geo.block_size.max(1);
-    Some(match page {
-        0x00 => vpd(0x00, VPD_PAGES.to_vec()),
-        0x80 => vpd(0x80, lu.cfg.serial.bytes().filter(|b| (0x20..0x7f).contains(b)).collect()),
-        0x83 => {
+    Some(match code {
+        page::SUPPORTED_PAGES => vpd(code, VPD_PAGES.to_vec()),
+        page::UNIT_SERIAL_NUMBER => vpd(code, lu.cfg.serial.bytes().filter(|b| (0x20..0x7f).contains(b)).collect()),
+        page::DEVICE_IDENTIFICATION => {
             let naa = if lu.cfg.naa_id >> 60 == 0 { lu.cfg.naa_id | (0x5 << 60) } else { lu.cfg.naa_id };
             let mut body = designator(0x01, 0x03, &naa.to_be_bytes());
             let mut t10 = pad(&lu.cfg.vendor, 8);
@@ -98,9 +108,9 @@ pub fn vpd_page(lu: &LogicalUnit, nexus: &Nexus, page: u8) -> Option<Vec<u8>> {
                 // And of the target device.
                 body.extend(designator(0x53, 0xa8, &scsi_name(&nexus.target_name)));
             }
-            vpd(0x83, body)
+            vpd(code, body)
         }
-        0xb0 => {
+        page::BLOCK_LIMITS => {
             let mut b = vec![0u8; 0x3c];
             // WSNZ = 0: a WRITE SAME of 0 blocks runs to the end of the medium.
             b[1] = MAX_CAW_BLOCKS;
@@ -114,20 +124,20 @@ pub fn vpd_page(lu: &LogicalUnit, nexus: &Nexus, page: u8) -> Option<Vec<u8>> {
                 b[24..28].copy_from_slice(&(1u32 << lu.cfg.lbppbe.min(16)).to_be_bytes());
             }
             b[32..40].copy_from_slice(&MAX_WRITE_SAME_BLOCKS.to_be_bytes());
-            vpd(0xb0, b)
+            vpd(code, b)
         }
-        0xb1 => {
+        page::BLOCK_DEVICE_CHARACTERISTICS => {
             let mut b = vec![0u8; 0x3c];
             b[0..2].copy_from_slice(&1u16.to_be_bytes()); // non-rotating medium
-            vpd(0xb1, b)
+            vpd(code, b)
         }
-        0xb2 => {
+        page::LOGICAL_BLOCK_PROVISIONING => {
             let mut b = vec![0u8; 4];
             if lu.discard {
                 b[1] = 0x80 | 0x40 | 0x20 | 0x04; // LBPU, LBPWS, LBPWS10, LBPRZ
                 b[2] = 0x02; // thin provisioned
             }
-            vpd(0xb2, b)
+            vpd(code, b)
         }
         _ => return None,
     })
@@ -155,20 +165,27 @@ pub fn read_capacity16(lu: &LogicalUnit) -> Vec<u8> {
 }
 
 /// Mode page codes we implement, in the order MODE SENSE returns them for 3Fh.
-pub const MODE_PAGES: [u8; 5] = [0x01, 0x02, 0x08, 0x0a, 0x1c];
+pub const MODE_PAGES: [u8; 5] = [
+    mode_page::READ_WRITE_ERROR_RECOVERY,
+    mode_page::DISCONNECT_RECONNECT,
+    mode_page::CACHING,
+    mode_page::CONTROL,
+    mode_page::INFORMATIONAL_EXCEPTIONS,
+];
 
 /// Page control values of MODE SENSE.
 pub const PC_CURRENT: u8 = 0;
 pub const PC_CHANGEABLE: u8 = 1;
 pub const PC_DEFAULT: u8 = 2;
+pub const PC_SAVED: u8 = 3;
 
 /// One mode page (with its two-byte header) for a page control.
 pub fn mode_page(lu: &LogicalUnit, page: u8, pc: u8) -> Option<Vec<u8>> {
     let changeable = pc == PC_CHANGEABLE;
     let mut v = match page {
-        0x01 => vec![0x01, 0x0a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-        0x02 => vec![0x02, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-        0x08 => {
+        mode_page::READ_WRITE_ERROR_RECOVERY => vec![0x01, 0x0a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        mode_page::DISCONNECT_RECONNECT => vec![0x02, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        mode_page::CACHING => {
             let mut p = vec![0u8; 20];
             p[0] = 0x08;
             p[1] = 0x12;
@@ -183,7 +200,7 @@ pub fn mode_page(lu: &LogicalUnit, page: u8, pc: u8) -> Option<Vec<u8>> {
             }
             p
         }
-        0x0a => {
+        mode_page::CONTROL => {
             let mut p = vec![0u8; 12];
             p[0] = 0x0a;
             p[1] = 0x0a;
@@ -193,10 +210,10 @@ pub fn mode_page(lu: &LogicalUnit, page: u8, pc: u8) -> Option<Vec<u8>> {
             }
             p
         }
-        0x1c => vec![0x1c, 0x0a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        mode_page::INFORMATIONAL_EXCEPTIONS => vec![0x1c, 0x0a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         _ => return None,
     };
-    if changeable && page != 0x08 {
+    if changeable && page != mode_page::CACHING {
         // Nothing but WCE is changeable; the masks are all zero.
         for b in v.iter_mut().skip(2) {
             *b = 0;
@@ -222,69 +239,69 @@ const F: u8 = 0xff;
 
 /// Every command we implement with its CDB usage bitmap.
 pub static OPS: &[OpInfo] = &[
-    op!(0x00, [0, 0, 0, 0, 0x07]),
-    op!(0x03, [0x01, 0, 0, F, 0x07]),
-    op!(0x08, [0x1f, F, F, F, 0x07]),
-    op!(0x0a, [0x1f, F, F, F, 0x07]),
-    op!(0x12, [0x01, F, F, F, 0x07]),
-    op!(0x15, [0x11, 0, 0, F, 0x07]),
-    op!(0x16, [0, 0, 0, 0, 0x07]),
-    op!(0x17, [0, 0, 0, 0, 0x07]),
-    op!(0x1a, [0x08, F, F, F, 0x07]),
-    op!(0x1b, [0x01, 0, 0x0f, 0xf3, 0x07]),
-    op!(0x1c, [0x01, F, F, F, 0x07]),
-    op!(0x1d, [0x04, 0, F, F, 0x07]),
-    op!(0x1e, [0, 0, 0, 0x03, 0x07]),
-    op!(0x25, [0, F, F, F, F, 0, 0, 0x01, 0x07]),
-    op!(0x28, [0x18, F, F, F, F, 0x1f, F, F, 0x07]),
-    op!(0x2a, [0x1a, F, F, F, F, 0x1f, F, F, 0x07]),
-    op!(0x2e, [0x12, F, F, F, F, 0x1f, F, F, 0x07]),
-    op!(0x2f, [0x12, F, F, F, F, 0x1f, F, F, 0x07]),
-    op!(0x34, [0x02, F, F, F, F, 0x1f, F, F, 0x07]),
-    op!(0x35, [0x02, F, F, F, F, 0x1f, F, F, 0x07]),
-    op!(0x37, [0, 0x1f, 0, 0, 0, 0, F, F, 0x07]),
-    op!(0x41, [0x08, F, F, F, F, 0x1f, F, F, 0x07]),
-    op!(0x42, [0, 0, 0, 0, 0, 0x1f, F, F, 0x07]),
-    op!(0x4d, [0x03, F, F, 0, 0, 0, F, F, 0x07]),
-    op!(0x55, [0x11, 0, 0, 0, 0, 0, F, F, 0x07]),
-    op!(0x56, [0, 0, 0, 0, 0, 0, 0, 0, 0x07]),
-    op!(0x57, [0, 0, 0, 0, 0, 0, 0, 0, 0x07]),
-    op!(0x5a, [0x18, F, F, 0, 0, 0, F, F, 0x07]),
-    op!(0x5e, 0x00, [0x1f, 0, 0, 0, 0, 0, F, F, 0x07]),
-    op!(0x5e, 0x01, [0x1f, 0, 0, 0, 0, 0, F, F, 0x07]),
-    op!(0x5e, 0x02, [0x1f, 0, 0, 0, 0, 0, F, F, 0x07]),
-    op!(0x5e, 0x03, [0x1f, 0, 0, 0, 0, 0, F, F, 0x07]),
-    op!(0x5f, 0x00, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
-    op!(0x5f, 0x01, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
-    op!(0x5f, 0x02, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
-    op!(0x5f, 0x03, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
-    op!(0x5f, 0x04, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
-    op!(0x5f, 0x05, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
-    op!(0x5f, 0x06, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
-    op!(0x88, [0x18, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
-    op!(0x89, [0x18, F, F, F, F, F, F, F, F, 0, 0, 0, F, 0x1f, 0x07]),
-    op!(0x8a, [0x1a, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
-    op!(0x8b, [0x18, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
-    op!(0x8e, [0x12, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
-    op!(0x8f, [0x12, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
-    op!(0x90, [0x02, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
-    op!(0x91, [0x02, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
-    op!(0x93, [0x09, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
-    op!(0x9e, 0x10, [0x1f, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0x07]),
-    op!(0x9e, 0x12, [0x1f, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0x07]),
-    op!(0xa0, [0, F, 0, 0, 0, F, F, F, F, 0, 0x07]),
-    op!(0xa3, 0x0c, [0x1f, 0x87, F, F, F, F, F, F, F, 0, 0x07]),
-    op!(0xa3, 0x0d, [0x1f, 0x80, 0, 0, 0, F, F, F, F, 0, 0x07]),
-    op!(0xa8, [0x18, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
-    op!(0xaa, [0x1a, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
-    op!(0xae, [0x12, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
-    op!(0xaf, [0x12, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
-    op!(0xb7, [0x1f, 0, 0, 0, 0, F, F, F, F, 0, 0x07]),
+    op!(op::TEST_UNIT_READY, [0, 0, 0, 0, 0x07]),
+    op!(op::REQUEST_SENSE, [0x01, 0, 0, F, 0x07]),
+    op!(op::READ_6, [0x1f, F, F, F, 0x07]),
+    op!(op::WRITE_6, [0x1f, F, F, F, 0x07]),
+    op!(op::INQUIRY, [0x01, F, F, F, 0x07]),
+    op!(op::MODE_SELECT_6, [0x11, 0, 0, F, 0x07]),
+    op!(op::RESERVE_6, [0, 0, 0, 0, 0x07]),
+    op!(op::RELEASE_6, [0, 0, 0, 0, 0x07]),
+    op!(op::MODE_SENSE_6, [0x08, F, F, F, 0x07]),
+    op!(op::START_STOP_UNIT, [0x01, 0, 0x0f, 0xf3, 0x07]),
+    op!(op::RECEIVE_DIAGNOSTIC, [0x01, F, F, F, 0x07]),
+    op!(op::SEND_DIAGNOSTIC, [0x04, 0, F, F, 0x07]),
+    op!(op::PREVENT_ALLOW, [0, 0, 0, 0x03, 0x07]),
+    op!(op::READ_CAPACITY_10, [0, F, F, F, F, 0, 0, 0x01, 0x07]),
+    op!(op::READ_10, [0x18, F, F, F, F, 0x1f, F, F, 0x07]),
+    op!(op::WRITE_10, [0x1a, F, F, F, F, 0x1f, F, F, 0x07]),
+    op!(op::WRITE_VERIFY_10, [0x12, F, F, F, F, 0x1f, F, F, 0x07]),
+    op!(op::VERIFY_10, [0x12, F, F, F, F, 0x1f, F, F, 0x07]),
+    op!(op::PRE_FETCH_10, [0x02, F, F, F, F, 0x1f, F, F, 0x07]),
+    op!(op::SYNC_CACHE_10, [0x02, F, F, F, F, 0x1f, F, F, 0x07]),
+    op!(op::READ_DEFECT_DATA_10, [0, 0x1f, 0, 0, 0, 0, F, F, 0x07]),
+    op!(op::WRITE_SAME_10, [0x08, F, F, F, F, 0x1f, F, F, 0x07]),
+    op!(op::UNMAP, [0, 0, 0, 0, 0, 0x1f, F, F, 0x07]),
+    op!(op::LOG_SENSE, [0x03, F, F, 0, 0, 0, F, F, 0x07]),
+    op!(op::MODE_SELECT_10, [0x11, 0, 0, 0, 0, 0, F, F, 0x07]),
+    op!(op::RESERVE_10, [0, 0, 0, 0, 0, 0, 0, 0, 0x07]),
+    op!(op::RELEASE_10, [0, 0, 0, 0, 0, 0, 0, 0, 0x07]),
+    op!(op::MODE_SENSE_10, [0x18, F, F, 0, 0, 0, F, F, 0x07]),
+    op!(op::PR_IN, pr_in::READ_KEYS, [0x1f, 0, 0, 0, 0, 0, F, F, 0x07]),
+    op!(op::PR_IN, pr_in::READ_RESERVATION, [0x1f, 0, 0, 0, 0, 0, F, F, 0x07]),
+    op!(op::PR_IN, pr_in::REPORT_CAPABILITIES, [0x1f, 0, 0, 0, 0, 0, F, F, 0x07]),
+    op!(op::PR_IN, pr_in::READ_FULL_STATUS, [0x1f, 0, 0, 0, 0, 0, F, F, 0x07]),
+    op!(op::PR_OUT, pr_out::REGISTER, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
+    op!(op::PR_OUT, pr_out::RESERVE, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
+    op!(op::PR_OUT, pr_out::RELEASE, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
+    op!(op::PR_OUT, pr_out::CLEAR, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
+    op!(op::PR_OUT, pr_out::PREEMPT, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
+    op!(op::PR_OUT, pr_out::PREEMPT_AND_ABORT, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
+    op!(op::PR_OUT, pr_out::REGISTER_AND_IGNORE, [0x1f, F, 0, 0, F, F, F, F, 0x07]),
+    op!(op::READ_16, [0x18, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(op::COMPARE_AND_WRITE, [0x18, F, F, F, F, F, F, F, F, 0, 0, 0, F, 0x1f, 0x07]),
+    op!(op::WRITE_16, [0x1a, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(op::ORWRITE_16, [0x18, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(op::WRITE_VERIFY_16, [0x12, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(op::VERIFY_16, [0x12, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(op::PRE_FETCH_16, [0x02, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(op::SYNC_CACHE_16, [0x02, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(op::WRITE_SAME_16, [0x09, F, F, F, F, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(op::SERVICE_ACTION_IN_16, op::SA_READ_CAPACITY_16, [0x1f, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0x07]),
+    op!(op::SERVICE_ACTION_IN_16, op::SA_GET_LBA_STATUS, [0x1f, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0x07]),
+    op!(op::REPORT_LUNS, [0, F, 0, 0, 0, F, F, F, F, 0, 0x07]),
+    op!(op::MAINTENANCE_IN, op::SA_REPORT_SUPPORTED_OPCODES, [0x1f, 0x87, F, F, F, F, F, F, F, 0, 0x07]),
+    op!(op::MAINTENANCE_IN, op::SA_REPORT_SUPPORTED_TMFS, [0x1f, 0x80, 0, 0, 0, F, F, F, F, 0, 0x07]),
+    op!(op::READ_12, [0x18, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(op::WRITE_12, [0x1a, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(op::WRITE_VERIFY_12, [0x12, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(op::VERIFY_12, [0x12, F, F, F, F, F, F, F, F, 0x1f, 0x07]),
+    op!(op::READ_DEFECT_DATA_12, [0x1f, 0, 0, 0, 0, F, F, F, F, 0, 0x07]),
 ];
 
 /// Commands not offered on this LU (UNMAP without discard support).
 pub fn op_supported(lu: &LogicalUnit, o: &OpInfo) -> bool {
-    o.opcode != 0x42 || lu.discard
+    o.opcode != op::UNMAP || lu.discard
 }
 
 /// The command timeouts descriptor (12 bytes; no timeouts are given).

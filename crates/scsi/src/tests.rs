@@ -676,3 +676,55 @@ proptest! {
         prop_assert_eq!(r.status == 2, r.sense.is_some());
     }
 }
+
+#[tokio::test]
+async fn initiator_builders_and_parsers_agree_with_the_emulation() {
+    use stics_sam::{cdb as build, data, op, status};
+    let d = mem_device();
+    let n = nexus(1);
+    let lu_dev = d.lu(0).expect("LUN 0").dev().clone();
+    d.nexus_added(&n);
+    // The first command reports the power-on unit attention, parsed like any sense data.
+    let r = run(&d, &n, &build::test_unit_ready(), 0, &[]).await;
+    let ua = r.sense.as_deref().and_then(Sense::parse);
+    assert_eq!(ua, Some(Sense::unit_attention(sense::asc::POWER_ON_RESET)));
+
+    let r = run(&d, &n, &build::read_capacity16(32), 32, &[]).await;
+    let cap = data::parse_capacity16(&r.data_in).expect("READ CAPACITY(16) data");
+    assert_eq!((cap.block_size, cap.num_blocks, cap.thin), (BS, NB, lu_dev.supports_discard()));
+    let r = run(&d, &n, &build::read_capacity10(), 8, &[]).await;
+    assert_eq!(data::parse_capacity10(&r.data_in).map(|c| (c.block_size, c.num_blocks)), Some((BS, NB)));
+
+    let r = run(&d, &n, &build::inquiry(96), 96, &[]).await;
+    let inq = data::parse_inquiry(&r.data_in).expect("INQUIRY data");
+    assert_eq!((inq.qualifier, inq.device_type), (0, data::DIRECT_ACCESS));
+    assert_eq!((inq.vendor.as_str(), inq.product.as_str()), ("STICS", "VIRTUAL-DISK"));
+    let r = run(&d, &n, &build::report_luns(64), 64, &[]).await;
+    assert_eq!(data::parse_report_luns(&r.data_in), vec![0]);
+    let r = run(&d, &n, &build::mode_sense6(op::mode_page::CACHING, 64), 64, &[]).await;
+    assert_eq!(data::parse_wce(&r.data_in), Some(lu_dev.volatile_cache()));
+
+    let r = run(&d, &n, &build::inquiry_vpd(op::vpd::BLOCK_LIMITS, 64), 64, &[]).await;
+    let bl = data::parse_block_limits(&r.data_in).expect("Block Limits VPD");
+    assert_eq!(bl.max_write_same, spc::MAX_WRITE_SAME_BLOCKS);
+    let r = run(&d, &n, &build::inquiry_vpd(op::vpd::LOGICAL_BLOCK_PROVISIONING, 64), 64, &[]).await;
+    assert_eq!(data::parse_unmap_supported(&r.data_in), Some(lu_dev.supports_discard()));
+
+    let block = vec![0xa5u8; BS as usize];
+    let r = run(&d, &n, &build::write16(8, 1, true), BS, &block).await;
+    assert_eq!(r.status, status::GOOD);
+    let r = run(&d, &n, &build::read16(8, 1), BS, &[]).await;
+    assert_eq!((r.status, &r.data_in[..]), (status::GOOD, &block[..]));
+    let r = run(&d, &n, &build::write_same16(16, 4), BS, &block).await;
+    assert_eq!(r.status, status::GOOD);
+    let r = run(&d, &n, &build::synchronize_cache10(), 0, &[]).await;
+    assert_eq!(r.status, status::GOOD);
+    let r = run(&d, &n, &build::read16(NB, 1), BS, &[]).await;
+    assert_eq!(r.status, status::CHECK_CONDITION);
+    assert_eq!(r.sense.as_deref().and_then(Sense::parse), Some(Sense::lba_out_of_range()));
+    if lu_dev.supports_discard() {
+        let params = data::unmap_parameters(&[(16, 4)]);
+        let r = run(&d, &n, &build::unmap(1), params.len() as u32, &params).await;
+        assert_eq!(r.status, status::GOOD);
+    }
+}

@@ -13,10 +13,12 @@ pub mod digest;
 pub mod frame;
 pub mod keepalive;
 pub mod keys;
-pub mod lun;
 pub mod pdu;
 pub mod serial;
 pub mod text;
+
+/// The 8-byte LUN field; SAM defines it, so it lives with the other SCSI facts.
+pub use stics_sam::lun;
 
 pub use frame::{check, encode, parse, DecodeError, Digests, FrameError};
 pub use pdu::*;

@@ -1,64 +1,8 @@
-//! A pure decoder from CDB bytes to a typed command; it never panics and does no I/O.
+//! The CDB codec: a pure decoder from CDB bytes to a typed command (it never panics and does no
+//! I/O), and beside it the builders of the CDBs an initiator sends.
 
+pub use crate::op;
 use crate::sense::Sense;
-
-/// Operation codes this crate knows.
-pub mod op {
-    pub const TEST_UNIT_READY: u8 = 0x00;
-    pub const REQUEST_SENSE: u8 = 0x03;
-    pub const READ_6: u8 = 0x08;
-    pub const WRITE_6: u8 = 0x0a;
-    pub const INQUIRY: u8 = 0x12;
-    pub const MODE_SELECT_6: u8 = 0x15;
-    pub const RESERVE_6: u8 = 0x16;
-    pub const RELEASE_6: u8 = 0x17;
-    pub const MODE_SENSE_6: u8 = 0x1a;
-    pub const START_STOP_UNIT: u8 = 0x1b;
-    pub const RECEIVE_DIAGNOSTIC: u8 = 0x1c;
-    pub const SEND_DIAGNOSTIC: u8 = 0x1d;
-    pub const PREVENT_ALLOW: u8 = 0x1e;
-    pub const READ_CAPACITY_10: u8 = 0x25;
-    pub const READ_10: u8 = 0x28;
-    pub const WRITE_10: u8 = 0x2a;
-    pub const WRITE_VERIFY_10: u8 = 0x2e;
-    pub const VERIFY_10: u8 = 0x2f;
-    pub const PRE_FETCH_10: u8 = 0x34;
-    pub const SYNC_CACHE_10: u8 = 0x35;
-    pub const READ_DEFECT_DATA_10: u8 = 0x37;
-    pub const WRITE_SAME_10: u8 = 0x41;
-    pub const UNMAP: u8 = 0x42;
-    pub const LOG_SENSE: u8 = 0x4d;
-    pub const MODE_SELECT_10: u8 = 0x55;
-    pub const RESERVE_10: u8 = 0x56;
-    pub const RELEASE_10: u8 = 0x57;
-    pub const MODE_SENSE_10: u8 = 0x5a;
-    pub const PR_IN: u8 = 0x5e;
-    pub const PR_OUT: u8 = 0x5f;
-    pub const READ_16: u8 = 0x88;
-    pub const COMPARE_AND_WRITE: u8 = 0x89;
-    pub const WRITE_16: u8 = 0x8a;
-    pub const ORWRITE_16: u8 = 0x8b;
-    pub const WRITE_VERIFY_16: u8 = 0x8e;
-    pub const VERIFY_16: u8 = 0x8f;
-    pub const PRE_FETCH_16: u8 = 0x90;
-    pub const SYNC_CACHE_16: u8 = 0x91;
-    pub const WRITE_SAME_16: u8 = 0x93;
-    pub const SERVICE_ACTION_IN_16: u8 = 0x9e;
-    pub const REPORT_LUNS: u8 = 0xa0;
-    pub const MAINTENANCE_IN: u8 = 0xa3;
-    pub const READ_12: u8 = 0xa8;
-    pub const WRITE_12: u8 = 0xaa;
-    pub const WRITE_VERIFY_12: u8 = 0xae;
-    pub const VERIFY_12: u8 = 0xaf;
-    pub const READ_DEFECT_DATA_12: u8 = 0xb7;
-
-    /// SERVICE ACTION IN(16) service actions.
-    pub const SA_READ_CAPACITY_16: u8 = 0x10;
-    pub const SA_GET_LBA_STATUS: u8 = 0x12;
-    /// MAINTENANCE IN service actions.
-    pub const SA_REPORT_SUPPORTED_OPCODES: u8 = 0x0c;
-    pub const SA_REPORT_SUPPORTED_TMFS: u8 = 0x0d;
-}
 
 /// Why a CDB could not be decoded; each maps to one sense condition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -104,6 +48,34 @@ pub struct Rw {
     pub form: RwForm,
 }
 
+/// The fields of WRITE SAME(10/16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteSame {
+    pub lba: u64,
+    /// Zero means "to the end of the medium" (WSNZ = 0).
+    pub blocks: u32,
+    pub unmap: bool,
+    pub anchor: bool,
+    /// No data-out buffer: the block is zeros (16-byte form only).
+    pub ndob: bool,
+    pub sixteen: bool,
+}
+
+/// The fields of MODE SENSE(6/10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModeSense {
+    pub ten: bool,
+    /// Disable block descriptors.
+    pub dbd: bool,
+    /// Long LBA block descriptors (10-byte form only).
+    pub llbaa: bool,
+    /// Page control: 0 current, 1 changeable, 2 default, 3 saved.
+    pub pc: u8,
+    pub page: u8,
+    pub subpage: u8,
+    pub alloc: u32,
+}
+
 /// A decoded command with its fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cdb {
@@ -146,14 +118,7 @@ pub enum Cdb {
         blocks: u8,
         fua: bool,
     },
-    WriteSame {
-        lba: u64,
-        blocks: u32,
-        unmap: bool,
-        anchor: bool,
-        ndob: bool,
-        sixteen: bool,
-    },
+    WriteSame(WriteSame),
     Unmap {
         anchor: bool,
         param_len: u32,
@@ -168,15 +133,7 @@ pub enum Cdb {
         blocks: u32,
         immed: bool,
     },
-    ModeSense {
-        ten: bool,
-        dbd: bool,
-        llbaa: bool,
-        pc: u8,
-        page: u8,
-        subpage: u8,
-        alloc: u32,
-    },
+    ModeSense(ModeSense),
     ModeSelect {
         ten: bool,
         pf: bool,
@@ -263,7 +220,7 @@ impl Cdb {
                 | Cdb::Verify { bytchk: true, .. }
                 | Cdb::OrWrite(_)
                 | Cdb::CompareAndWrite { .. }
-                | Cdb::WriteSame { .. }
+                | Cdb::WriteSame(_)
                 | Cdb::Unmap { .. }
                 | Cdb::ModeSelect { .. }
                 | Cdb::PrOut { .. }
@@ -419,7 +376,7 @@ pub fn decode_cdb(cdb: &[u8]) -> Result<Cdb, CdbError> {
                 // LBDATA and PBDATA (obsolete) are not supported.
                 return Err(invalid(1, Some(if f.bit(1, 2) { 2 } else { 1 })));
             }
-            Cdb::WriteSame { lba, blocks, unmap: f.bit(1, 3), anchor: f.bit(1, 4), ndob, sixteen }
+            Cdb::WriteSame(WriteSame { lba, blocks, unmap: f.bit(1, 3), anchor: f.bit(1, 4), ndob, sixteen })
         }
         UNMAP => Cdb::Unmap { anchor: f.bit(1, 0), param_len: u32::from(f.u16(7)) },
         SYNC_CACHE_10 => Cdb::SyncCache { lba: u64::from(f.u32(2)), blocks: u32::from(f.u16(7)), immed: f.bit(1, 1) },
@@ -428,7 +385,7 @@ pub fn decode_cdb(cdb: &[u8]) -> Result<Cdb, CdbError> {
         PRE_FETCH_16 => Cdb::PreFetch { lba: f.u64(2), blocks: f.u32(10), immed: f.bit(1, 1) },
         MODE_SENSE_6 | MODE_SENSE_10 => {
             let ten = opcode == MODE_SENSE_10;
-            Cdb::ModeSense {
+            Cdb::ModeSense(ModeSense {
                 ten,
                 dbd: f.bit(1, 3),
                 llbaa: ten && f.bit(1, 4),
@@ -436,7 +393,7 @@ pub fn decode_cdb(cdb: &[u8]) -> Result<Cdb, CdbError> {
                 page: f.u8(2) & 0x3f,
                 subpage: f.u8(3),
                 alloc: if ten { u32::from(f.u16(7)) } else { u32::from(f.u8(4)) },
-            }
+            })
         }
         MODE_SELECT_6 | MODE_SELECT_10 => {
             let ten = opcode == MODE_SELECT_10;
@@ -504,6 +461,100 @@ pub fn decode_cdb(cdb: &[u8]) -> Result<Cdb, CdbError> {
         _ => return Err(CdbError::InvalidOpcode { opcode }),
     };
     Ok(c)
+}
+
+/// A zeroed CDB of the 16 bytes an iSCSI header carries, with its operation code.
+fn cdb16(opcode: u8) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = opcode;
+    c
+}
+
+fn rw16(opcode: u8, lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
+    let mut c = cdb16(opcode);
+    c[1] = if fua { 0x08 } else { 0 };
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+/// READ(16) of `blocks` blocks at `lba`.
+pub fn read16(lba: u64, blocks: u32) -> [u8; 16] {
+    rw16(op::READ_16, lba, blocks, false)
+}
+
+/// WRITE(16); `fua` forces the data to the medium before status.
+pub fn write16(lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
+    rw16(op::WRITE_16, lba, blocks, fua)
+}
+
+/// WRITE SAME(16): the one block of data sent is written to `blocks` blocks from `lba`.
+pub fn write_same16(lba: u64, blocks: u32) -> [u8; 16] {
+    rw16(op::WRITE_SAME_16, lba, blocks, false)
+}
+
+/// SYNCHRONIZE CACHE(10) of the whole medium.
+pub fn synchronize_cache10() -> [u8; 16] {
+    cdb16(op::SYNC_CACHE_10)
+}
+
+/// READ CAPACITY(16) (SERVICE ACTION IN(16)).
+pub fn read_capacity16(alloc: u32) -> [u8; 16] {
+    let mut c = cdb16(op::SERVICE_ACTION_IN_16);
+    c[1] = op::SA_READ_CAPACITY_16;
+    c[10..14].copy_from_slice(&alloc.to_be_bytes());
+    c
+}
+
+/// READ CAPACITY(10).
+pub fn read_capacity10() -> [u8; 16] {
+    cdb16(op::READ_CAPACITY_10)
+}
+
+/// Standard INQUIRY.
+pub fn inquiry(alloc: u16) -> [u8; 16] {
+    let mut c = cdb16(op::INQUIRY);
+    c[3..5].copy_from_slice(&alloc.to_be_bytes());
+    c
+}
+
+/// INQUIRY of vital product data page `page` (see [`op::vpd`]).
+pub fn inquiry_vpd(page: u8, alloc: u16) -> [u8; 16] {
+    let mut c = inquiry(alloc);
+    c[1] = 0x01; // EVPD
+    c[2] = page;
+    c
+}
+
+/// UNMAP with a parameter list of `descriptors` block descriptors
+/// ([`crate::data::unmap_parameters`]).
+pub fn unmap(descriptors: usize) -> [u8; 16] {
+    let mut c = cdb16(op::UNMAP);
+    let len = u16::try_from(descriptors.saturating_mul(16).saturating_add(8)).unwrap_or(u16::MAX);
+    c[7..9].copy_from_slice(&len.to_be_bytes());
+    c
+}
+
+/// REPORT LUNS, all LUNs.
+pub fn report_luns(alloc: u32) -> [u8; 16] {
+    let mut c = cdb16(op::REPORT_LUNS);
+    c[6..10].copy_from_slice(&alloc.to_be_bytes());
+    c
+}
+
+/// MODE SENSE(6) of the current values of `page` (see [`op::mode_page`]), without block
+/// descriptors.
+pub fn mode_sense6(page: u8, alloc: u8) -> [u8; 16] {
+    let mut c = cdb16(op::MODE_SENSE_6);
+    c[1] = 0x08; // DBD
+    c[2] = page & 0x3f;
+    c[4] = alloc;
+    c
+}
+
+/// TEST UNIT READY.
+pub fn test_unit_ready() -> [u8; 16] {
+    cdb16(op::TEST_UNIT_READY)
 }
 
 #[cfg(test)]
@@ -592,6 +643,67 @@ mod tests {
             let mut b = vec![op];
             b.extend(rest);
             let _ = decode_cdb(&b);
+        }
+    }
+
+    #[test]
+    fn read16_layout() {
+        let c = read16(0x0102_0304_0506_0708, 0x10);
+        assert_eq!(c[0], 0x88);
+        assert_eq!(&c[2..10], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(&c[10..14], &[0, 0, 0, 0x10]);
+        assert_eq!(write16(0, 1, true)[1], 0x08);
+    }
+
+    #[test]
+    fn write_same_inquiry_vpd_and_unmap_layout() {
+        let c = write_same16(7, 9);
+        assert_eq!((c[0], c[9], c[13]), (0x93, 7, 9));
+        let v = inquiry_vpd(op::vpd::BLOCK_LIMITS, 64);
+        assert_eq!(&v[..5], &[0x12, 1, 0xb0, 0, 64]);
+        let c = unmap(2);
+        assert_eq!((c[0], c[7], c[8]), (0x42, 0, 40));
+    }
+
+    #[test]
+    fn fixed_builders_decode_to_their_commands() {
+        assert_eq!(decode_cdb(&synchronize_cache10()), Ok(Cdb::SyncCache { lba: 0, blocks: 0, immed: false }));
+        assert_eq!(decode_cdb(&read_capacity10()), Ok(Cdb::ReadCapacity10));
+        assert_eq!(decode_cdb(&test_unit_ready()), Ok(Cdb::TestUnitReady));
+    }
+
+    fn rw16_of(lba: u64, blocks: u32, fua: bool) -> Rw {
+        Rw { lba, blocks, fua, dpo: false, form: RwForm::Sixteen }
+    }
+
+    proptest! {
+        #[test]
+        fn read_write_builders_round_trip(lba in any::<u64>(), blocks in any::<u32>(), fua in any::<bool>()) {
+            prop_assert_eq!(decode_cdb(&read16(lba, blocks)), Ok(Cdb::Read(rw16_of(lba, blocks, false))));
+            prop_assert_eq!(decode_cdb(&write16(lba, blocks, fua)), Ok(Cdb::Write(rw16_of(lba, blocks, fua))));
+            let ws = WriteSame { lba, blocks, unmap: false, anchor: false, ndob: false, sixteen: true };
+            prop_assert_eq!(decode_cdb(&write_same16(lba, blocks)), Ok(Cdb::WriteSame(ws)));
+        }
+
+        #[test]
+        fn informational_builders_round_trip(alloc in any::<u32>(), alloc16 in any::<u16>(), page in any::<u8>()) {
+            prop_assert_eq!(decode_cdb(&read_capacity16(alloc)), Ok(Cdb::ReadCapacity16 { alloc }));
+            prop_assert_eq!(decode_cdb(&report_luns(alloc)), Ok(Cdb::ReportLuns { select: 0, alloc }));
+            let alloc = u32::from(alloc16);
+            prop_assert_eq!(decode_cdb(&inquiry(alloc16)), Ok(Cdb::Inquiry { evpd: false, page: 0, alloc }));
+            prop_assert_eq!(decode_cdb(&inquiry_vpd(page, alloc16)), Ok(Cdb::Inquiry { evpd: true, page, alloc }));
+        }
+
+        #[test]
+        fn mode_sense6_round_trips(page in 0u8..0x40, alloc in any::<u8>()) {
+            let want = ModeSense { ten: false, dbd: true, llbaa: false, pc: 0, page, subpage: 0, alloc: u32::from(alloc) };
+            prop_assert_eq!(decode_cdb(&mode_sense6(page, alloc)), Ok(Cdb::ModeSense(want)));
+        }
+
+        #[test]
+        fn unmap_round_trips(n in 0usize..4000) {
+            let param_len = 8 + 16 * n as u32;
+            prop_assert_eq!(decode_cdb(&unmap(n)), Ok(Cdb::Unmap { anchor: false, param_len }));
         }
     }
 }

@@ -25,6 +25,16 @@ pub fn decode(field: u64) -> Option<u64> {
     }
 }
 
+/// The field as the eight bytes REPORT LUNS lists and iSCSI headers carry.
+pub fn to_bytes(lun: u64) -> [u8; 8] {
+    encode(lun).to_be_bytes()
+}
+
+/// [`decode`] of eight bytes, with `u64::MAX` (no such LUN) for fields it cannot resolve.
+pub fn from_bytes(b: [u8; 8]) -> u64 {
+    decode(u64::from_be_bytes(b)).unwrap_or(u64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -40,5 +50,8 @@ mod tests {
         assert_eq!(decode(0x0001_0000_0000_0001), None);
         assert_eq!(decode(0xc000_0000_0000_0000), None);
         assert_eq!(decode(0x0101_0000_0000_0000), None);
+        assert_eq!(to_bytes(300), [0x41, 0x2c, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(from_bytes(to_bytes(300)), 300);
+        assert_eq!(from_bytes([0xc0, 0, 0, 0, 0, 0, 0, 0]), u64::MAX);
     }
 }

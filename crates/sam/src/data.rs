@@ -1,0 +1,215 @@
+//! Parameter data an initiator reads and writes: parsers of the data-in of READ CAPACITY,
+//! INQUIRY and its Block Limits and Logical Block Provisioning VPD pages, REPORT LUNS and
+//! MODE SENSE, and the UNMAP parameter list it sends.
+
+use crate::op::{mode_page, vpd};
+
+/// What the Block Limits VPD page says (0 where the target reports no limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockLimits {
+    /// MAXIMUM UNMAP LBA COUNT.
+    pub max_unmap_blocks: u32,
+    /// MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT.
+    pub max_unmap_descriptors: u32,
+    /// MAXIMUM WRITE SAME LENGTH.
+    pub max_write_same: u64,
+}
+
+/// Parses Block Limits VPD data (SBC-3 6.6.3).
+pub fn parse_block_limits(d: &[u8]) -> Option<BlockLimits> {
+    if *d.get(1)? != vpd::BLOCK_LIMITS {
+        return None;
+    }
+    let u32_at = |i: usize| d.get(i..i + 4).and_then(|b| b.try_into().ok()).map(u32::from_be_bytes);
+    Some(BlockLimits {
+        max_unmap_blocks: u32_at(20)?,
+        max_unmap_descriptors: u32_at(24)?,
+        max_write_same: u64::from_be_bytes(d.get(36..44)?.try_into().ok()?),
+    })
+}
+
+/// LBPU from Logical Block Provisioning VPD data (SBC-3 6.6.4): the target accepts UNMAP.
+pub fn parse_unmap_supported(d: &[u8]) -> Option<bool> {
+    if *d.get(1)? != vpd::LOGICAL_BLOCK_PROVISIONING {
+        return None;
+    }
+    Some(d.get(5)? & 0x80 != 0)
+}
+
+/// UNMAP's parameter list for the given (lba, blocks) ranges (SBC-3 5.28.2).
+pub fn unmap_parameters(ranges: &[(u64, u32)]) -> Vec<u8> {
+    let desc_len = u16::try_from(16 * ranges.len()).unwrap_or(u16::MAX);
+    let mut p = Vec::with_capacity(8 + usize::from(desc_len));
+    p.extend_from_slice(&desc_len.saturating_add(6).to_be_bytes());
+    p.extend_from_slice(&desc_len.to_be_bytes());
+    p.extend_from_slice(&[0; 4]);
+    for &(lba, blocks) in ranges {
+        p.extend_from_slice(&lba.to_be_bytes());
+        p.extend_from_slice(&blocks.to_be_bytes());
+        p.extend_from_slice(&[0; 4]);
+    }
+    p
+}
+
+/// Capacity as READ CAPACITY reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    pub block_size: u32,
+    pub num_blocks: u64,
+    /// LBPME: the LUN is thin-provisioned (blocks can be unmapped).
+    pub thin: bool,
+    /// LBPRZ: unmapped blocks read as zeros.
+    pub unmapped_read_zero: bool,
+}
+
+/// Parses READ CAPACITY(16) data.
+pub fn parse_capacity16(d: &[u8]) -> Option<Capacity> {
+    let last = u64::from_be_bytes(d.get(0..8)?.try_into().ok()?);
+    let bs = u32::from_be_bytes(d.get(8..12)?.try_into().ok()?);
+    let b14 = d.get(14).copied().unwrap_or(0);
+    (bs > 0).then_some(Capacity {
+        block_size: bs,
+        num_blocks: last.checked_add(1)?,
+        thin: b14 & 0x80 != 0,
+        unmapped_read_zero: b14 & 0x40 != 0,
+    })
+}
+
+/// Parses READ CAPACITY(10) data.
+pub fn parse_capacity10(d: &[u8]) -> Option<Capacity> {
+    let last = u32::from_be_bytes(d.get(0..4)?.try_into().ok()?);
+    let bs = u32::from_be_bytes(d.get(4..8)?.try_into().ok()?);
+    (bs > 0).then_some(Capacity {
+        block_size: bs,
+        num_blocks: u64::from(last) + 1,
+        thin: false,
+        unmapped_read_zero: false,
+    })
+}
+
+/// The parts of standard INQUIRY data that listings show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inquiry {
+    pub qualifier: u8,
+    pub device_type: u8,
+    pub vendor: String,
+    pub product: String,
+}
+
+/// Parses standard INQUIRY data.
+pub fn parse_inquiry(d: &[u8]) -> Option<Inquiry> {
+    let b0 = *d.first()?;
+    let text =
+        |r: std::ops::Range<usize>| d.get(r).map(|s| String::from_utf8_lossy(s).trim().to_owned()).unwrap_or_default();
+    Some(Inquiry { qualifier: b0 >> 5, device_type: b0 & 0x1f, vendor: text(8..16), product: text(16..32) })
+}
+
+/// Peripheral device type of a direct-access block device (SBC).
+pub const DIRECT_ACCESS: u8 = 0x00;
+
+/// A peripheral device type's name as iscsi-ls prints it.
+pub fn device_type_name(t: u8) -> &'static str {
+    match t {
+        DIRECT_ACCESS => "DIRECT_ACCESS",
+        0x01 => "SEQUENTIAL_ACCESS",
+        0x05 => "MMC",
+        0x0c => "STORAGE_ARRAY_CONTROLLER",
+        0x0d => "ENCLOSURE_SERVICES",
+        0x1f => "UNKNOWN",
+        _ => "OTHER",
+    }
+}
+
+/// Parses REPORT LUNS data into LUN numbers (entries in an addressing a single-level initiator
+/// cannot read are skipped).
+pub fn parse_report_luns(d: &[u8]) -> Vec<u64> {
+    let Some(len) = d.get(0..4).and_then(|b| b.try_into().ok()).map(u32::from_be_bytes) else {
+        return Vec::new();
+    };
+    d.get(8..)
+        .unwrap_or_default()
+        .chunks_exact(8)
+        .take(len as usize / 8)
+        .filter_map(|c| c.try_into().ok().map(u64::from_be_bytes))
+        .filter_map(crate::lun::decode)
+        .collect()
+}
+
+/// Whether MODE SENSE(6) caching-page data says the write cache is on (WCE).
+pub fn parse_wce(d: &[u8]) -> Option<bool> {
+    let bdl = usize::from(*d.get(3)?);
+    let page = d.get(4 + bdl..)?;
+    if page.first()? & 0x3f != mode_page::CACHING {
+        return None;
+    }
+    Some(page.get(2)? & 0x04 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_parsers() {
+        let mut d = [0u8; 32];
+        d[7] = 0xff;
+        d[10] = 0x02;
+        assert_eq!(
+            parse_capacity16(&d),
+            Some(Capacity { block_size: 512, num_blocks: 256, thin: false, unmapped_read_zero: false })
+        );
+        d[14] = 0xc0;
+        assert!(parse_capacity16(&d).is_some_and(|c| c.thin && c.unmapped_read_zero));
+        assert_eq!(parse_capacity16(&d[..5]), None);
+        assert_eq!(
+            parse_capacity10(&[0, 0, 0, 9, 0, 0, 0x10, 0]).map(|c| (c.block_size, c.num_blocks)),
+            Some((4096, 10))
+        );
+        assert_eq!(parse_capacity10(&[0, 0, 0, 9, 0, 0, 0, 0]), None);
+    }
+
+    #[test]
+    fn report_luns_decodes_peripheral_and_flat() {
+        let mut d = vec![0, 0, 0, 16, 0, 0, 0, 0];
+        d.extend_from_slice(&[0, 1, 0, 0, 0, 0, 0, 0]);
+        d.extend_from_slice(&[0x41, 0x2c, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(parse_report_luns(&d), vec![1, 300]);
+        assert_eq!(parse_report_luns(&d[..3]), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn block_limits_and_provisioning() {
+        let mut d = [0u8; 64];
+        d[1] = 0xb0;
+        d[43] = 0x20;
+        d[42] = 0x01;
+        d[23] = 0x80;
+        d[27] = 4;
+        let want = BlockLimits { max_unmap_blocks: 0x80, max_unmap_descriptors: 4, max_write_same: 0x120 };
+        assert_eq!(parse_block_limits(&d), Some(want));
+        assert_eq!(parse_block_limits(&d[..40]), None);
+        d[1] = 0xb1;
+        assert_eq!(parse_block_limits(&d), None);
+        assert_eq!(parse_unmap_supported(&[0, 0xb2, 0, 4, 0, 0x80, 0, 0]), Some(true));
+        assert_eq!(parse_unmap_supported(&[0, 0xb2, 0, 4, 0, 0x40, 0, 0]), Some(false));
+        assert_eq!(parse_unmap_supported(&[0, 0xb0, 0, 4, 0, 0x80]), None);
+    }
+
+    #[test]
+    fn unmap_parameter_list_layout() {
+        // SBC-3 table 95/96: header with both lengths, then 16-byte descriptors.
+        let p = unmap_parameters(&[(0x0102, 8), (0x10, 1)]);
+        assert_eq!(p.len(), 8 + 32);
+        assert_eq!(&p[..4], &[0, 38, 0, 32]);
+        assert_eq!(&p[8..20], &[0, 0, 0, 0, 0, 0, 1, 2, 0, 0, 0, 8]);
+        assert_eq!(&p[24..36], &[0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn wce_from_caching_page() {
+        assert_eq!(parse_wce(&[0x17, 0, 0, 0, 0x08, 0x12, 0x04, 0]), Some(true));
+        assert_eq!(parse_wce(&[0x17, 0, 0, 0, 0x08, 0x12, 0x00, 0]), Some(false));
+        assert_eq!(parse_wce(&[0x17, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0x08, 0x12, 0x04]), Some(true));
+        assert_eq!(parse_wce(&[0x3]), None);
+    }
+}
