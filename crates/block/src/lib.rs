@@ -13,6 +13,7 @@ use bytes::Bytes;
 pub mod file;
 pub mod mem;
 pub mod null;
+pub mod range;
 pub mod spec;
 
 pub use file::FileDev;
