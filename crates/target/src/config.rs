@@ -5,7 +5,7 @@ use std::fmt;
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
-use stics_block::DevSpec;
+use stics_stack::DeviceSpec;
 
 /// The port iSCSI uses (RFC 7143 §13.5 registers 3260).
 pub const DEFAULT_PORT: u16 = 3260;
@@ -114,7 +114,8 @@ pub struct TargetConfig {
     /// TargetAlias sent at login.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alias: Option<String>,
-    /// LUN specs (`mem:SIZE`, `null:SIZE`, `file:PATH[:SIZE]`); LUN n is the n-th.
+    /// LUN specs in the device stack's language (`mem:SIZE`, `null:SIZE`, `file:PATH[:SIZE]`,
+    /// `iscsi://host/IQN/LUN`, see `stics_stack::DeviceSpec`); LUN n is the n-th.
     pub luns: Vec<String>,
     /// One-way CHAP: the initiator must prove it knows this user's secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -248,7 +249,7 @@ impl Config {
                 return Err(invalid(format!("target {} has more than 16384 LUNs", t.iqn)));
             }
             for spec in &t.luns {
-                spec.parse::<DevSpec>().map_err(|e| invalid(format!("target {}: {e}", t.iqn)))?;
+                spec.parse::<DeviceSpec>().map_err(|e| invalid(format!("target {}: bad LUN spec: {e}", t.iqn)))?;
             }
             for (what, cred) in [("chap", &t.chap), ("mutual_chap", &t.mutual_chap)] {
                 if let Some(c) = cred {
