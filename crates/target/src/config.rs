@@ -187,12 +187,22 @@ impl Config {
         Ok(c)
     }
 
-    /// The configuration as TOML with every CHAP secret replaced by `<redacted>`.
+    /// The configuration as TOML with every CHAP secret replaced by `<redacted>` (and those of
+    /// `iscsi://` LUNs by `***`).
     pub fn to_toml_redacted(&self) -> String {
         let mut c = self.clone();
         for t in &mut c.targets {
             for cred in [&mut t.chap, &mut t.mutual_chap].into_iter().flatten() {
                 cred.secret = "<redacted>".into();
+            }
+            for lun in &mut t.luns {
+                // Only specs with secrets are rewritten; the others stay as written.
+                if let Ok(spec) = lun.parse::<DeviceSpec>() {
+                    let redacted = spec.redacted().to_string();
+                    if redacted != spec.to_string() {
+                        *lun = redacted;
+                    }
+                }
             }
         }
         toml::to_string_pretty(&c).unwrap_or_else(|e| format!("# cannot print configuration: {e}\n"))
@@ -314,6 +324,18 @@ mod tests {
         assert!(!printed.contains("secretsecret"));
         assert!(printed.contains("<redacted>"));
         assert!(!format!("{c:?}").contains("secretsecret"));
+    }
+
+    #[test]
+    fn printed_config_hides_the_secrets_of_remote_luns() {
+        let mut c = Config::default();
+        c.targets[0].luns.push("iscsi://u%hush@10.0.0.2/iqn.2024-01.org.x:y/0".into());
+        c.targets[0].luns.push("mem:64M".into());
+        c.validate().unwrap();
+        let printed = c.to_toml_redacted();
+        assert!(!printed.contains("hush"), "{printed}");
+        assert!(printed.contains("\"iscsi://u%***@10.0.0.2:3260/iqn.2024-01.org.x:y/0\""), "{printed}");
+        assert!(printed.contains("\"mem:64M\""), "{printed}");
     }
 
     #[test]
