@@ -14,10 +14,11 @@
 //! 2048 or 4096; 512 when left out). The iSCSI query takes the initiator's `target_user` and
 //! `target_password` (mutual CHAP) and this crate's `sessions=N` and `digests=on|off`.
 //!
-//! A file's `:SIZE` is a size only when it reads as one, so paths may hold `:`; a path whose last
-//! `:` piece reads as a size (or block size) is read that way, so such a path cannot be named
-//! without giving a size, and it prints back differently. Inside a wrapper, arguments are split at
-//! commas outside parentheses: a nested spec may not hold a comma or an unbalanced parenthesis.
+//! A file's trailing `:SIZE` is a size only when it reads as one, so paths may hold `:`; a
+//! trailing `:SIZE:DIGITS` or `::DIGITS` is a size and a block size. A path that ends in such
+//! pieces itself cannot be named, and a `File` spec holding one prints as text that reads
+//! differently. Inside a wrapper, arguments are split at commas outside parentheses: a nested
+//! spec may not hold a comma or an unbalanced parenthesis.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -173,12 +174,8 @@ fn file(rest: &str) -> Result<DeviceSpec, SpecError> {
                     }
                     return Ok(DeviceSpec::File { path: path.into(), size, block_size });
                 }
-                // `PATH:SIZE:DIGITS` means a block size; a path ending so would be perverse.
-                Err(e) if !b.is_empty() && b.bytes().all(|c| c.is_ascii_digit()) && !s.is_empty() => {
-                    if parse_size(b).is_err() {
-                        return Err(e);
-                    }
-                }
+                // `PATH:SIZE:DIGITS` asks for a block size; a path ending so would be perverse.
+                Err(e) if !b.is_empty() && b.bytes().all(|c| c.is_ascii_digit()) => return Err(e),
                 Err(_) => {}
             }
         }
@@ -452,6 +449,8 @@ mod tests {
         assert_eq!(parse("mem:1M:500"), Err(SpecError::BlockSize { piece: "500".into() }));
         assert_eq!(parse("mem:1M:4K"), Err(SpecError::BlockSize { piece: "4K".into() }));
         assert_eq!(parse("file:/x:1G:520"), Err(SpecError::BlockSize { piece: "520".into() }));
+        assert_eq!(parse("file:/x:1G:8192"), Err(SpecError::BlockSize { piece: "8192".into() }));
+        assert_eq!(parse("file:/x::8192"), Err(SpecError::BlockSize { piece: "8192".into() }));
         assert_eq!(parse("mem:1536:4096"), Err(SpecError::NotWholeBlocks { piece: "1536".into(), block_size: 4096 }));
         assert_eq!(
             parse("file:/x:1536:4096"),
