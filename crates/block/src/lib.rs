@@ -13,12 +13,13 @@ use bytes::Bytes;
 pub mod file;
 pub mod mem;
 pub mod null;
-pub mod spec;
+pub mod range;
+pub mod size;
 
 pub use file::FileDev;
 pub use mem::MemDev;
 pub use null::NullDev;
-pub use spec::{open, DevSpec, SpecError};
+pub use size::{parse_size, SizeError, DEFAULT_BLOCK_SIZE};
 
 /// Size and shape of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -121,6 +121,26 @@ impl IscsiUrl {
         let l = self.lun.ok_or_else(|| err("missing LUN (iscsi://host/IQN/LUN)"))?;
         Ok((t, l))
     }
+
+    /// The URL with its secrets, as [`IscsiUrl::parse`] reads it back (the `Display` form
+    /// leaves them out). For configuration files, never for logs.
+    pub fn unredacted(&self) -> String {
+        let mut s = String::from("iscsi://");
+        if let Some(c) = &self.chap {
+            s += &format!("{}%{}@", c.user, c.secret);
+        }
+        s += &format!("{}/", self.portal());
+        if let Some(t) = &self.target {
+            s += t;
+            if let Some(l) = self.lun {
+                s += &format!("/{l}");
+            }
+        }
+        if let Some((u, p)) = self.chap.as_ref().and_then(|c| c.mutual.as_ref()) {
+            s += &format!("?target_user={u}&target_password={p}");
+        }
+        s
+    }
 }
 
 impl fmt::Display for IscsiUrl {
@@ -190,6 +210,22 @@ mod tests {
         assert!(u.require_lun().is_err());
         let u = IscsiUrl::parse("iscsi://[::1]:4000/iqn.x/0").unwrap();
         assert_eq!((u.host.as_str(), u.port, u.portal()), ("::1", 4000, "[::1]:4000".to_owned()));
+    }
+
+    #[test]
+    fn unredacted_urls_parse_back_to_the_same_url() {
+        for text in [
+            "iscsi://alice%s3cret@10.0.0.1:3261/iqn.2024-01.org.example:disk/1",
+            "iscsi://u%p@h/iqn.x/2?target_user=t&target_password=tp",
+            "iscsi://[::1]:4000/iqn.x/0",
+            "iscsi://host",
+            "iscsi://host/iqn.x",
+        ] {
+            let u = IscsiUrl::parse(text).unwrap();
+            assert_eq!(IscsiUrl::parse(&u.unredacted()).unwrap(), u, "{text}");
+        }
+        let u = IscsiUrl::parse("iscsi://u%p@h/iqn.x/2?target_user=t&target_password=tp").unwrap();
+        assert_eq!(u.unredacted(), "iscsi://u%p@h:3260/iqn.x/2?target_user=t&target_password=tp");
     }
 
     #[test]

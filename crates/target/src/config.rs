@@ -5,7 +5,7 @@ use std::fmt;
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
-use stics_block::DevSpec;
+use stics_stack::DeviceSpec;
 
 /// The port iSCSI uses (RFC 7143 §13.5 registers 3260).
 pub const DEFAULT_PORT: u16 = 3260;
@@ -114,7 +114,8 @@ pub struct TargetConfig {
     /// TargetAlias sent at login.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alias: Option<String>,
-    /// LUN specs (`mem:SIZE`, `null:SIZE`, `file:PATH[:SIZE]`); LUN n is the n-th.
+    /// LUN specs in the device stack's language (`mem:SIZE`, `null:SIZE`, `file:PATH[:SIZE]`,
+    /// `iscsi://host/IQN/LUN`, see `stics_stack::DeviceSpec`); LUN n is the n-th.
     pub luns: Vec<String>,
     /// One-way CHAP: the initiator must prove it knows this user's secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -186,12 +187,22 @@ impl Config {
         Ok(c)
     }
 
-    /// The configuration as TOML with every CHAP secret replaced by `<redacted>`.
+    /// The configuration as TOML with every CHAP secret replaced by `<redacted>` (and those of
+    /// `iscsi://` LUNs by `***`).
     pub fn to_toml_redacted(&self) -> String {
         let mut c = self.clone();
         for t in &mut c.targets {
             for cred in [&mut t.chap, &mut t.mutual_chap].into_iter().flatten() {
                 cred.secret = "<redacted>".into();
+            }
+            for lun in &mut t.luns {
+                // Only specs with secrets are rewritten; the others stay as written.
+                if let Ok(spec) = lun.parse::<DeviceSpec>() {
+                    let redacted = spec.redacted().to_string();
+                    if redacted != spec.to_string() {
+                        *lun = redacted;
+                    }
+                }
             }
         }
         toml::to_string_pretty(&c).unwrap_or_else(|e| format!("# cannot print configuration: {e}\n"))
@@ -248,7 +259,7 @@ impl Config {
                 return Err(invalid(format!("target {} has more than 16384 LUNs", t.iqn)));
             }
             for spec in &t.luns {
-                spec.parse::<DevSpec>().map_err(|e| invalid(format!("target {}: {e}", t.iqn)))?;
+                spec.parse::<DeviceSpec>().map_err(|e| invalid(format!("target {}: bad LUN spec: {e}", t.iqn)))?;
             }
             for (what, cred) in [("chap", &t.chap), ("mutual_chap", &t.mutual_chap)] {
                 if let Some(c) = cred {
@@ -313,6 +324,18 @@ mod tests {
         assert!(!printed.contains("secretsecret"));
         assert!(printed.contains("<redacted>"));
         assert!(!format!("{c:?}").contains("secretsecret"));
+    }
+
+    #[test]
+    fn printed_config_hides_the_secrets_of_remote_luns() {
+        let mut c = Config::default();
+        c.targets[0].luns.push("iscsi://u%hush@10.0.0.2/iqn.2024-01.org.x:y/0".into());
+        c.targets[0].luns.push("mem:64M".into());
+        c.validate().unwrap();
+        let printed = c.to_toml_redacted();
+        assert!(!printed.contains("hush"), "{printed}");
+        assert!(printed.contains("\"iscsi://u%***@10.0.0.2:3260/iqn.2024-01.org.x:y/0\""), "{printed}");
+        assert!(printed.contains("\"mem:64M\""), "{printed}");
     }
 
     #[test]

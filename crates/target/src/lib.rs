@@ -43,7 +43,7 @@ pub enum TargetError {
     Config(ConfigError),
     /// A LUN's backing device could not be opened.
     #[error("target {iqn} LUN {lun}: {error}")]
-    Device { iqn: String, lun: usize, error: stics_block::SpecError },
+    Device { iqn: String, lun: usize, error: stics_stack::OpenError },
     /// A listen address could not be bound.
     #[error("cannot listen on {addr}: {error}")]
     Bind { addr: std::net::SocketAddr, error: std::io::Error },

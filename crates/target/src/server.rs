@@ -9,11 +9,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use stics_scsi::{Device, LogicalUnit, LuConfig};
+use stics_stack::{DeviceSpec, OpenContext};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::config::{Config, Limits};
+use crate::config::{Config, ConfigError, Limits};
 use crate::conn::SessionHandle;
 use crate::login::{Policy, TargetAuth};
 use crate::registry::{Registry, SessionCtl};
@@ -53,6 +54,8 @@ impl Shared {
 pub struct Server {
     listeners: Vec<TcpListener>,
     shared: Arc<Shared>,
+    /// What opened the LUNs; closed (remote LUNs logged out of) after the last session ends.
+    devices: OpenContext,
 }
 
 /// A stable 64-bit identifier per (target, LUN), for NAA and serial numbers.
@@ -69,14 +72,20 @@ fn lun_id(iqn: &str, lun: usize) -> u64 {
 impl Server {
     /// Validates `config`, opens every LUN and binds every listen address.
     pub async fn bind(config: &Config) -> Result<Server, TargetError> {
+        Server::bind_with(config, OpenContext::default()).await
+    }
+
+    /// [`Server::bind`] with LUNs opened in `devices` (how `iscsi://` LUNs log in).
+    pub async fn bind_with(config: &Config, devices: OpenContext) -> Result<Server, TargetError> {
         config.validate()?;
         let mut targets = Vec::new();
         let mut auths = Vec::new();
         for t in &config.targets {
             let mut luns = Vec::new();
             for (i, spec) in t.luns.iter().enumerate() {
-                let parsed = spec.parse().map_err(|error| TargetError::Device { iqn: t.iqn.clone(), lun: i, error })?;
-                let dev = stics_block::open(&parsed).map_err(|error| TargetError::Device {
+                let parsed: DeviceSpec =
+                    spec.parse().map_err(|e| ConfigError::Invalid(format!("target {}: {e}", t.iqn)))?;
+                let dev = stics_stack::open(&parsed, &devices).await.map_err(|error| TargetError::Device {
                     iqn: t.iqn.clone(),
                     lun: i,
                     error,
@@ -117,7 +126,7 @@ impl Server {
             task_sets: Mutex::new(HashMap::new()),
             limits,
         });
-        Ok(Server { listeners, shared })
+        Ok(Server { listeners, shared, devices })
     }
 
     /// The addresses actually bound (useful with port 0).
@@ -127,7 +136,7 @@ impl Server {
 
     /// Serves until `shutdown` resolves, then ends every session and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), TargetError> {
-        let Server { listeners, shared } = self;
+        let Server { listeners, shared, devices } = self;
         let connections = Arc::new(Semaphore::new(shared.limits.max_connections));
         let mut conns = JoinSet::new();
         let mut accepts = JoinSet::new();
@@ -181,6 +190,7 @@ impl Server {
         if tokio::time::timeout(Duration::from_secs(5), drain).await.is_err() {
             conns.abort_all();
         }
+        devices.close().await;
         Ok(())
     }
 }

@@ -1,5 +1,5 @@
-//! `stics mount URL FILE`: exposes a remote LUN as a regular file through FUSE, so that
-//! `mkfs.ext4 FILE && mount -o loop FILE DIR` gives a file system on remote storage.
+//! `stics mount SPEC FILE`: exposes a device (usually a remote LUN, `iscsi://...`) as a regular
+//! file through FUSE, so that `mkfs.ext4 FILE && mount -o loop FILE DIR` gives a file system on it.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
@@ -7,17 +7,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use stics_block::BlockDev;
-use stics_initiator::{IscsiUrl, Lun, LunOptions};
+use stics_initiator::LunOptions;
+use stics_stack::{DeviceSpec, OpenContext};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Device URL: iscsi://[user[%secret]@]host[:port]/IQN/LUN (mutual CHAP:
-    /// ?target_user=U&target_password=P).
+    /// Device: iscsi://[user[%secret]@]host[:port]/IQN/LUN (mutual CHAP:
+    /// ?target_user=U&target_password=P), or any device spec (mem:SIZE, file:PATH[:SIZE], ...).
     pub url: String,
     /// Regular file to mount the LUN over; created (and removed afterwards) when missing.
     pub file: PathBuf,
-    /// iSCSI sessions to open; commands are spread over them.
+    /// iSCSI sessions to open per remote LUN; commands are spread over them.
     #[arg(long, default_value_t = 1)]
     pub sessions: usize,
     /// Ask for CRC32C header and data digests.
@@ -53,7 +53,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     super::logging::init("info");
-    let url = IscsiUrl::parse(&args.url)?;
+    let spec: DeviceSpec = args.url.parse()?;
     let mut opts = LunOptions { sessions: args.sessions.max(1), ..LunOptions::default() };
     if let Some(n) = &args.initiator_name {
         opts.config.initiator_name = n.clone();
@@ -67,9 +67,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         0 | 1 => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
         n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build()?,
     };
-    let lun = Arc::new(rt.block_on(Lun::open(&url, &opts)).with_context(|| format!("opening {url}"))?);
-    let g = lun.geometry();
-    if let Some(s) = lun.sessions().first() {
+    let devices = OpenContext::new(opts);
+    let dev =
+        rt.block_on(stics_stack::open(&spec, &devices)).with_context(|| format!("opening {}", spec.redacted()))?;
+    let g = dev.geometry();
+    let remote = devices.remote_luns();
+    if let Some(s) = remote.first().and_then(|lun| lun.sessions().first()) {
         let p = s.params();
         tracing::info!(
             immediate_data = p.immediate_data,
@@ -79,7 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             max_send_segment = p.max_xmit_data_segment_length,
             header_digest = p.header_digest,
             data_digest = p.data_digest,
-            write_cache = lun.volatile_cache(),
+            write_cache = dev.volatile_cache(),
             "session parameters"
         );
     }
@@ -92,20 +95,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let export = stics_fuse::ExportOptions {
         threads: args.threads.max(1),
         read_only: args.read_only,
-        fsname: format!("stics:{url}"),
+        fsname: format!("stics:{}", spec.redacted()),
     };
-    let dev: Arc<dyn BlockDev> = lun.clone();
-    let mut mounted = match stics_fuse::mount(dev, rt.handle().clone(), &args.file, &export) {
+    let mut mounted = match stics_fuse::mount(Arc::clone(&dev), rt.handle().clone(), &args.file, &export) {
         Ok(m) => m,
         Err(e) => {
             if created {
                 let _ = std::fs::remove_file(&args.file);
             }
-            rt.block_on(lun.close());
+            rt.block_on(devices.close());
             return Err(e.into());
         }
     };
-    tracing::info!(file = %args.file.display(), bytes = g.bytes(), block_size = g.block_size, "LUN exported");
+    tracing::info!(file = %args.file.display(), bytes = g.bytes(), block_size = g.block_size, "device exported");
     let signalled = rt.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate())?;
@@ -139,7 +141,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         s.zeroings.load(Relaxed),
     );
     let joined = mounted.join();
-    rt.block_on(lun.close());
+    rt.block_on(devices.close());
     if created {
         let _ = std::fs::remove_file(&args.file);
     }
@@ -147,8 +149,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!(
             "fuse reads      {r:>14}\nfuse writes     {w:>14}\nread-mod-writes {rmw:>14}\nfuse flushes    {f:>14}\nfuse zeroings   {z:>14}"
         );
-        eprintln!("flushes skipped {:>14}", lun.flushes_skipped());
-        eprintln!("{}", lun.counters());
+        for lun in &remote {
+            eprintln!("flushes skipped {:>14}", lun.flushes_skipped());
+            eprintln!("{}", lun.counters());
+        }
     }
     joined.context("FUSE request loop")?;
     Ok(())

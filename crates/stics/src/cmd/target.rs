@@ -22,8 +22,10 @@ pub struct Args {
     pub iqn: Option<String>,
 
     /// A LUN, numbered from 0 in the order given: mem:SIZE, null:SIZE (reads zeros, drops
-    /// writes) or file:PATH[:SIZE] (created at SIZE if missing; block devices work too).
-    /// Default: one mem:1GiB LUN when there is no config file.
+    /// writes), file:PATH[:SIZE] (created at SIZE if missing; block devices work too) or
+    /// iscsi://[user[%secret]@]host[:port]/IQN/LUN (a LUN of another target, served through);
+    /// :BLOCK after a size sets the block size (mem:1GiB:4096). Default: one mem:1GiB LUN when
+    /// there is no config file.
     #[arg(long, value_name = "SPEC")]
     pub lun: Vec<String>,
 

@@ -1,0 +1,18 @@
+//! The device stack: one spec language and one [`open`] for every stics block device, nested.
+//!
+//! A [`DeviceSpec`] names a device as text (`mem:1GiB`, `file:/srv/a.img:10G:4096`,
+//! `iscsi://host/IQN/0`, and wrappers around any of them, `NAME(SPEC, KEY=VALUE, ...)`);
+//! [`open`] builds it, inner devices first, as an `Arc<dyn BlockDev>`. The target serves what it
+//! returns over iSCSI and `stics mount` exports it through FUSE; neither knows the backends.
+//!
+//! **Architecture Invariant:** the only place that turns text into devices: it knows every
+//! backend's constructor and nothing about who exports them.
+
+#![forbid(unsafe_code)]
+
+mod open;
+mod spec;
+mod syntax;
+
+pub use open::{open, OpenContext, OpenError};
+pub use spec::{DeviceSpec, IscsiOptions, Layer, LayerArgs, Redacted, SpecError, LAYERS, MAX_SESSIONS};

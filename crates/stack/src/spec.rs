@@ -1,0 +1,614 @@
+//! Device specs: the text that names a block device, parsed into a typed, recursive
+//! [`DeviceSpec`] and printed back so that the printed text parses to the same spec.
+//!
+//! ```text
+//! spec    = leaf | wrapper
+//! leaf    = "mem:" SIZE [":" BLOCK]            RAM
+//!         | "null:" SIZE [":" BLOCK]           reads zeros, drops writes
+//!         | "file:" PATH [":" [SIZE] ":" BLOCK] | "file:" PATH [":" SIZE]
+//!         | "iscsi://" [user ["%" secret] "@"] host [":" port] "/" IQN "/" LUN ["?" query]
+//! wrapper = NAME "(" spec { "," KEY "=" VALUE } ")"
+//! ```
+//!
+//! SIZE is bytes or a binary suffix (`1GiB`, `64M`), BLOCK the logical block size (512, 1024,
+//! 2048 or 4096; 512 when left out). The iSCSI query takes the initiator's `target_user` and
+//! `target_password` (mutual CHAP) and this crate's `sessions=N` and `digests=on|off`.
+//!
+//! A file's trailing `:SIZE` is a size only when it reads as one, so paths may hold `:`; a
+//! trailing `:SIZE:DIGITS` or `::DIGITS` is a size and a block size. A path that ends in such
+//! pieces itself cannot be named, and a `File` spec holding one prints as text that reads
+//! differently. Inside a wrapper, arguments are split at commas outside parentheses: a nested
+//! spec may not hold a comma or an unbalanced parenthesis.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use stics_block::DEFAULT_BLOCK_SIZE;
+use stics_initiator::{IscsiUrl, UrlError};
+
+use crate::syntax;
+
+/// The leaf kinds, for error messages.
+const KINDS: &str = "mem, null, file, iscsi";
+
+/// A block device as a spec names it. Wrappers hold the spec of the device they wrap, so a spec
+/// is a tree whose leaves are backends and remote LUNs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// RAM: `size` bytes in blocks of `block_size`.
+    Mem { size: u64, block_size: u32 },
+    /// Reads zeros, drops writes: `size` bytes in blocks of `block_size`.
+    Null { size: u64, block_size: u32 },
+    /// A regular file (created at `size` if missing) or a block-device node; without a size the
+    /// file's length counts.
+    File { path: PathBuf, size: Option<u64>, block_size: u32 },
+    /// A LUN of a remote iSCSI target; its geometry is the target's.
+    Iscsi { url: IscsiUrl, options: IscsiOptions },
+    /// A device that wraps another one.
+    Layer(Layer),
+}
+
+/// Per-device overrides of the initiator settings in [`crate::OpenContext`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IscsiOptions {
+    /// Sessions to open to the LUN (`sessions=N`).
+    pub sessions: Option<usize>,
+    /// CRC32C header and data digests (`digests=on|off`).
+    pub digests: Option<bool>,
+}
+
+/// The most sessions one spec may ask for.
+pub const MAX_SESSIONS: usize = 64;
+
+/// Devices that wrap another device: `NAME(SPEC, KEY=VALUE, ...)`.
+///
+/// None is built in yet. A wrapper is added as a variant holding its typed arguments and a
+/// `Box<DeviceSpec>` of the device it wraps (e.g. `Cache { inner, log: PathBuf, mode }` for
+/// `cache(<spec>, log=PATH, mode=log)`), its name in [`LAYERS`], its parse in `Layer::from_call`
+/// (with [`LayerArgs`] doing the common part), its text in `Layer::write`, and its constructor
+/// in [`crate::open`], which opens the inner spec first. Callers of `parse` and `open` do not change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layer {}
+
+/// The names of the wrappers, for error messages.
+pub const LAYERS: &[&str] = &[];
+
+/// Why a spec was refused; each names the piece of text at fault (with secrets hidden).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpecError {
+    /// Nothing to parse.
+    #[error("empty device spec")]
+    Empty,
+    /// Neither `KIND:ARGS` nor `NAME(...)`.
+    #[error(
+        "bad device spec {text:?}: expected mem:SIZE[:BLOCK], null:SIZE[:BLOCK], file:PATH[:SIZE[:BLOCK]], \
+         iscsi://[user[%secret]@]host[:port]/IQN/LUN or WRAPPER(SPEC, KEY=VALUE, ...)"
+    )]
+    Syntax { text: String },
+    /// `KIND:` with a kind that is not a backend.
+    #[error("unknown device kind {kind:?} (known: {KINDS})")]
+    UnknownKind { kind: String },
+    /// `NAME(` with a name that is not a wrapper.
+    #[error("unknown wrapper {kind:?} (known: {})", if LAYERS.is_empty() { "none yet".to_owned() } else { LAYERS.join(", ") })]
+    UnknownLayer { kind: String },
+    /// A parenthesis without its partner; `at` is the byte offset of the one at fault.
+    #[error("unbalanced parentheses in {text:?}: {problem} (byte {at})")]
+    Unbalanced { text: String, at: usize, problem: &'static str },
+    /// Text after a wrapper's closing parenthesis.
+    #[error("unexpected {rest:?} after the closing ')' of {text:?}")]
+    Trailing { text: String, rest: String },
+    /// A size that does not parse; the message is the size parser's.
+    #[error("{message}")]
+    Size { piece: String, message: String },
+    /// A block size other than 512, 1024, 2048 or 4096.
+    #[error("bad block size {piece:?}: use 512, 1024, 2048 or 4096")]
+    BlockSize { piece: String },
+    /// A size that is not a whole number of blocks.
+    #[error("size {piece:?} is not a whole number of {block_size}-byte blocks")]
+    NotWholeBlocks { piece: String, block_size: u32 },
+    /// `file:` without a path.
+    #[error("file: needs a path (file:PATH[:SIZE[:BLOCK]])")]
+    MissingPath,
+    /// The iSCSI URL is malformed or names no LUN (the initiator's parser says why).
+    #[error(transparent)]
+    Url(#[from] UrlError),
+    /// A `sessions=` or `digests=` query argument with a bad value.
+    #[error("bad iSCSI option {piece:?}: {reason}")]
+    IscsiOption { piece: String, reason: &'static str },
+    /// A wrapper argument that is not `KEY=VALUE`, or a wrapper without the spec it wraps.
+    #[error("bad argument {piece:?} of {kind}(...): {reason}")]
+    LayerArg { kind: String, piece: String, reason: &'static str },
+}
+
+/// Every size in a spec is read here, so that the size syntax lives in one place.
+fn parse_size(piece: &str) -> Result<u64, SpecError> {
+    stics_block::parse_size(piece).map_err(|e| SpecError::Size { piece: piece.to_owned(), message: e.to_string() })
+}
+
+/// Reads a logical block size.
+fn parse_block_size(piece: &str) -> Result<u32, SpecError> {
+    match piece.parse::<u32>() {
+        Ok(bs) if valid_block_size(bs) => Ok(bs),
+        _ => Err(SpecError::BlockSize { piece: piece.to_owned() }),
+    }
+}
+
+/// Block sizes the backends and the SCSI layer serve.
+pub(crate) fn valid_block_size(bs: u32) -> bool {
+    bs.is_power_of_two() && (512..=4096).contains(&bs)
+}
+
+/// Checks that `size` (written as `piece`) is a whole number of `block_size` blocks.
+fn whole_blocks(size: u64, block_size: u32, piece: &str) -> Result<u64, SpecError> {
+    if size.is_multiple_of(u64::from(block_size)) {
+        Ok(size)
+    } else {
+        Err(SpecError::NotWholeBlocks { piece: piece.to_owned(), block_size })
+    }
+}
+
+/// `SIZE[:BLOCK]` of `mem:` and `null:`.
+fn sized(rest: &str) -> Result<(u64, u32), SpecError> {
+    let (size_piece, block_size) = match rest.split_once(':') {
+        Some((s, b)) => (s, parse_block_size(b)?),
+        None => (rest, DEFAULT_BLOCK_SIZE),
+    };
+    Ok((whole_blocks(parse_size(size_piece)?, block_size, size_piece)?, block_size))
+}
+
+/// `PATH`, `PATH:SIZE`, `PATH:SIZE:BLOCK` or `PATH::BLOCK` of `file:`.
+fn file(rest: &str) -> Result<DeviceSpec, SpecError> {
+    if rest.is_empty() {
+        return Err(SpecError::MissingPath);
+    }
+    let mut pieces = rest.rsplitn(3, ':');
+    if let (Some(b), Some(s), Some(path)) = (pieces.next(), pieces.next(), pieces.next()) {
+        let size = if s.is_empty() { Some(None) } else { parse_size(s).ok().map(Some) };
+        if let (false, Some(size)) = (path.is_empty(), size) {
+            match parse_block_size(b) {
+                Ok(block_size) => {
+                    if let Some(n) = size {
+                        whole_blocks(n, block_size, s)?;
+                    }
+                    return Ok(DeviceSpec::File { path: path.into(), size, block_size });
+                }
+                // `PATH:SIZE:DIGITS` asks for a block size; a path ending so would be perverse.
+                Err(e) if !b.is_empty() && b.bytes().all(|c| c.is_ascii_digit()) => return Err(e),
+                Err(_) => {}
+            }
+        }
+    }
+    // A trailing `:SIZE` is a size only if it parses as one, so paths may hold ':'.
+    if let Some((path, s)) = rest.rsplit_once(':') {
+        if let Ok(size) = parse_size(s) {
+            return Ok(DeviceSpec::File { path: path.into(), size: Some(size), block_size: DEFAULT_BLOCK_SIZE });
+        }
+    }
+    Ok(DeviceSpec::File { path: rest.into(), size: None, block_size: DEFAULT_BLOCK_SIZE })
+}
+
+/// An `iscsi://` URL with this crate's query arguments taken out before the initiator's parser
+/// reads the rest.
+fn iscsi(text: &str) -> Result<DeviceSpec, SpecError> {
+    let mut options = IscsiOptions::default();
+    let url = match text.split_once('?') {
+        None => IscsiUrl::parse(text)?,
+        Some((base, query)) => {
+            let mut rest = Vec::new();
+            for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+                let bad = |reason| SpecError::IscsiOption { piece: kv.to_owned(), reason };
+                match kv.split_once('=') {
+                    Some(("sessions", v)) => {
+                        let n = v.parse::<usize>().ok().filter(|n| (1..=MAX_SESSIONS).contains(n));
+                        options.sessions = Some(n.ok_or_else(|| bad("sessions is a number from 1 to 64"))?);
+                    }
+                    Some(("digests", v)) => {
+                        options.digests = Some(match v {
+                            "on" => true,
+                            "off" => false,
+                            _ => return Err(bad("digests is on or off")),
+                        });
+                    }
+                    _ => rest.push(kv),
+                }
+            }
+            if rest.is_empty() {
+                IscsiUrl::parse(base)?
+            } else {
+                IscsiUrl::parse(&format!("{base}?{}", rest.join("&")))?
+            }
+        }
+    };
+    url.require_lun()?;
+    Ok(DeviceSpec::Iscsi { url, options })
+}
+
+impl FromStr for DeviceSpec {
+    type Err = SpecError;
+
+    fn from_str(text: &str) -> Result<Self, SpecError> {
+        if text.is_empty() {
+            return Err(SpecError::Empty);
+        }
+        match syntax::kind(text) {
+            ("", _) | (_, None) => Err(SpecError::Syntax { text: redact(text) }),
+            ("iscsi", Some(':')) => iscsi(text),
+            (kind, Some(':')) => {
+                let rest = &text[kind.len() + 1..];
+                match kind {
+                    "mem" => sized(rest).map(|(size, block_size)| DeviceSpec::Mem { size, block_size }),
+                    "null" => sized(rest).map(|(size, block_size)| DeviceSpec::Null { size, block_size }),
+                    "file" => file(rest),
+                    _ => Err(SpecError::UnknownKind { kind: kind.to_owned() }),
+                }
+            }
+            (_, Some('(')) => Layer::from_call(syntax::call(text)?).map(DeviceSpec::Layer),
+            _ => Err(SpecError::Syntax { text: redact(text) }),
+        }
+    }
+}
+
+/// The common part of a wrapper's arguments: the spec it wraps, then `KEY=VALUE` options in the
+/// order given. Each wrapper checks its own keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerArgs {
+    pub inner: DeviceSpec,
+    pub options: Vec<(String, String)>,
+}
+
+impl LayerArgs {
+    #[cfg_attr(not(test), expect(dead_code, reason = "used by the first wrapper"))]
+    pub(crate) fn parse(call: &syntax::Call<'_>) -> Result<LayerArgs, SpecError> {
+        let bad =
+            |piece: &str, reason| SpecError::LayerArg { kind: call.name.to_owned(), piece: redact(piece), reason };
+        let (first, rest) = call.args.split_first().ok_or_else(|| bad("", "the spec it wraps comes first"))?;
+        if first.is_empty() {
+            return Err(bad(first, "the spec it wraps comes first"));
+        }
+        let inner = first.parse()?;
+        let options = rest
+            .iter()
+            .map(|kv| match kv.split_once('=') {
+                Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.trim().to_owned())),
+                _ => Err(bad(kv, "expected KEY=VALUE")),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(LayerArgs { inner, options })
+    }
+}
+
+impl Layer {
+    fn from_call(call: syntax::Call<'_>) -> Result<Layer, SpecError> {
+        Err(SpecError::UnknownLayer { kind: call.name.to_owned() })
+    }
+
+    fn write(&self, _out: &mut String, _secrets: bool) {
+        match *self {}
+    }
+}
+
+/// Bytes in the largest binary unit that divides them exactly.
+fn size_text(bytes: u64) -> String {
+    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+impl DeviceSpec {
+    /// The spec as text with every CHAP secret left out: for logs and mount tables.
+    pub fn redacted(&self) -> Redacted<'_> {
+        Redacted(self)
+    }
+
+    fn write(&self, out: &mut String, secrets: bool) {
+        let block = |out: &mut String, bs: u32| {
+            if bs != DEFAULT_BLOCK_SIZE {
+                *out += &format!(":{bs}");
+            }
+        };
+        match self {
+            DeviceSpec::Mem { size, block_size } => {
+                *out += &format!("mem:{}", size_text(*size));
+                block(out, *block_size);
+            }
+            DeviceSpec::Null { size, block_size } => {
+                *out += &format!("null:{}", size_text(*size));
+                block(out, *block_size);
+            }
+            DeviceSpec::File { path, size, block_size } => {
+                *out += &format!("file:{}", path.display());
+                match size {
+                    Some(s) => *out += &format!(":{}", size_text(*s)),
+                    None if *block_size != DEFAULT_BLOCK_SIZE => *out += ":",
+                    None => {}
+                }
+                block(out, *block_size);
+            }
+            DeviceSpec::Iscsi { url, options } => {
+                *out += &if secrets { url.unredacted() } else { url.to_string() };
+                let IscsiOptions { sessions, digests } = options;
+                let args = sessions
+                    .map(|n| format!("sessions={n}"))
+                    .into_iter()
+                    .chain(digests.map(|d| format!("digests={}", if d { "on" } else { "off" })));
+                for a in args {
+                    out.push(if out.contains('?') { '&' } else { '?' });
+                    *out += &a;
+                }
+            }
+            DeviceSpec::Layer(layer) => layer.write(out, secrets),
+        }
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    /// The spec as [`FromStr`] reads it back, secrets included (see [`DeviceSpec::redacted`]).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = String::new();
+        self.write(&mut s, true);
+        f.write_str(&s)
+    }
+}
+
+/// A [`DeviceSpec`] printed without secrets.
+#[derive(Debug, Clone, Copy)]
+pub struct Redacted<'a>(&'a DeviceSpec);
+
+impl fmt::Display for Redacted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = String::new();
+        self.0.write(&mut s, false);
+        f.write_str(&s)
+    }
+}
+
+/// Hides the secrets of every `iscsi://` URL inside `text`, for error messages.
+pub(crate) fn redact(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("iscsi://") {
+        let (head, tail) = rest.split_at(i + "iscsi://".len());
+        out += head;
+        let end = tail.find(['/', '?']).unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match (authority.find('%'), authority.rfind('@')) {
+            (Some(p), Some(a)) if p < a => out += &format!("{}%***{}", &authority[..p], &authority[a..]),
+            _ => out += authority,
+        }
+        rest = &tail[end..];
+    }
+    out += rest;
+    let mut hidden = String::with_capacity(out.len());
+    let mut rest = out.as_str();
+    const KEY: &str = "target_password=";
+    while let Some(i) = rest.find(KEY) {
+        let (head, tail) = rest.split_at(i + KEY.len());
+        hidden += head;
+        hidden += "***";
+        rest = &tail[tail.find(['&', ',', ')']).unwrap_or(tail.len())..];
+    }
+    hidden += rest;
+    hidden
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn parse(s: &str) -> Result<DeviceSpec, SpecError> {
+        s.parse()
+    }
+
+    fn mem(size: u64) -> DeviceSpec {
+        DeviceSpec::Mem { size, block_size: 512 }
+    }
+
+    fn file(path: &str, size: Option<u64>, block_size: u32) -> DeviceSpec {
+        DeviceSpec::File { path: path.into(), size, block_size }
+    }
+
+    #[test]
+    fn parses_specs() {
+        assert_eq!(parse("mem:1GiB").unwrap(), mem(1 << 30));
+        assert_eq!(parse("null:64M").unwrap(), DeviceSpec::Null { size: 64 << 20, block_size: 512 });
+        assert_eq!(parse("file:/tmp/a.img:1G").unwrap(), file("/tmp/a.img", Some(1 << 30), 512));
+        assert_eq!(parse("file:/dev/loop0").unwrap(), file("/dev/loop0", None, 512));
+        assert!(parse("mem:12").is_err());
+        assert!(parse("mem:").is_err());
+        assert!(parse("disk:1G").is_err());
+        assert!(parse("mem:-1G").is_err());
+        assert!(parse("mem:1Q").is_err());
+    }
+
+    #[test]
+    fn the_old_file_syntax_keeps_its_meaning() {
+        assert_eq!(parse("file:/a:b").unwrap(), file("/a:b", None, 512));
+        assert_eq!(parse("file:/a:b:1M").unwrap(), file("/a:b", Some(1 << 20), 512));
+        assert_eq!(parse("file:/a:x:4096").unwrap(), file("/a:x", Some(4096), 512));
+        assert_eq!(parse("file:rel/x.img:4096").unwrap(), file("rel/x.img", Some(4096), 512));
+        assert_eq!(parse("file::1G").unwrap(), file("", Some(1 << 30), 512));
+        assert_eq!(parse("file: spaced ").unwrap(), file(" spaced ", None, 512));
+        assert_eq!(parse("file:/a(1),b.img").unwrap(), file("/a(1),b.img", None, 512));
+    }
+
+    #[test]
+    fn block_sizes_follow_the_size() {
+        assert_eq!(parse("mem:1GiB:4096").unwrap(), DeviceSpec::Mem { size: 1 << 30, block_size: 4096 });
+        assert_eq!(parse("null:1M:1024").unwrap(), DeviceSpec::Null { size: 1 << 20, block_size: 1024 });
+        assert_eq!(parse("mem:1M:512").unwrap(), mem(1 << 20));
+        assert_eq!(parse("file:/x.img:1G:4096").unwrap(), file("/x.img", Some(1 << 30), 4096));
+        assert_eq!(parse("file:/dev/sdb::4096").unwrap(), file("/dev/sdb", None, 4096));
+        assert_eq!(parse("mem:1M:8192"), Err(SpecError::BlockSize { piece: "8192".into() }));
+        assert_eq!(parse("mem:1M:500"), Err(SpecError::BlockSize { piece: "500".into() }));
+        assert_eq!(parse("mem:1M:4K"), Err(SpecError::BlockSize { piece: "4K".into() }));
+        assert_eq!(parse("file:/x:1G:520"), Err(SpecError::BlockSize { piece: "520".into() }));
+        assert_eq!(parse("file:/x:1G:8192"), Err(SpecError::BlockSize { piece: "8192".into() }));
+        assert_eq!(parse("file:/x::8192"), Err(SpecError::BlockSize { piece: "8192".into() }));
+        assert_eq!(parse("mem:1536:4096"), Err(SpecError::NotWholeBlocks { piece: "1536".into(), block_size: 4096 }));
+        assert_eq!(
+            parse("file:/x:1536:4096"),
+            Err(SpecError::NotWholeBlocks { piece: "1536".into(), block_size: 4096 })
+        );
+    }
+
+    #[test]
+    fn iscsi_urls_are_read_by_the_initiators_parser() {
+        let s = parse("iscsi://u%pw@10.0.0.1:3261/iqn.2024-01.org.example:disk/1").unwrap();
+        let DeviceSpec::Iscsi { url, options } = &s else { panic!("{s:?}") };
+        assert_eq!((url.host.as_str(), url.port, url.lun), ("10.0.0.1", 3261, Some(1)));
+        assert_eq!(url.target.as_deref(), Some("iqn.2024-01.org.example:disk"));
+        assert_eq!(url.chap.as_ref().map(|c| c.secret.as_str()), Some("pw"));
+        assert_eq!(*options, IscsiOptions::default());
+        assert_eq!(s.to_string(), "iscsi://u%pw@10.0.0.1:3261/iqn.2024-01.org.example:disk/1");
+        assert_eq!(s.redacted().to_string(), "iscsi://u%***@10.0.0.1:3261/iqn.2024-01.org.example:disk/1");
+        assert!(!format!("{s:?}").contains("pw@"), "{s:?}");
+
+        let s = parse("iscsi://u%p@h/iqn.x/2?sessions=4&target_user=t&target_password=tp&digests=on").unwrap();
+        let DeviceSpec::Iscsi { url, options } = &s else { panic!("{s:?}") };
+        assert_eq!(*options, IscsiOptions { sessions: Some(4), digests: Some(true) });
+        assert_eq!(url.chap.as_ref().and_then(|c| c.mutual.clone()), Some(("t".into(), "tp".into())));
+        assert_eq!(s.to_string(), "iscsi://u%p@h:3260/iqn.x/2?target_user=t&target_password=tp&sessions=4&digests=on");
+        assert_eq!(s.redacted().to_string(), "iscsi://u%***@h:3260/iqn.x/2?sessions=4&digests=on");
+        assert_eq!(parse("iscsi://h/iqn.x/0?digests=off").unwrap().to_string(), "iscsi://h:3260/iqn.x/0?digests=off");
+    }
+
+    #[test]
+    fn bad_iscsi_specs_say_what_is_wrong_without_secrets() {
+        let e = parse("iscsi://u%hush@h/iqn.x").unwrap_err();
+        assert!(matches!(e, SpecError::Url(_)), "{e:?}");
+        assert!(e.to_string().contains("missing LUN"), "{e}");
+        assert!(!e.to_string().contains("hush"), "{e}");
+        let e = parse("iscsi://u%hush@h/iqn.x/0?sessions=0").unwrap_err();
+        assert_eq!(
+            e,
+            SpecError::IscsiOption { piece: "sessions=0".into(), reason: "sessions is a number from 1 to 64" }
+        );
+        let e = parse("iscsi://h/iqn.x/0?digests=yes").unwrap_err();
+        assert!(e.to_string().contains("\"digests=yes\""), "{e}");
+        let e = parse("iscsi://u%hush@h/iqn.x/0?colour=red").unwrap_err();
+        assert!(e.to_string().contains("unknown query argument"), "{e}");
+        assert!(!e.to_string().contains("hush"), "{e}");
+        assert!(parse("iscsi:/h/iqn.x/0").is_err());
+    }
+
+    #[test]
+    fn errors_name_the_piece_at_fault() {
+        let cases: &[(&str, &str)] = &[
+            ("", "empty device spec"),
+            ("disk:1G", "unknown device kind \"disk\""),
+            ("mem", "bad device spec \"mem\""),
+            ("/dev/sda", "bad device spec \"/dev/sda\""),
+            ("mem:1Q", "bad size \"1Q\""),
+            ("null:12", "bad size \"12\""),
+            ("mem:1G:3000", "bad block size \"3000\""),
+            ("file:", "file: needs a path"),
+            ("cache(mem:1G", "unbalanced parentheses in \"cache(mem:1G\": '(' is never closed (byte 5)"),
+            ("cache(mem:1G))", "unexpected \")\" after the closing ')'"),
+            ("cache(mem:1G, log=/l)", "unknown wrapper \"cache\" (known: none yet)"),
+            ("cache(iscsi://u%hush@h/iqn.x/0", "iscsi://u%***@h/iqn.x/0"),
+        ];
+        for (text, want) in cases {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text:?}: {e}");
+            assert!(!e.contains("hush"), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn wrapper_arguments_are_the_inner_spec_then_options() {
+        let args = |t| LayerArgs::parse(&syntax::call(t).unwrap());
+        assert_eq!(
+            args("cache(mem:1G, log=/var/l.img, mode = log)").unwrap(),
+            LayerArgs {
+                inner: mem(1 << 30),
+                options: vec![("log".into(), "/var/l.img".into()), ("mode".into(), "log".into())]
+            }
+        );
+        assert_eq!(args("cache(file:/a(1).img)").unwrap().inner, file("/a(1).img", None, 512));
+        assert!(matches!(args("cache()"), Err(SpecError::LayerArg { .. })));
+        let e = args("cache(mem:1G, fast)").unwrap_err();
+        assert_eq!(e.to_string(), "bad argument \"fast\" of cache(...): expected KEY=VALUE");
+        assert_eq!(args("cache(mem:1Q)").unwrap_err(), parse("mem:1Q").unwrap_err());
+    }
+
+    #[test]
+    fn redact_hides_every_secret() {
+        assert_eq!(
+            redact("a(iscsi://u%s@h/i/0, iscsi://v%t@[::1]:1/j/1)"),
+            "a(iscsi://u%***@h/i/0, iscsi://v%***@[::1]:1/j/1)"
+        );
+        assert_eq!(
+            redact("iscsi://u%s@h/i/0?target_user=t&target_password=x&sessions=2"),
+            "iscsi://u%***@h/i/0?target_user=t&target_password=***&sessions=2"
+        );
+        assert_eq!(redact("mem:1G"), "mem:1G");
+    }
+
+    fn block_size() -> impl Strategy<Value = u32> {
+        prop_oneof![Just(512u32), Just(1024), Just(2048), Just(4096)]
+    }
+
+    /// Sizes as whole blocks, up to 2^40 blocks (beyond that a byte count is no longer exact in
+    /// the parser's floating point).
+    fn sized() -> impl Strategy<Value = (u64, u32)> {
+        let blocks = prop_oneof![1u64..(1 << 40), (1u64..(1 << 12), 0u32..4).prop_map(|(n, shift)| n << (shift * 10))];
+        (block_size(), blocks).prop_map(|(bs, n)| (n * u64::from(bs), bs))
+    }
+
+    fn spec() -> impl Strategy<Value = DeviceSpec> {
+        // Paths without ':' (see the module docs for paths that hold one).
+        let path = "[a-zA-Z0-9_./ (),-]{1,30}";
+        let name = "[a-z0-9]{1,8}";
+        let secret = "[a-zA-Z0-9%:@._-]{0,12}";
+        prop_oneof![
+            sized().prop_map(|(size, block_size)| DeviceSpec::Mem { size, block_size }),
+            sized().prop_map(|(size, block_size)| DeviceSpec::Null { size, block_size }),
+            (path, proptest::option::of(sized()), block_size()).prop_map(|(p, s, bs)| {
+                let (size, block_size) = match s {
+                    Some((size, block_size)) => (Some(size), block_size),
+                    None => (None, bs),
+                };
+                DeviceSpec::File { path: p.into(), size, block_size }
+            }),
+            (
+                name,
+                proptest::option::of((name, secret)),
+                proptest::option::of((name, "[a-zA-Z0-9._-]{1,12}")),
+                proptest::option::of(any::<u16>()),
+                "iqn\\.2024-01\\.[a-z.]{1,10}:[a-z0-9.-]{1,10}",
+                0u64..16384,
+                proptest::option::of(1usize..=MAX_SESSIONS),
+                proptest::option::of(any::<bool>()),
+            )
+                .prop_map(|(host, chap, mutual, port, target, lun, sessions, digests)| {
+                    let chap = chap.map(|(user, secret)| stics_initiator::Chap {
+                        user,
+                        secret,
+                        mutual: mutual.map(|(u, p)| (u.clone(), p)),
+                    });
+                    let url = IscsiUrl { host, port: port.unwrap_or(3260), target: Some(target), lun: Some(lun), chap };
+                    DeviceSpec::Iscsi { url, options: IscsiOptions { sessions, digests } }
+                }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn printed_specs_parse_back_to_the_same_spec(s in spec()) {
+            let text = s.to_string();
+            prop_assert_eq!(parse(&text).map_err(|e| e.to_string()), Ok(s), "{}", text);
+        }
+
+        #[test]
+        fn any_text_parses_or_fails_without_panicking(t in "\\PC{0,40}") {
+            let _ = parse(&t);
+        }
+    }
+}
