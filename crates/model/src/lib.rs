@@ -4,8 +4,9 @@
 //!
 //! The crate answers sizing questions before a line is bought (what throughput does a 10 ms, 10⁻³-loss
 //! path give a 6 KiB write, how much request traffic can one session carry) and puts a model next to every
-//! measurement of stics. Everything except [`plot`] is pure: numbers in, numbers out, no I/O. The
-//! simulation takes a seed and a progress callback, so it is repeatable and prints nothing itself.
+//! measurement of stics. Everything is pure: numbers in, numbers out, no I/O; tables and plots of the
+//! results are drawn by `stics-report`. The simulation takes a seed and a progress callback, so it is
+//! repeatable and prints nothing itself.
 //!
 //! # Units
 //!
@@ -86,11 +87,8 @@
 pub mod dist;
 pub mod iscsi;
 pub mod latency;
-#[cfg(feature = "plot")]
-pub mod plot;
 pub mod queue;
 pub mod sim;
-pub mod sweep;
 pub mod tcp;
 pub mod units;
 
@@ -130,9 +128,9 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-    /// A figure could not be drawn or written.
-    #[error("plot: {0}")]
-    Plot(String),
+    /// A size, duration, rate or probability could not be read.
+    #[error(transparent)]
+    Units(#[from] stics_units::Error),
 }
 
 /// Result with the model layer's [`Error`].
