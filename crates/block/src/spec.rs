@@ -40,27 +40,12 @@ pub enum SpecError {
     },
 }
 
-/// Parses `1GiB`, `64M`, `4096`, `1.5G` (binary units).
+/// Parses `1GiB`, `64M`, `4096`, `1.5G` (binary) or `1GB` (decimal) as every stics subcommand reads
+/// sizes (`stics_units`); a LUN is also a whole number of 512-byte blocks.
 pub fn parse_size(s: &str) -> Result<u64, SpecError> {
     let err = || SpecError::Size(s.to_owned());
-    let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        _ => return Err(err()),
-    };
-    let v: f64 = num.parse().map_err(|_| err())?;
-    let bytes = v * mult as f64;
-    if !(bytes.is_finite() && bytes >= 1.0 && bytes < 2f64.powi(63)) {
-        return Err(err());
-    }
-    let bytes = bytes as u64;
-    if !bytes.is_multiple_of(u64::from(DEFAULT_BLOCK_SIZE)) {
+    let bytes = stics_units::parse_size(s).map_err(|_| err())?;
+    if bytes == 0 || bytes >= 1 << 63 || !bytes.is_multiple_of(u64::from(DEFAULT_BLOCK_SIZE)) {
         return Err(err());
     }
     Ok(bytes)
