@@ -28,7 +28,7 @@
 //! FirstBurstLength of unsolicited data (default 64 kB) and `b_max` the MaxBurstLength (default 256 kB).
 //! The paper's "kB" is 1024 bytes: its critical loss 4.29·10⁻⁴ only comes out with `W_max = 65536 B`, and
 //! the iSCSI defaults are 65536 and 262144 bytes. So 6 kB = 6144 B and 264 kB = 270336 B here; both give the
-//! paper's N = 1 and N = 2.
+//! paper's N = 1 and N = 2. On the command line these are `6KiB` and `264KiB`: there `6kB` is 6000 B.
 //!
 //! **Eq. (3)** ([`WriteModel::large_request_bound`]): `S/T_write < (1/B + (T_proc + RTT)/b_max)⁻¹` for
 //! `S ≫ b_max`; it is also the limit of eq. (1) for `S → ∞`, which is how the "infinitely large requests"

@@ -159,7 +159,7 @@ fn bar_width(pts: &[(f64, f64)]) -> f64 {
 pub fn draw(fig: &Figure, path: &Path) -> Result<()> {
     font()?;
     let tx = |v: f64, log: bool| if log { v.log10() } else { v };
-    let curves: Vec<(String, Vec<(f64, f64)>, Mark)> = fig
+    let curves: Vec<Series> = fig
         .series
         .iter()
         .map(|s| {
@@ -169,10 +169,10 @@ pub fn draw(fig: &Figure, path: &Path) -> Result<()> {
                 .map(|&(x, y)| (tx(x, fig.log_x), tx(y, fig.log_y)))
                 .filter(|(x, y)| x.is_finite() && y.is_finite())
                 .collect();
-            (s.label.clone(), pts, s.mark)
+            Series { label: s.label.clone(), points: pts, mark: s.mark }
         })
         .collect();
-    let all = || curves.iter().flat_map(|c| c.1.iter().copied());
+    let all = || curves.iter().flat_map(|c| c.points.iter().copied());
     let range = |f: &dyn Fn((f64, f64)) -> f64| {
         let (lo, hi) = all().map(f).fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
         if !lo.is_finite() {
@@ -182,8 +182,12 @@ pub fn draw(fig: &Figure, path: &Path) -> Result<()> {
         Ok((lo - pad, hi + pad))
     };
     let (x0, x1) = range(&|p| p.0)?;
+    // Bars are centred on their x, so the outer ones need half a bar more room.
+    let half_bar =
+        curves.iter().filter(|c| c.mark == Mark::Bars).map(|c| bar_width(&c.points) / 2.0).fold(0.0, f64::max);
+    let (x0, x1) = (x0 - half_bar, x1 + half_bar);
     let (y0, y1) = range(&|p| p.1)?;
-    let bars = curves.iter().any(|c| c.2 == Mark::Bars);
+    let bars = curves.iter().any(|c| c.mark == Mark::Bars);
     // Bars rise from zero, unless the axis is logarithmic and has no zero.
     let y0 = if bars && !fig.log_y { y0.min(0.0) } else { y0 };
     let e = |e: &dyn std::fmt::Display| Error::Plot(format!("{}: {e}", path.display()));
@@ -198,7 +202,7 @@ pub fn draw(fig: &Figure, path: &Path) -> Result<()> {
         .map_err(|x| e(&x))?;
     let (lx, ly) = (fig.log_x, fig.log_y);
     // Rising curves leave the upper left corner empty, falling ones the upper right.
-    let rising = curves.iter().filter_map(|c| Some(c.1.last()?.1 - c.1.first()?.1)).sum::<f64>() > 0.0;
+    let rising = curves.iter().filter_map(|c| Some(c.points.last()?.1 - c.points.first()?.1)).sum::<f64>() > 0.0;
     let corner = if rising { SeriesLabelPosition::UpperLeft } else { SeriesLabelPosition::UpperRight };
     chart
         .configure_mesh()
@@ -210,7 +214,7 @@ pub fn draw(fig: &Figure, path: &Path) -> Result<()> {
         .axis_desc_style(("sans-serif", 16))
         .draw()
         .map_err(|x| e(&x))?;
-    for (i, (label, pts, mark)) in curves.into_iter().enumerate() {
+    for (i, Series { label, points: pts, mark }) in curves.into_iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         let drawn = match mark {
             Mark::Line => chart.draw_series(LineSeries::new(pts, color.stroke_width(2))),
@@ -219,7 +223,8 @@ pub fn draw(fig: &Figure, path: &Path) -> Result<()> {
                 let half = bar_width(&pts) / 2.0;
                 let base = if fig.log_y { y0 } else { 0.0 };
                 chart.draw_series(
-                    pts.into_iter().map(|(x, y)| Rectangle::new([(x - half, base), (x + half, y)], color.filled())),
+                    pts.into_iter()
+                        .map(|(x, y)| Rectangle::new([(x - half, base), (x + half, y)], color.mix(0.6).filled())),
                 )
             }
         };
@@ -227,7 +232,9 @@ pub fn draw(fig: &Figure, path: &Path) -> Result<()> {
         match mark {
             Mark::Line => anno.legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(2))),
             Mark::Points => anno.legend(move |(x, y)| Circle::new((x + 12, y), 3, color.filled())),
-            Mark::Bars => anno.legend(move |(x, y)| Rectangle::new([(x + 4, y - 5), (x + 20, y + 5)], color.filled())),
+            Mark::Bars => {
+                anno.legend(move |(x, y)| Rectangle::new([(x + 4, y - 5), (x + 20, y + 5)], color.mix(0.6).filled()))
+            }
         };
     }
     chart

@@ -22,8 +22,10 @@ Seed 003 (Gauger et al., Broadnets 2005): TCP throughput, single-write time (eqs
 simulation of non-interleaved and interleaved sessions under bursty traffic. Seed 000 (Ng et al., FAST 2002): \
 blocking I/O latency T = T_disk + 2 T_netDelay + T_iSCSI.\n\n\
 Defaults are the papers' parameters. Options that take a comma list (--rtt 0.2ms,2ms,10ms) give one result per \
-value; --sweep NAME=FROM..TO varies one parameter, and --plot FILE.png draws the curves. Units: durations 10ms, \
-500us; sizes 64KiB (= 64k), 6kB (= 6000 B); rates 1gbit, 100mbit, 125MB/s; probabilities 1e-3 or 0.1%."
+value; --sweep NAME=FROM..TO varies one parameter, and --plot FILE.png draws the curves. Units, as every stics \
+command reads them: durations 10ms, 500us; sizes 64KiB (= 64k, powers of 1024 for KiB, MiB, GiB, TiB and k, M, G, \
+T), 6kB (= 6KB = 6000 B, powers of 1000 for kB, MB, GB, TB in any case); rates 1gbit, 100mbit, 125MB/s; \
+probabilities 1e-3 or 0.1%."
 )]
 pub struct Args {
     #[command(subcommand)]
@@ -167,8 +169,8 @@ struct TcpArgs {
 /// Request sizes: one or more fixed sizes or a distribution.
 #[derive(clap::Args)]
 struct SizeArgs {
-    /// Request size S, e.g. 6KiB, 264KiB or inf (write only); comma list allowed. Default: 6KiB for write, the
-    /// shipped seed-003 distribution (mean 6 KiB) for capacity and simulate.
+    /// Request size S, e.g. 6KiB (= 6k = 6144 B; 6kB is 6000 B), 264KiB or inf (write only); comma list allowed.
+    /// Default: 6KiB for write, the shipped seed-003 distribution (mean 6 KiB) for capacity and simulate.
     #[arg(long, value_delimiter = ',', value_parser = parse_size_or_inf, conflicts_with = "size_dist")]
     size: Vec<f64>,
     /// File of "size weight" lines (e.g. "4KiB 0.45"; # comments); `seed003` names the shipped distribution.
