@@ -394,6 +394,7 @@ const B: Column = Column::new("tcp_throughput_bps", "B", "Mbit/s", 1e-6);
 const LIMIT: Column = Column::new("limit", "limit", "", 1.0);
 const MBIT: f64 = 1e-6;
 
+/// Shorthand for the many columns below.
 const fn col(key: &'static str, head: &'static str, unit: &'static str, scale: f64) -> Column {
     Column::new(key, head, unit, scale)
 }
