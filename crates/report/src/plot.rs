@@ -101,7 +101,7 @@ pub struct Figure {
 fn font() -> Result<()> {
     static FONT: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     FONT.get_or_init(|| {
-        let candidates = std::env::var("STICS_PLOT_FONT").into_iter().chain(FONT_PATHS.iter().map(|p| p.to_string()));
+        let candidates = std::env::var("STICS_PLOT_FONT").into_iter().chain(FONT_PATHS.iter().map(ToString::to_string));
         for path in candidates {
             if let Ok(bytes) = std::fs::read(&path) {
                 // The font must outlive every chart, and it is registered once per process.
@@ -126,7 +126,7 @@ fn tick(v: f64, log: bool) -> String {
         return String::new();
     }
     let v = if log { 10f64.powf(v.round()) } else { v };
-    let s = format!("{:.4}", v);
+    let s = format!("{v:.4}");
     if v != 0.0 && (v.abs() >= 1e5 || v.abs() < 1e-3) {
         if log {
             format!("{v:e}")

@@ -59,7 +59,7 @@ impl Grid {
         let (name, range) = spec.split_once('=').ok_or_else(syntax)?;
         let (from, to) = range.split_once("..").ok_or_else(syntax)?;
         let Some(i) = self.axes.iter().position(|a| a.name == name.trim() && a.parse.is_some()) else {
-            let choices: Vec<&str> = self.axes.iter().filter(|a| a.parse.is_some()).map(|a| a.name()).collect();
+            let choices: Vec<&str> = self.axes.iter().filter(|a| a.parse.is_some()).map(Axis::name).collect();
             return Err(Error::NotSweepable { spec: spec.into(), name: name.into(), choices: choices.join(", ") });
         };
         let axis = &mut self.axes[i];

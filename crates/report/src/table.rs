@@ -2,6 +2,7 @@
 //! text table, CSV or JSON at once ([`Table`]) or row by row while they are measured ([`Stream`]).
 
 use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::io::Write;
 
 use serde_json::{Map, Value};
@@ -313,7 +314,7 @@ impl Table {
         if let [row] = self.rows.as_slice() {
             let width = self.columns.iter().map(|c| c.heading().chars().count()).max().unwrap_or(0);
             for (c, cell) in self.columns.iter().zip(&row.cells) {
-                out.push_str(&format!("{:<width$}  {}\n", c.heading(), c.show(cell)));
+                let _ = writeln!(out, "{:<width$}  {}", c.heading(), c.show(cell));
             }
             return out;
         }

@@ -164,7 +164,7 @@ fn a_json_stream_prints_what_the_table_prints_for_several_rows() {
         let mut out = Vec::new();
         let mut s = Stream::new(bench_columns(), Format::Json, &mut out).unwrap();
         for i in 0..rows {
-            s.push(vec![format!("w{i}").into(), 1.0.into(), (i as f64).into()]).unwrap();
+            s.push(vec![format!("w{i}").into(), 1.0.into(), f64::from(i).into()]).unwrap();
         }
         let t = s.finish().unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), t.render(Format::Json).unwrap(), "{rows} rows");

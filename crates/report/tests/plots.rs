@@ -22,11 +22,11 @@ fn png(fig: &Figure) -> Vec<u8> {
 
 #[test]
 fn lines_scatters_and_histograms_draw() {
-    let samples: Vec<f64> = (0..500).map(|i| ((i * 37) % 101) as f64 / 10.0).collect();
+    let samples: Vec<f64> = (0..500).map(|i| f64::from((i * 37) % 101) / 10.0).collect();
     let fig = figure(
         vec![
-            Series::line("line", (1..=10).map(|x| (x as f64, (x * x) as f64)).collect()),
-            Series::scatter("scatter", (1..=10).map(|x| (x as f64, 100.0 / x as f64)).collect()),
+            Series::line("line", (1..=10).map(|x| (f64::from(x), f64::from(x * x))).collect()),
+            Series::scatter("scatter", (1..=10).map(|x| (f64::from(x), 100.0 / f64::from(x))).collect()),
             Series::bars("histogram", histogram(&samples, 10)),
         ],
         false,
