@@ -4,8 +4,9 @@
 //!
 //! The crate answers sizing questions before a line is bought (what throughput does a 10 ms, 10⁻³-loss
 //! path give a 6 KiB write, how much request traffic can one session carry) and puts a model next to every
-//! measurement of stics. Everything except [`plot`] is pure: numbers in, numbers out, no I/O. The
-//! simulation takes a seed and a progress callback, so it is repeatable and prints nothing itself.
+//! measurement of stics. Everything is pure: numbers in, numbers out, no I/O; tables and plots of the
+//! results are drawn by `stics-report`. The simulation takes a seed and a progress callback, so it is
+//! repeatable and prints nothing itself.
 //!
 //! # Units
 //!
@@ -27,7 +28,7 @@
 //! FirstBurstLength of unsolicited data (default 64 kB) and `b_max` the MaxBurstLength (default 256 kB).
 //! The paper's "kB" is 1024 bytes: its critical loss 4.29·10⁻⁴ only comes out with `W_max = 65536 B`, and
 //! the iSCSI defaults are 65536 and 262144 bytes. So 6 kB = 6144 B and 264 kB = 270336 B here; both give the
-//! paper's N = 1 and N = 2.
+//! paper's N = 1 and N = 2. On the command line these are `6KiB` and `264KiB`: there `6kB` is 6000 B.
 //!
 //! **Eq. (3)** ([`WriteModel::large_request_bound`]): `S/T_write < (1/B + (T_proc + RTT)/b_max)⁻¹` for
 //! `S ≫ b_max`; it is also the limit of eq. (1) for `S → ∞`, which is how the "infinitely large requests"
@@ -88,11 +89,8 @@
 pub mod dist;
 pub mod iscsi;
 pub mod latency;
-#[cfg(feature = "plot")]
-pub mod plot;
 pub mod queue;
 pub mod sim;
-pub mod sweep;
 pub mod tcp;
 pub mod units;
 
@@ -132,9 +130,9 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-    /// A figure could not be drawn or written.
-    #[error("plot: {0}")]
-    Plot(String),
+    /// A size, duration, rate or probability could not be read.
+    #[error(transparent)]
+    Units(#[from] stics_units::Error),
 }
 
 /// Result with the model layer's [`Error`].

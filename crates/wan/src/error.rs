@@ -7,6 +7,9 @@ use std::io;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WanError {
+    /// A size, duration, rate or probability could not be read.
+    #[error(transparent)]
+    Units(#[from] stics_units::Error),
     /// A parameter could not be parsed or is out of range.
     #[error("invalid {what} {value:?}: {reason}")]
     Param { what: &'static str, value: String, reason: String },

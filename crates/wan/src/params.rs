@@ -382,96 +382,39 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option
     Option::<u64>::deserialize(d).map(Some)
 }
 
-fn split_number(s: &str) -> (&str, &str) {
-    let s = s.trim();
-    let end = s
-        .char_indices()
-        .find(|&(_, c)| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+'))
-        .map_or(s.len(), |(i, _)| i);
-    // An exponent sign belongs to the number only after an `e`; `5e` alone would be bad anyway.
-    (&s[..end], s[end..].trim())
-}
-
-fn number(what: &'static str, s: &str, num: &str) -> Result<f64> {
-    let v: f64 = num.parse().map_err(|_| WanError::param(what, s, "not a number"))?;
-    if !v.is_finite() || v < 0.0 {
-        return Err(WanError::param(what, s, "must be a finite number >= 0"));
-    }
-    Ok(v)
-}
-
-/// Parses a duration such as `5ms`, `250us`, `1.5ms`, `0.2s`, `0` into nanoseconds.
+/// Parses a duration such as `5ms`, `250us`, `1.5ms`, `0.2s`, `0` into nanoseconds (units as
+/// every stics subcommand reads them, see `stics_units`), at most 10 s.
 pub fn parse_duration(s: &str) -> Result<u64> {
-    let (num, unit) = split_number(s);
-    let v = number("duration", s, num)?;
-    let scale = match unit.to_ascii_lowercase().as_str() {
-        "ns" => 1.0,
-        "us" | "µs" | "usec" => 1e3,
-        "ms" | "msec" => 1e6,
-        "s" | "sec" => 1e9,
-        "" if v == 0.0 => 1.0,
-        "" => return Err(WanError::param("duration", s, "needs a unit: ns, us, ms or s")),
-        _ => return Err(WanError::param("duration", s, "unknown unit (use ns, us, ms or s)")),
-    };
-    let ns = (v * scale).round();
+    let ns = (stics_units::parse_duration(s)? * 1e9).round();
     if ns > MAX_DELAY_NS as f64 {
         return Err(WanError::param("duration", s, "at most 10 s"));
     }
     Ok(ns as u64)
 }
 
-/// Parses a rate such as `100mbit`, `1gbit`, `10Gbit/s`, `512kbit` into bit/s (decimal prefixes).
+/// Parses a rate such as `100mbit`, `1gbit`, `10Gbit/s`, `512kbit` (decimal prefixes) or
+/// `12.5MB/s` into bit/s, between 8 kbit and 100 gbit.
 pub fn parse_rate(s: &str) -> Result<u64> {
-    let (num, unit) = split_number(s);
-    let v = number("rate", s, num)?;
-    let unit = unit.to_ascii_lowercase();
-    let unit = unit.strip_suffix("/s").unwrap_or(&unit);
-    let scale = match unit {
-        "bit" | "b" => 1.0,
-        "kbit" | "k" => 1e3,
-        "mbit" | "m" => 1e6,
-        "gbit" | "g" => 1e9,
-        "" => return Err(WanError::param("rate", s, "needs a unit: bit, kbit, mbit or gbit")),
-        _ => return Err(WanError::param("rate", s, "unknown unit (use bit, kbit, mbit or gbit)")),
-    };
-    let bps = (v * scale).round();
+    let bps = stics_units::parse_rate(s)?.round();
     if !(MIN_RATE_BPS as f64..=MAX_RATE_BPS as f64).contains(&bps) {
         return Err(WanError::param("rate", s, "between 8 kbit and 100 gbit"));
     }
     Ok(bps as u64)
 }
 
-/// Parses a size such as `1MB`, `256k`, `65536` into bytes (binary prefixes, as `tc` does).
+/// Parses a size such as `1MiB`, `256k` (binary), `1MB` (decimal) or `65536` into bytes, at most
+/// 1 TiB.
 pub fn parse_size(s: &str) -> Result<u64> {
-    let (num, unit) = split_number(s);
-    let v = number("size", s, num)?;
-    let scale = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" | "kib" => 1024.0,
-        "m" | "mb" | "mib" => 1024.0 * 1024.0,
-        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        _ => return Err(WanError::param("size", s, "unknown unit (use b, k, m or g)")),
-    };
-    let bytes = (v * scale).round();
-    if bytes > (1u64 << 40) as f64 {
+    let bytes = stics_units::parse_size(s)?;
+    if bytes > 1 << 40 {
         return Err(WanError::param("size", s, "too large"));
     }
-    Ok(bytes as u64)
+    Ok(bytes)
 }
 
 /// Parses a probability such as `1e-2`, `0.01` or `1%`.
 pub fn parse_probability(s: &str) -> Result<f64> {
-    let t = s.trim();
-    let (t, scale) = match t.strip_suffix('%') {
-        Some(rest) => (rest, 0.01),
-        None => (t, 1.0),
-    };
-    let v: f64 = t.trim().parse().map_err(|_| WanError::param("probability", s, "not a number"))?;
-    let p = v * scale;
-    if !(0.0..=1.0).contains(&p) {
-        return Err(WanError::param("probability", s, "must lie in [0, 1]"));
-    }
-    Ok(p)
+    Ok(stics_units::parse_probability(s)?)
 }
 
 /// Parses a background load such as `30%` or `30` into percent.
@@ -541,9 +484,23 @@ mod tests {
     #[test]
     fn sizes_use_binary_prefixes() {
         assert_eq!(parse_size("65536").unwrap(), 65536);
-        assert_eq!(parse_size("1MB").unwrap(), 1 << 20);
+        assert_eq!(parse_size("1MiB").unwrap(), 1 << 20);
         assert_eq!(parse_size("256k").unwrap(), 256 << 10);
         assert!(parse_size("1 parsec").is_err());
+    }
+
+    #[test]
+    fn sizes_with_b_are_decimal_and_bounded() {
+        assert_eq!(parse_size("1MB").unwrap(), 1_000_000);
+        assert_eq!(parse_size("1TiB").unwrap(), 1 << 40);
+        assert!(parse_size("2TiB").is_err());
+    }
+
+    #[test]
+    fn rates_also_read_bytes_per_second() {
+        assert_eq!(parse_rate("12.5MB/s").unwrap(), 100_000_000);
+        assert_eq!(parse_rate("100mbps").unwrap(), 100_000_000);
+        assert!(parse_rate("100m").is_err(), "bits or bytes is said, not guessed");
     }
 
     #[test]

@@ -6,12 +6,12 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::{Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::{Map, Value};
 use stics_model::latency::{single_thread_throughput, IoLatency};
 use stics_model::queue::{capacity, offered_erlang, rate_for_erlang};
 use stics_model::sim::{simulate, Arrivals, Operation, SimConfig};
 use stics_model::units::{parse_duration, parse_erlang, parse_probability, parse_rate, parse_size, parse_size_or_inf};
 use stics_model::{Iscsi, SizeDist, Tcp, WriteModel};
+use stics_report::{fmt, Axis, Cell, Chart, Column, Curve, Format, Grid, Point, Table};
 
 /// Analytical and queueing models of iSCSI over TCP (seeds 000 and 003).
 #[derive(clap::Args)]
@@ -22,8 +22,10 @@ Seed 003 (Gauger et al., Broadnets 2005): TCP throughput, single-write time (eqs
 simulation of non-interleaved and interleaved sessions under bursty traffic. Seed 000 (Ng et al., FAST 2002): \
 blocking I/O latency T = T_disk + 2 T_netDelay + T_iSCSI.\n\n\
 Defaults are the papers' parameters. Options that take a comma list (--rtt 0.2ms,2ms,10ms) give one result per \
-value; --sweep NAME=FROM..TO varies one parameter, and --plot FILE.png draws the curves. Units: durations 10ms, \
-500us; sizes 64KiB (= 64k), 6kB (= 6000 B); rates 1gbit, 100mbit, 125MB/s; probabilities 1e-3 or 0.1%."
+value; --sweep NAME=FROM..TO varies one parameter, and --plot FILE.png draws the curves. Units, as every stics \
+command reads them: durations 10ms, 500us; sizes 64KiB (= 64k, powers of 1024 for KiB, MiB, GiB, TiB and k, M, G, \
+T), 6kB (= 6KB = 6000 B, powers of 1000 for kB, MB, GB, TB in any case); rates 1gbit, 100mbit, 125MB/s; \
+probabilities 1e-3 or 0.1%."
 )]
 pub struct Args {
     #[command(subcommand)]
@@ -167,8 +169,8 @@ struct TcpArgs {
 /// Request sizes: one or more fixed sizes or a distribution.
 #[derive(clap::Args)]
 struct SizeArgs {
-    /// Request size S, e.g. 6KiB, 264KiB or inf (write only); comma list allowed. Default: 6KiB for write, the
-    /// shipped seed-003 distribution (mean 6 KiB) for capacity and simulate.
+    /// Request size S, e.g. 6KiB (= 6k = 6144 B; 6kB is 6000 B), 264KiB or inf (write only); comma list allowed.
+    /// Default: 6KiB for write, the shipped seed-003 distribution (mean 6 KiB) for capacity and simulate.
     #[arg(long, value_delimiter = ',', value_parser = parse_size_or_inf, conflicts_with = "size_dist")]
     size: Vec<f64>,
     /// File of "size weight" lines (e.g. "4KiB 0.45"; # comments); `seed003` names the shipped distribution.
@@ -311,360 +313,91 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Parameters that take several values, and the sweep.
+// Parameters, output and plots, through stics-report.
 
-/// A parameter that may take several values; each combination of values is one result row.
-struct Knob {
+/// Applies `--sweep` to the parameters and expands them into points, one result row each. Returns the
+/// swept parameter.
+fn expand(axes: Vec<Axis>, out: &OutArgs) -> anyhow::Result<(Vec<Point>, Option<String>)> {
+    let mut grid = Grid::new(axes);
+    if let Some(spec) = &out.sweep {
+        grid.sweep(spec, out.points, out.log)?;
+    }
+    Ok((grid.points()?, grid.swept().map(str::to_string)))
+}
+
+/// A parameter that `--sweep` can vary, read with `parse` and shown in legends with `show`.
+fn knob(
     name: &'static str,
     values: Vec<f64>,
-    /// Reads a sweep end; `None` for parameters that cannot be swept.
-    parse: Option<fn(&str) -> stics_model::Result<f64>>,
+    parse: fn(&str) -> stics_model::Result<f64>,
     show: fn(f64) -> String,
-}
-
-impl Knob {
-    fn new(
-        name: &'static str,
-        values: Vec<f64>,
-        parse: fn(&str) -> stics_model::Result<f64>,
-        show: fn(f64) -> String,
-    ) -> Knob {
-        Knob { name, values, parse: Some(parse), show }
-    }
-}
-
-/// One combination of knob values.
-struct Point {
-    values: Vec<(&'static str, f64)>,
-    /// The multi-valued knobs other than the swept one, e.g. `loss=1e-3 size=6 KiB`.
-    series: Vec<(&'static str, String)>,
-}
-
-impl Point {
-    fn get(&self, name: &str) -> f64 {
-        self.values.iter().find(|v| v.0 == name).map_or(f64::NAN, |v| v.1)
-    }
-
-    fn label(&self, skip: &[&str]) -> String {
-        let parts: Vec<String> =
-            self.series.iter().filter(|s| !skip.contains(&s.0)).map(|(n, v)| format!("{n}={v}")).collect();
-        if parts.is_empty() {
-            "model".into()
-        } else {
-            parts.join(" ")
-        }
-    }
-}
-
-/// Applies `--sweep` and expands the knobs into rows: the swept knob varies fastest. Returns the swept knob.
-fn expand(mut knobs: Vec<Knob>, out: &OutArgs) -> anyhow::Result<(Vec<Point>, Option<&'static str>)> {
-    let mut swept = None;
-    if let Some(spec) = &out.sweep {
-        let names: Vec<&str> = knobs.iter().filter(|k| k.parse.is_some()).map(|k| k.name).collect();
-        let (name, range) =
-            spec.split_once('=').with_context(|| format!("--sweep {spec:?}: expected NAME=FROM..TO"))?;
-        let (from, to) = range.split_once("..").with_context(|| format!("--sweep {spec:?}: expected NAME=FROM..TO"))?;
-        let Some(knob) = knobs.iter_mut().find(|k| k.name == name.trim() && k.parse.is_some()) else {
-            bail!("--sweep {spec:?}: cannot sweep {name:?} here; choose one of {}", names.join(", "));
-        };
-        let parse = knob.parse.context("knob without parser")?;
-        let (from, to) = (parse(from).context("sweep start")?, parse(to).context("sweep end")?);
-        knob.values = stics_model::sweep::points(from, to, out.points, out.log)?;
-        swept = Some(knob.name);
-    }
-    if let Some(k) = knobs.iter().find(|k| k.values.is_empty()) {
-        bail!("no value for {}", k.name);
-    }
-    // Odometer over the knobs, the swept one last so that it varies fastest.
-    let mut order: Vec<usize> = (0..knobs.len()).filter(|&i| Some(knobs[i].name) != swept).collect();
-    order.extend((0..knobs.len()).filter(|&i| Some(knobs[i].name) == swept));
-    let mut idx = vec![0usize; knobs.len()];
-    let mut points = Vec::new();
-    loop {
-        let values = knobs.iter().zip(&idx).map(|(k, &i)| (k.name, k.values[i])).collect();
-        let series = knobs
-            .iter()
-            .zip(&idx)
-            .filter(|(k, _)| k.values.len() > 1 && Some(k.name) != swept)
-            .map(|(k, &i)| (k.name, (k.show)(k.values[i])))
-            .collect();
-        points.push(Point { values, series });
-        let mut carry = true;
-        for &k in order.iter().rev() {
-            idx[k] += 1;
-            if idx[k] < knobs[k].values.len() {
-                carry = false;
-                break;
-            }
-            idx[k] = 0;
-        }
-        if carry {
-            break;
-        }
-    }
-    Ok((points, swept))
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// Tables.
-
-/// A column: JSON/CSV key (SI base units), table heading, display unit and the factor from base to display.
-#[derive(Clone, Copy)]
-struct Col {
-    key: &'static str,
-    head: &'static str,
-    unit: &'static str,
-    scale: f64,
-}
-
-const fn col(key: &'static str, head: &'static str, unit: &'static str, scale: f64) -> Col {
-    Col { key, head, unit, scale }
-}
-
-enum Cell {
-    Num(f64),
-    Text(String),
-}
-
-struct Table {
-    cols: Vec<Col>,
-    rows: Vec<Vec<Cell>>,
-    points: Vec<Point>,
-}
-
-/// Four significant digits, trailing zeros dropped; exponent form for very small or large values.
-fn fmt_num(v: f64) -> String {
-    if v.is_nan() {
-        return "-".into();
-    }
-    if v.is_infinite() {
-        return if v > 0.0 { "inf".into() } else { "-inf".into() };
-    }
-    if v != 0.0 && (v.abs() < 1e-3 || v.abs() >= 1e7) {
-        return format!("{v:.3e}");
-    }
-    let digits = if v == 0.0 { 0 } else { (3 - v.abs().log10().floor() as i32).clamp(0, 6) as usize };
-    let s = format!("{v:.digits$}");
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        s
-    }
+) -> Axis {
+    Axis::new(name, values, show).sweepable(parse)
 }
 
 fn fmt_ms(v: f64) -> String {
-    format!("{} ms", fmt_num(v * 1e3))
+    fmt::scaled(v, 1e3, "ms")
 }
 
 fn fmt_kib(v: f64) -> String {
     if v.is_infinite() {
         "inf".into()
     } else {
-        format!("{} KiB", fmt_num(v / 1024.0))
+        fmt::scaled(v, 1.0 / 1024.0, "KiB")
     }
 }
 
-impl Table {
-    fn new(cols: Vec<Col>) -> Table {
-        Table { cols, rows: Vec::new(), points: Vec::new() }
-    }
-
-    fn push(&mut self, point: Point, row: Vec<Cell>) {
-        debug_assert_eq!(row.len(), self.cols.len());
-        self.rows.push(row);
-        self.points.push(point);
-    }
-
-    fn json(&self) -> Value {
-        let objs: Vec<Value> = self
-            .rows
-            .iter()
-            .map(|row| {
-                let mut m = Map::new();
-                for (c, cell) in self.cols.iter().zip(row) {
-                    let v = match cell {
-                        Cell::Num(x) => serde_json::Number::from_f64(*x).map_or(Value::Null, Value::Number),
-                        Cell::Text(s) => Value::String(s.clone()),
-                    };
-                    m.insert(c.key.to_string(), v);
-                }
-                Value::Object(m)
-            })
-            .collect();
-        match <[Value; 1]>::try_from(objs) {
-            Ok([one]) => one,
-            Err(many) => Value::Array(many),
-        }
-    }
-
-    fn csv(&self) -> String {
-        let mut s = self.cols.iter().map(|c| c.key).collect::<Vec<_>>().join(",");
-        s.push('\n');
-        for row in &self.rows {
-            let cells: Vec<String> = row
-                .iter()
-                .map(|c| match c {
-                    Cell::Num(x) if x.is_finite() => format!("{x}"),
-                    Cell::Num(x) => {
-                        if x.is_nan() {
-                            String::new()
-                        } else {
-                            format!("{x}")
-                        }
-                    }
-                    Cell::Text(t) => t.clone(),
-                })
-                .collect();
-            s.push_str(&cells.join(","));
-            s.push('\n');
-        }
-        s
-    }
-
-    fn text(&self) -> String {
-        let show = |c: &Col, cell: &Cell| match cell {
-            Cell::Num(x) => fmt_num(x * c.scale),
-            Cell::Text(t) => t.clone(),
-        };
-        let head = |c: &Col| if c.unit.is_empty() { c.head.to_string() } else { format!("{} [{}]", c.head, c.unit) };
-        let mut out = String::new();
-        if let [row] = self.rows.as_slice() {
-            let width = self.cols.iter().map(|c| head(c).chars().count()).max().unwrap_or(0);
-            for (c, cell) in self.cols.iter().zip(row) {
-                out.push_str(&format!("{:<width$}  {}\n", head(c), show(c, cell)));
-            }
-            return out;
-        }
-        let cells: Vec<Vec<String>> =
-            self.rows.iter().map(|r| self.cols.iter().zip(r).map(|(c, x)| show(c, x)).collect()).collect();
-        let widths: Vec<usize> = self
-            .cols
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                cells
-                    .iter()
-                    .filter_map(|r| r.get(i))
-                    .map(|s| s.chars().count())
-                    .chain([head(c).chars().count()])
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let line = |items: Vec<String>| {
-            items
-                .iter()
-                .zip(&widths)
-                .map(|(s, w)| format!("{s:>w$}"))
-                .collect::<Vec<_>>()
-                .join("  ")
-                .trim_end()
-                .to_string()
-                + "\n"
-        };
-        out.push_str(&line(self.cols.iter().map(head).collect()));
-        for r in cells {
-            out.push_str(&line(r));
-        }
-        out
-    }
-
-    /// Prints the table in the chosen format and draws the plot if asked.
-    fn emit(&self, out: &OutArgs, swept: Option<&'static str>, plot: &PlotSpec) -> anyhow::Result<()> {
-        if out.json {
-            println!("{}", serde_json::to_string_pretty(&self.json())?);
-        } else if out.csv {
-            print!("{}", self.csv());
-        } else {
-            print!("{}", self.text());
-        }
-        if let Some(path) = &out.plot {
-            let x_key = swept.context("--plot needs --sweep")?;
-            self.plot(path, x_key, out.log, plot)?;
-            eprintln!("stics model: wrote {}", path.display());
-        }
-        Ok(())
-    }
-
-    fn col_index(&self, key: &str) -> anyhow::Result<usize> {
-        self.cols.iter().position(|c| c.key == key).with_context(|| format!("no column {key}"))
-    }
-
-    fn plot(&self, path: &std::path::Path, x_name: &str, log: bool, spec: &PlotSpec) -> anyhow::Result<()> {
-        use stics_model::plot::{draw, Figure, Series};
-        let x_key = spec.x_keys.iter().find(|(n, _)| *n == x_name).map(|x| x.1).context("no x column for the sweep")?;
-        let xi = self.col_index(x_key)?;
-        let xc = self.cols[xi];
-        let mut series: Vec<Series> = Vec::new();
-        for curve in &spec.curves {
-            let yi = self.col_index(curve.key)?;
-            let yc = self.cols[yi];
-            for (row, point) in self.rows.iter().zip(&self.points) {
-                let (Some(Cell::Num(x)), Some(Cell::Num(y))) = (row.get(xi), row.get(yi)) else { continue };
-                let base = point.label(curve.skip);
-                let label = if curve.prefix.is_empty() {
-                    base
-                } else if base == "model" {
-                    curve.prefix.to_string()
-                } else {
-                    format!("{} {base}", curve.prefix)
-                };
-                let pt = (x * xc.scale, y * yc.scale);
-                match series.iter_mut().find(|s| s.label == label) {
-                    Some(s) if !curve.dedupe || !s.points.iter().any(|p| p.0 == pt.0) => s.points.push(pt),
-                    Some(_) => {}
-                    None => series.push(Series { label, points: vec![pt] }),
-                }
-            }
-        }
-        let first = spec.curves.first().context("nothing to plot")?;
-        let yc = self.cols[self.col_index(first.key)?];
-        let fig = Figure {
-            title: spec.title.to_string(),
-            x_label: format!("{} [{}]", xc.head, xc.unit),
-            y_label: if spec.y_label.is_empty() {
-                format!("{} [{}]", yc.head, yc.unit)
-            } else {
-                spec.y_label.to_string()
-            },
-            log_x: log,
-            log_y: log && spec.log_y,
-            series,
-        };
-        draw(&fig, path)?;
-        Ok(())
-    }
-}
-
-/// A curve family of a plot: the y column, a legend prefix, knobs left out of the legend, and whether
-/// identical curves (a reference that does not depend on the left-out knobs) are drawn once.
-struct Curve {
-    key: &'static str,
-    prefix: &'static str,
-    skip: &'static [&'static str],
-    dedupe: bool,
-}
-
+/// What `--plot` draws: the y columns as curves against the swept parameter's column.
 struct PlotSpec {
     title: &'static str,
+    /// The y axis label; empty for the first curve's column.
     y_label: &'static str,
-    /// Sweepable knob name → its column key.
+    /// Sweepable parameter name → its column key.
     x_keys: &'static [(&'static str, &'static str)],
     curves: Vec<Curve>,
     log_y: bool,
 }
 
-fn curve(key: &'static str) -> Curve {
-    Curve { key, prefix: "", skip: &[], dedupe: false }
+/// Prints the table in the chosen format and draws the plot if asked.
+fn emit(t: &Table, out: &OutArgs, swept: Option<String>, spec: PlotSpec) -> anyhow::Result<()> {
+    let format = if out.json {
+        Format::Json
+    } else if out.csv {
+        Format::Csv
+    } else {
+        Format::Text
+    };
+    print!("{}", t.render(format)?);
+    if let Some(path) = &out.plot {
+        let x_name = swept.context("--plot needs --sweep")?;
+        let x = spec.x_keys.iter().find(|(n, _)| *n == x_name).map(|x| x.1).context("no x column for the sweep")?;
+        let chart = Chart {
+            title: spec.title.into(),
+            x: x.into(),
+            curves: spec.curves,
+            y_label: (!spec.y_label.is_empty()).then(|| spec.y_label.into()),
+            default_label: "model".into(),
+            log_x: out.log,
+            log_y: out.log && spec.log_y,
+        };
+        chart.draw(t, path)?;
+        eprintln!("stics model: wrote {}", path.display());
+    }
+    Ok(())
 }
 
 // Columns shared by several subcommands.
-const RTT: Col = col("rtt_s", "RTT", "ms", 1e3);
-const LOSS: Col = col("loss", "loss", "", 1.0);
-const PROC: Col = col("proc_s", "T_proc", "ms", 1e3);
-const B: Col = col("tcp_throughput_bps", "B", "Mbit/s", 1e-6);
-const LIMIT: Col = col("limit", "limit", "", 1.0);
+const RTT: Column = Column::new("rtt_s", "RTT", "ms", 1e3);
+const LOSS: Column = Column::new("loss", "loss", "", 1.0);
+const PROC: Column = Column::new("proc_s", "T_proc", "ms", 1e3);
+const B: Column = Column::new("tcp_throughput_bps", "B", "Mbit/s", 1e-6);
+const LIMIT: Column = Column::new("limit", "limit", "", 1.0);
 const MBIT: f64 = 1e-6;
+
+/// Shorthand for the many columns below.
+const fn col(key: &'static str, head: &'static str, unit: &'static str, scale: f64) -> Column {
+    Column::new(key, head, unit, scale)
+}
 
 fn bits(bytes_per_s: f64) -> f64 {
     bytes_per_s * 8.0
@@ -679,8 +412,8 @@ fn show_loss(v: f64) -> String {
 
 fn tcp(a: TcpArgs) -> anyhow::Result<()> {
     let knobs = vec![
-        Knob::new("rtt", a.net.rtt.clone(), parse_duration, fmt_ms),
-        Knob::new("loss", a.net.loss.clone(), parse_probability, show_loss),
+        knob("rtt", a.net.rtt.clone(), parse_duration, fmt_ms),
+        knob("loss", a.net.loss.clone(), parse_probability, show_loss),
     ];
     let (points, swept) = expand(knobs, &a.out)?;
     let mut t = Table::new(vec![
@@ -695,7 +428,7 @@ fn tcp(a: TcpArgs) -> anyhow::Result<()> {
         col("knee_rtt_s", "knee RTT", "ms", 1e3),
         col("knee_rtt_rwnd_s", "W_max/B_acc", "ms", 1e3),
         col("knee_rtt_cwnd_s", "C·MSS/(B_acc·√p)", "ms", 1e3),
-    ]);
+    ])?;
     for p in points {
         let tcp = a.net.tcp(p.get("rtt"), p.get("loss"));
         tcp.validate()?;
@@ -713,28 +446,28 @@ fn tcp(a: TcpArgs) -> anyhow::Result<()> {
             Cell::Num(tcp.knee_rtt_rwnd()),
             Cell::Num(tcp.knee_rtt_cwnd()),
         ];
-        t.push(p, row);
+        t.push_at(&p, row)?;
     }
     let spec = PlotSpec {
         title: "TCP throughput (seed 003, II.C)",
         y_label: "",
         x_keys: &[("rtt", "rtt_s"), ("loss", "loss")],
-        curves: vec![curve("throughput_bps")],
+        curves: vec![Curve::new("throughput_bps")],
         log_y: true,
     };
-    t.emit(&a.out, swept, &spec)
+    emit(&t, &a.out, swept, spec)
 }
 
 fn write(a: WriteArgs) -> anyhow::Result<()> {
     let dist = a.sizes.dist()?;
     let sizes = if a.sizes.size.is_empty() { vec![6.0 * 1024.0] } else { a.sizes.size.clone() };
     let mut knobs = vec![
-        Knob::new("rtt", a.net.rtt.clone(), parse_duration, fmt_ms),
-        Knob::new("loss", a.net.loss.clone(), parse_probability, show_loss),
-        Knob::new("proc", a.session.proc.clone(), parse_duration, fmt_ms),
+        knob("rtt", a.net.rtt.clone(), parse_duration, fmt_ms),
+        knob("loss", a.net.loss.clone(), parse_probability, show_loss),
+        knob("proc", a.session.proc.clone(), parse_duration, fmt_ms),
     ];
     if dist.is_none() {
-        knobs.insert(0, Knob::new("size", sizes, parse_size_or_inf, fmt_kib));
+        knobs.insert(0, knob("size", sizes, parse_size_or_inf, fmt_kib));
     }
     let (points, swept) = expand(knobs, &a.out)?;
     let mut cols = vec![RTT, LOSS, PROC, B, LIMIT];
@@ -758,7 +491,7 @@ fn write(a: WriteArgs) -> anyhow::Result<()> {
         col("eq3_bound_bps", "eq.3 bound", "Mbit/s", MBIT),
         col("eq4_bound_bps", "eq.4 bound", "Mbit/s", MBIT),
     ]);
-    let mut t = Table::new(cols);
+    let mut t = Table::new(cols)?;
     for p in points {
         let m = a.session.model(&a.net, p.get("rtt"), p.get("loss"), p.get("proc"))?;
         let b = m.tcp.throughput();
@@ -784,7 +517,7 @@ fn write(a: WriteArgs) -> anyhow::Result<()> {
             ]);
         }
         row.extend([Cell::Num(bits(m.large_request_bound())), Cell::Num(bits(m.small_request_bound()))]);
-        t.push(p, row);
+        t.push_at(&p, row)?;
     }
     let y = match (a.y, dist.is_some()) {
         (YAxis::Throughput, _) => "throughput_bps",
@@ -799,10 +532,10 @@ fn write(a: WriteArgs) -> anyhow::Result<()> {
         },
         y_label: "",
         x_keys: &[("rtt", "rtt_s"), ("loss", "loss"), ("proc", "proc_s"), ("size", "size_bytes")],
-        curves: vec![curve(y)],
+        curves: vec![Curve::new(y)],
         log_y: true,
     };
-    t.emit(&a.out, swept, &spec)
+    emit(&t, &a.out, swept, spec)
 }
 
 /// The size distribution a queueing model uses: `--size`, `--size-dist` or the shipped one.
@@ -826,12 +559,12 @@ fn dist_for(point: &Point, dist: &Option<SizeDist>) -> anyhow::Result<SizeDist> 
 fn capacity_cmd(a: CapacityArgs) -> anyhow::Result<()> {
     let (fixed, dist) = queue_dist(&a.sizes)?;
     let mut knobs = vec![
-        Knob::new("rtt", a.net.rtt.clone(), parse_duration, fmt_ms),
-        Knob::new("loss", a.net.loss.clone(), parse_probability, show_loss),
-        Knob::new("proc", a.session.proc.clone(), parse_duration, fmt_ms),
+        knob("rtt", a.net.rtt.clone(), parse_duration, fmt_ms),
+        knob("loss", a.net.loss.clone(), parse_probability, show_loss),
+        knob("proc", a.session.proc.clone(), parse_duration, fmt_ms),
     ];
     if dist.is_none() {
-        knobs.push(Knob::new("size", fixed, parse_size, fmt_kib));
+        knobs.push(knob("size", fixed, parse_size, fmt_kib));
     }
     let (points, swept) = expand(knobs, &a.out)?;
     let mut t = Table::new(vec![
@@ -847,7 +580,7 @@ fn capacity_cmd(a: CapacityArgs) -> anyhow::Result<()> {
         col("interleaved_rate_per_s", "interleaved", "req/s", 1.0),
         col("non_interleaved_erlang", "non-interleaved", "Erl", 1.0),
         col("non_interleaved_rate_per_s", "non-interleaved", "req/s", 1.0),
-    ]);
+    ])?;
     for p in points {
         let m = a.session.model(&a.net, p.get("rtt"), p.get("loss"), p.get("proc"))?;
         let d = dist_for(&p, &dist)?;
@@ -870,19 +603,19 @@ fn capacity_cmd(a: CapacityArgs) -> anyhow::Result<()> {
             Cell::Num(c.non_interleaved_erlang),
             Cell::Num(c.non_interleaved_rate),
         ];
-        t.push(p, row);
+        t.push_at(&p, row)?;
     }
     let spec = PlotSpec {
         title: "Session capacity (seed 003, IV.B)",
         y_label: "max offered traffic [Erl]",
         x_keys: &[("rtt", "rtt_s"), ("loss", "loss"), ("proc", "proc_s"), ("size", "mean_size_bytes")],
         curves: vec![
-            Curve { key: "interleaved_erlang", prefix: "interleaved", skip: &[], dedupe: false },
-            Curve { key: "non_interleaved_erlang", prefix: "non-interleaved", skip: &[], dedupe: false },
+            Curve::new("interleaved_erlang").prefix("interleaved"),
+            Curve::new("non_interleaved_erlang").prefix("non-interleaved"),
         ],
         log_y: true,
     };
-    t.emit(&a.out, swept, &spec)
+    emit(&t, &a.out, swept, spec)
 }
 
 fn simulate_cmd(a: SimArgs) -> anyhow::Result<()> {
@@ -896,25 +629,15 @@ fn simulate_cmd(a: SimArgs) -> anyhow::Result<()> {
     // Without --load the offered traffic is the one of the lognormal's own rate, NaN marks "use --mu".
     let load = if a.load.is_empty() { vec![f64::NAN] } else { a.load.clone() };
     let mut knobs = vec![
-        Knob {
-            name: "mode",
-            values: a.mode.iter().map(|m| (*m == ModeArg::Interleaved) as u8 as f64).collect(),
-            parse: None,
-            show: show_mode,
-        },
-        Knob {
-            name: "arrivals",
-            values: a.arrivals.iter().map(|m| (*m == ArrivalArg::Poisson) as u8 as f64).collect(),
-            parse: None,
-            show: show_arr,
-        },
-        Knob::new("rtt", a.net.rtt.clone(), parse_duration, fmt_ms),
-        Knob::new("loss", a.net.loss.clone(), parse_probability, show_loss),
-        Knob::new("proc", a.session.proc.clone(), parse_duration, fmt_ms),
-        Knob::new("load", load, parse_erlang, |v| format!("{} Erl", fmt_num(v))),
+        Axis::new("mode", a.mode.iter().map(|m| (*m == ModeArg::Interleaved) as u8 as f64).collect(), show_mode),
+        Axis::new("arrivals", a.arrivals.iter().map(|m| (*m == ArrivalArg::Poisson) as u8 as f64).collect(), show_arr),
+        knob("rtt", a.net.rtt.clone(), parse_duration, fmt_ms),
+        knob("loss", a.net.loss.clone(), parse_probability, show_loss),
+        knob("proc", a.session.proc.clone(), parse_duration, fmt_ms),
+        knob("load", load, parse_erlang, |v| fmt::scaled(v, 1.0, "Erl")),
     ];
     if dist.is_none() {
-        knobs.push(Knob::new("size", fixed, parse_size, fmt_kib));
+        knobs.push(knob("size", fixed, parse_size, fmt_kib));
     }
     let (points, swept) = expand(knobs, &a.out)?;
     let mut t = Table::new(vec![
@@ -935,7 +658,7 @@ fn simulate_cmd(a: SimArgs) -> anyhow::Result<()> {
         col("capacity_erlang", "capacity", "Erl", 1.0),
         col("utilization", "busy", "", 1.0),
         col("requests", "requests", "", 1.0),
-    ]);
+    ])?;
     let per_run = a.requests.saturating_add(a.warmup);
     let bar = ProgressBar::new(per_run.saturating_mul(points.len() as u64));
     bar.set_style(
@@ -987,7 +710,7 @@ fn simulate_cmd(a: SimArgs) -> anyhow::Result<()> {
             Cell::Num(r.utilization),
             Cell::Num(r.requests as f64),
         ];
-        t.push(p, row);
+        t.push_at(&p, row)?;
     }
     bar.finish_and_clear();
     let spec = PlotSpec {
@@ -995,23 +718,18 @@ fn simulate_cmd(a: SimArgs) -> anyhow::Result<()> {
         y_label: "mean write time [ms]",
         x_keys: &[("rtt", "rtt_s"), ("loss", "loss"), ("proc", "proc_s"), ("load", "offered_erlang")],
         curves: vec![
-            curve("mean_write_time_s"),
-            Curve {
-                key: "eq5_write_time_s",
-                prefix: "single request (eq. 5)",
-                skip: &["mode", "arrivals"],
-                dedupe: true,
-            },
+            Curve::new("mean_write_time_s"),
+            Curve::new("eq5_write_time_s").prefix("single request (eq. 5)").skip(&["mode", "arrivals"]),
         ],
         log_y: true,
     };
-    t.emit(&a.out, swept, &spec)
+    emit(&t, &a.out, swept, spec)
 }
 
 fn latency(a: LatencyArgs) -> anyhow::Result<()> {
     let knobs = vec![
-        Knob::new("delay", a.delay.clone(), parse_duration, fmt_ms),
-        Knob::new("disk", a.disk.clone(), parse_duration, fmt_ms),
+        knob("delay", a.delay.clone(), parse_duration, fmt_ms),
+        knob("disk", a.disk.clone(), parse_duration, fmt_ms),
     ];
     let (points, swept) = expand(knobs, &a.out)?;
     if !(a.block.is_finite() && a.block > 0.0) {
@@ -1026,7 +744,7 @@ fn latency(a: LatencyArgs) -> anyhow::Result<()> {
         col("random_write_s", "busy-disk write", "ms", 1e3),
         col("random_write_bytes_per_s", "busy-disk write", "MB/s", 1e-6),
         col("network_masked", "masked", "", 1.0),
-    ]);
+    ])?;
     for p in points {
         let io = IoLatency { disk: p.get("disk"), net_delay: p.get("delay"), iscsi: a.iscsi };
         io.validate()?;
@@ -1040,33 +758,17 @@ fn latency(a: LatencyArgs) -> anyhow::Result<()> {
             Cell::Num(single_thread_throughput(a.block, io.random_write_busy_disk())),
             Cell::Text(if io.network_masked() { "yes".into() } else { "no".into() }),
         ];
-        t.push(p, row);
+        t.push_at(&p, row)?;
     }
     let spec = PlotSpec {
         title: "Blocking I/O latency (seed 000, eq. 1 and Fig. 3)",
         y_label: "response time [ms]",
         x_keys: &[("delay", "net_delay_s"), ("disk", "disk_s")],
         curves: vec![
-            Curve { key: "latency_s", prefix: "eq. 1", skip: &[], dedupe: false },
-            Curve { key: "random_write_s", prefix: "busy-disk random write", skip: &[], dedupe: false },
+            Curve::new("latency_s").prefix("eq. 1"),
+            Curve::new("random_write_s").prefix("busy-disk random write"),
         ],
         log_y: false,
     };
-    t.emit(&a.out, swept, &spec)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn numbers_print_with_four_significant_digits() {
-        assert_eq!(fmt_num(1.0), "1");
-        assert_eq!(fmt_num(2.1875), "2.188");
-        assert_eq!(fmt_num(262.144), "262.1");
-        assert_eq!(fmt_num(0.02239), "0.02239");
-        assert_eq!(fmt_num(4.29251e-4), "4.293e-4");
-        assert_eq!(fmt_num(f64::INFINITY), "inf");
-        assert_eq!(fmt_num(0.0), "0");
-    }
+    emit(&t, &a.out, swept, spec)
 }

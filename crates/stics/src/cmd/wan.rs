@@ -81,12 +81,12 @@ struct LinkArgs {
     /// to-storage or to-host.
     #[arg(long, default_value = "both")]
     direction: String,
-    /// Bottleneck rate in each direction, e.g. 100mbit, 1gbit (default: none, the speed of the
-    /// veth); `none` removes it.
+    /// Bottleneck rate in each direction, e.g. 100mbit, 1gbit (decimal bit/s) or 12.5MB/s (default:
+    /// none, the speed of the veth); `none` removes it.
     #[arg(long)]
     rate: Option<String>,
-    /// Bottleneck queue in bytes, e.g. 256k (default: 50 ms at the rate, at least 64 KiB);
-    /// `default` restores that.
+    /// Bottleneck queue in bytes, e.g. 256KiB (= 256k, binary) or 1MB (= 10^6 B) (default: 50 ms at
+    /// the rate, at least 64 KiB); `default` restores that.
     #[arg(long)]
     queue: Option<String>,
     /// Share of the rate taken by generated cross traffic in each direction, e.g. 30% (default 0;
