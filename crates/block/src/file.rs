@@ -58,6 +58,7 @@ impl FileDev {
         &self.path
     }
 
+    #[expect(clippy::unused_self, reason = "reads as part of the device's I/O path: self.io_err(lba)")]
     fn io_err(&self, lba: u64) -> impl FnOnce(io::Error) -> BlockError {
         move |source| BlockError::Io { lba, source }
     }

@@ -25,6 +25,7 @@ impl MemDev {
 
     /// Calls `f(chunk_index, offset_in_chunk, offset_in_buffer, len)` for each chunk piece of a
     /// byte range.
+    #[expect(clippy::unused_self, reason = "the chunk layout is the device's; callers read it as a method")]
     fn for_each_piece(&self, start: u64, len: usize, mut f: impl FnMut(usize, usize, usize, usize)) {
         let mut done = 0usize;
         while done < len {
@@ -58,7 +59,7 @@ impl BlockDev for MemDev {
         let mut buf = BytesMut::zeroed(len);
         let start = lba * u64::from(self.geometry.block_size);
         self.for_each_piece(start, len, |idx, off, at, n| {
-            let chunk = self.chunks[idx].read().unwrap_or_else(|e| e.into_inner());
+            let chunk = self.chunks[idx].read().unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some(c) = chunk.as_ref() {
                 buf[at..at + n].copy_from_slice(&c[off..off + n]);
             }
@@ -71,7 +72,7 @@ impl BlockDev for MemDev {
         self.geometry.check_range(lba, blocks)?;
         let start = lba * u64::from(self.geometry.block_size);
         self.for_each_piece(start, data.len(), |idx, off, at, n| {
-            let mut chunk = self.chunks[idx].write().unwrap_or_else(|e| e.into_inner());
+            let mut chunk = self.chunks[idx].write().unwrap_or_else(std::sync::PoisonError::into_inner);
             let c = chunk.get_or_insert_with(|| vec![0u8; CHUNK].into_boxed_slice());
             c[off..off + n].copy_from_slice(&data[at..at + n]);
         });
@@ -87,7 +88,7 @@ impl BlockDev for MemDev {
         let bs = u64::from(self.geometry.block_size);
         let (start, len) = (lba * bs, (blocks * bs) as usize);
         self.for_each_piece(start, len, |idx, off, _, n| {
-            let mut chunk = self.chunks[idx].write().unwrap_or_else(|e| e.into_inner());
+            let mut chunk = self.chunks[idx].write().unwrap_or_else(std::sync::PoisonError::into_inner);
             if n == CHUNK {
                 *chunk = None;
             } else if let Some(c) = chunk.as_mut() {
@@ -101,7 +102,7 @@ impl BlockDev for MemDev {
         self.geometry.check_range(lba, 1)?;
         let bs = u64::from(self.geometry.block_size);
         let state = |idx: usize| {
-            let mapped = self.chunks[idx].read().unwrap_or_else(|e| e.into_inner()).is_some();
+            let mapped = self.chunks[idx].read().unwrap_or_else(std::sync::PoisonError::into_inner).is_some();
             if mapped {
                 Provisioning::Mapped
             } else {

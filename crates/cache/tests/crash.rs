@@ -96,7 +96,7 @@ async fn one_run(mode: AckMode, seed: u64) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let log = FaultDev::new(512, 4096, seed);
     log.set_volatile_cache(true);
-    log.set_crash_mode(if seed % 2 == 0 { CrashMode::DropAll } else { CrashMode::KeepRandom });
+    log.set_crash_mode(if seed.is_multiple_of(2) { CrashMode::DropAll } else { CrashMode::KeepRandom });
     let remote = FaultDev::new(512, BLOCKS, seed ^ 0xabcd);
     remote.set_volatile_cache(true);
     remote.set_crash_mode(CrashMode::KeepRandom);
@@ -167,7 +167,7 @@ async fn one_run(mode: AckMode, seed: u64) -> Result<(), String> {
     }
     tokio::time::timeout(Duration::from_secs(30), cache.drain()).await.map_err(|_| "drain did not finish")?;
     cache.close().await;
-    let remote_now = versions(&remote.read_durable(0, BLOCKS).iter().copied().collect::<Vec<u8>>())?;
+    let remote_now = versions(&remote.read_durable(0, BLOCKS))?;
     let remote_volatile = versions(&remote.read_volatile(0, BLOCKS))?;
     if remote_volatile != shown || remote_now != shown {
         return Err("after draining, the remote's durable image differs from what the host sees".into());

@@ -119,6 +119,10 @@ struct HostWrite {
     zero: bool,
 }
 
+/// A read planned and not yet finished: its plan, first block, what it must return and what the
+/// remote answered when it was planned.
+type HeldRead = (stics_cache::core::ReadPlan, u64, Vec<Val>, Vec<(u64, Bytes)>);
+
 struct Sim {
     mode: Mode,
     cfg: Config,
@@ -131,7 +135,7 @@ struct Sim {
     /// A checkpoint waiting to be written to the superblock.
     pending_super: Option<Checkpoint>,
     /// Reads planned and not yet resolved, with what they must return.
-    held: Vec<(stics_cache::core::ReadPlan, u64, Vec<Val>, Vec<(u64, Bytes)>)>,
+    held: Vec<HeldRead>,
     /// Every host write in order.
     writes: Vec<HostWrite>,
     /// Indices into `writes` where a flush boundary falls (writes before it are in earlier epochs).

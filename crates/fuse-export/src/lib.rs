@@ -273,7 +273,7 @@ impl fuser::Filesystem for BlockFile {
                     if rmw {
                         stats.read_modify_writes.fetch_add(1, Relaxed);
                     }
-                    reply.written(len as u32)
+                    reply.written(len as u32);
                 }
                 Err(e) => {
                     stats.errors.fetch_add(1, Relaxed);
@@ -446,7 +446,7 @@ impl Mounted {
 
     /// True once the export stopped (unmounted from outside, or after [`Mounted::unmount`]).
     pub fn is_finished(&self) -> bool {
-        self.thread.as_ref().is_none_or(|t| t.is_finished())
+        self.thread.as_ref().is_none_or(std::thread::JoinHandle::is_finished)
     }
 
     /// Unmounts; when the file is busy (a loop device still holds it), detaches it lazily so

@@ -45,7 +45,7 @@ pub fn count_sent(c: &Counters, pdu: &Pdu, wire_len: usize) {
             Counters::add(&c.round_trips, 1);
         }
         Header::LoginRequest(_) | Header::TextRequest(_) | Header::LogoutRequest(_) | Header::TaskMgmtRequest(_) => {
-            Counters::add(&c.round_trips, 1)
+            Counters::add(&c.round_trips, 1);
         }
         Header::NopOut(n) if n.itt != stics_wire::RESERVED_TAG => Counters::add(&c.round_trips, 1),
         _ => {}

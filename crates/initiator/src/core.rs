@@ -502,7 +502,7 @@ impl Core {
         if !self.is_up() {
             return;
         }
-        self.last_error = reason.to_owned();
+        reason.clone_into(&mut self.last_error);
         out.push(Action::Disconnect(reason.to_owned()));
         let mut all: Vec<(u32, u64)> = self.tasks.iter().map(|(itt, t)| (*itt, t.seq)).collect();
         all.sort_by_key(|(_, s)| *s);
@@ -551,7 +551,7 @@ impl Core {
         if !matches!(self.link, Link::Connecting { gen: g } if g == gen) {
             return out;
         }
-        self.last_error = reason.to_owned();
+        reason.clone_into(&mut self.last_error);
         match self.recovery.on_attempt_failed(now, permanent) {
             Decision::RetryAt(t) => self.link = Link::Waiting { until: t },
             Decision::GiveUp => self.give_up(&mut out),

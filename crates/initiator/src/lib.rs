@@ -72,14 +72,14 @@ pub enum Error {
     #[error(transparent)]
     Task(#[from] TaskError),
     /// A command finished with a SCSI status other than GOOD.
-    #[error("SCSI command {opcode:#04x} failed: status {status:#04x}{}", sense_text(sense))]
+    #[error("SCSI command {opcode:#04x} failed: status {status:#04x}{}", sense_text(sense.as_ref()))]
     Scsi { opcode: u8, status: u8, sense: Option<stics_sam::Sense> },
     /// The LUN is not a direct-access block device.
     #[error("LUN {lun} is a {device_type}, not a disk")]
     NotADisk { lun: u64, device_type: &'static str },
 }
 
-fn sense_text(s: &Option<stics_sam::Sense>) -> String {
+fn sense_text(s: Option<&stics_sam::Sense>) -> String {
     s.map(|s| format!(", sense key {:#x} asc {:#04x} ascq {:#04x}", s.key, s.asc, s.ascq)).unwrap_or_default()
 }
 

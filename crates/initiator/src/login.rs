@@ -240,7 +240,7 @@ impl Login {
         self.params
             .apply("MaxRecvDataSegmentLength", &declared, false)
             .map_err(|e| LoginError::Protocol(e.to_string()))?;
-        self.offered = keys.clone();
+        self.offered.clone_from(&keys);
         Ok(Step::Send(self.request(stage::OPERATIONAL, stage::FULL_FEATURE, true, &keys)))
     }
 
@@ -303,7 +303,7 @@ impl Login {
                             Ok(Step::Send(self.request(stage::SECURITY, stage::OPERATIONAL, true, &[])))
                         }
                     }
-                    Some("Reject") | Some(_) if self.cfg.chap.is_none() => {
+                    Some("Reject" | _) if self.cfg.chap.is_none() => {
                         Err(LoginError::Auth("target requires authentication; give user%secret@ in the URL".into()))
                     }
                     Some(other) => Err(LoginError::Auth(format!("target chose authentication method {other:?}"))),
@@ -406,6 +406,7 @@ impl Login {
         Ok(())
     }
 
+    #[expect(clippy::unnecessary_wraps, reason = "every login step answers Result<Step, LoginError>")]
     fn finish(&mut self, r: &LoginResponse) -> Result<Step, LoginError> {
         self.state = State::Done;
         let mut params = self.params.clone();

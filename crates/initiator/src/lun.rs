@@ -68,6 +68,7 @@ pub async fn execute_retrying(s: &Session, req: Request, counters: &Counters) ->
 
 /// A remote logical unit.
 #[derive(Debug)]
+#[expect(clippy::struct_field_names, reason = "`lun` is the LUN number, the spec's name")]
 pub struct Lun {
     sessions: Vec<Session>,
     next: AtomicUsize,
@@ -173,7 +174,7 @@ impl Lun {
 
     /// Counters summed over all sessions.
     pub fn counters(&self) -> Snapshot {
-        self.sessions.iter().map(|s| s.counters()).fold(Snapshot::default(), |a, b| a + b)
+        self.sessions.iter().map(super::session::Session::counters).fold(Snapshot::default(), |a, b| a + b)
     }
 
     /// Flushes that needed no SYNCHRONIZE CACHE (nothing written since the previous flush).

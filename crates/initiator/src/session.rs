@@ -334,10 +334,10 @@ impl Driver {
             let wake = tokio::select! {
                 biased;
                 r = next_pdu(rd) => Wake::Pdu(r),
-                _ = writable(wr), if want_write => Wake::Writable,
+                () = writable(wr), if want_write => Wake::Writable,
                 ev = events.recv() => Wake::Event(ev),
                 m = user.recv(), if user_open => Wake::User(m),
-                _ = sleep => Wake::Tick,
+                () = sleep => Wake::Tick,
             };
             let now = Instant::now();
             let actions = match wake {
@@ -390,24 +390,22 @@ impl Driver {
                         }
                     }
                     if logout_asked {
-                        match core.logout() {
-                            Some(p) => actions.push(Action::Send(p)),
-                            None => {
-                                self.logout_waiter = None;
-                                actions.extend(core.close());
-                            }
+                        if let Some(p) = core.logout() {
+                            actions.push(Action::Send(p));
+                        } else {
+                            self.logout_waiter = None;
+                            actions.extend(core.close());
                         }
                     }
                     actions
                 }
                 Wake::User(Some(UserMsg::Logout(tx))) => {
                     self.logout_waiter = Some(tx);
-                    match core.logout() {
-                        Some(p) => vec![Action::Send(p)],
-                        None => {
-                            self.logout_waiter = None;
-                            core.close()
-                        }
+                    if let Some(p) = core.logout() {
+                        vec![Action::Send(p)]
+                    } else {
+                        self.logout_waiter = None;
+                        core.close()
                     }
                 }
                 Wake::User(None) => {

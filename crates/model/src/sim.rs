@@ -328,17 +328,14 @@ fn interleaved(
         if arrival_first {
             let Some((arrival, size)) = next else { break };
             let req = Req { id: generated, arrival, size, next_burst: 0, rounds: iscsi.rounds(size) as u64 };
-            let slot = match free_slots.pop() {
-                Some(s) => {
-                    if let Some(r) = reqs.get_mut(s) {
-                        *r = req;
-                    }
-                    s
+            let slot = if let Some(s) = free_slots.pop() {
+                if let Some(r) = reqs.get_mut(s) {
+                    *r = req;
                 }
-                None => {
-                    reqs.push(req);
-                    reqs.len() - 1
-                }
+                s
+            } else {
+                reqs.push(req);
+                reqs.len() - 1
             };
             send(slot, arrival, &mut reqs, &mut heap);
             generated += 1;

@@ -67,12 +67,10 @@ type Outcome = Result<Done, Fail>;
 
 fn residual(expected: u32, xfer: u64) -> Residual {
     let e = u64::from(expected);
-    if xfer > e {
-        Residual::Overflow((xfer - e).min(u64::from(u32::MAX)) as u32)
-    } else if xfer < e {
-        Residual::Underflow((e - xfer) as u32)
-    } else {
-        Residual::None
+    match xfer.cmp(&e) {
+        std::cmp::Ordering::Greater => Residual::Overflow((xfer - e).min(u64::from(u32::MAX)) as u32),
+        std::cmp::Ordering::Less => Residual::Underflow((e - xfer) as u32),
+        std::cmp::Ordering::Equal => Residual::None,
     }
 }
 
@@ -670,12 +668,13 @@ impl Device {
         for (l, n, s) in descs {
             v.extend_from_slice(&l.to_be_bytes());
             v.extend_from_slice(&n.to_be_bytes());
-            v.push(if s == Provisioning::Mapped { 0 } else { 1 });
+            v.push(u8::from(s != Provisioning::Mapped));
             v.extend_from_slice(&[0; 3]);
         }
         Ok(Done::data_in(v, alloc))
     }
 
+    #[expect(clippy::unused_self, reason = "one of the device's command handlers, called like the others")]
     fn mode_select(
         &self,
         lu: &LogicalUnit,
@@ -832,7 +831,7 @@ fn mode_sense(lu: &LogicalUnit, ms: &ModeSense) -> Outcome {
     if ten {
         let len = (6 + bd.len() + pages.len()) as u16;
         v.extend_from_slice(&len.to_be_bytes());
-        v.extend_from_slice(&[0, dsp, if llbaa && !dbd { 1 } else { 0 }, 0]);
+        v.extend_from_slice(&[0, dsp, u8::from(llbaa && !dbd), 0]);
         v.extend_from_slice(&(bd.len() as u16).to_be_bytes());
     } else {
         let len = (3 + bd.len() + pages.len()).min(255) as u8;
@@ -856,7 +855,7 @@ fn report_opcodes(lu: &LogicalUnit, rctd: bool, options: u8, opcode: u8, sa: u16
                 v.push(0);
                 v.extend_from_slice(&u16::from(o.sa.unwrap_or(0)).to_be_bytes());
                 v.push(0);
-                v.push(if rctd { 0x02 } else { 0 } | if o.sa.is_some() { 0x01 } else { 0 });
+                v.push(if rctd { 0x02 } else { 0 } | u8::from(o.sa.is_some()));
                 v.extend_from_slice(&(o.usage.len() as u16).to_be_bytes());
                 if rctd {
                     v.extend_from_slice(&spc::timeouts_descriptor());

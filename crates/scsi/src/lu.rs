@@ -123,7 +123,7 @@ impl LogicalUnit {
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, LuState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Largest transfer in blocks.

@@ -371,7 +371,7 @@ impl PrState {
             let holder = self.is_holder(&r.nexus);
             body.extend_from_slice(&r.key.to_be_bytes());
             body.extend_from_slice(&[0, 0, 0, 0]);
-            body.push(if holder { 0x01 } else { 0 });
+            body.push(u8::from(holder));
             body.push(if holder { self.resv.as_ref().map_or(0, |x| x.ptype & 0x0f) } else { 0 });
             body.extend_from_slice(&[0, 0, 0, 0]);
             body.extend_from_slice(&r.nexus.tpgt.to_be_bytes());

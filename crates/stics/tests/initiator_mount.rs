@@ -14,7 +14,7 @@ use stics_testkit::proc::{run_ok, spawn_stics, wait_mounted, Guard};
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+    ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A tgt LUN of `size_mib` MiB exported by `stics mount` at `dir/lun`; fields drop in order,
@@ -29,12 +29,12 @@ struct Setup {
 
 impl Setup {
     fn start(size_mib: u64) -> Setup {
-        let _serial = serial();
+        let lock = serial();
         let tgt = Tgt::start(size_mib);
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("lun");
         let m = Mount::start(&tgt.url(), &file);
-        Setup { m, file, tgt, dir, _serial }
+        Setup { m, file, tgt, dir, _serial: lock }
     }
 }
 
@@ -72,13 +72,12 @@ impl Mount {
 
     /// Waits for the process to exit; returns its success and stderr.
     fn wait(&mut self, limit: Duration) -> (bool, String) {
-        match self.proc.wait_exit(limit) {
-            Some(st) => (st.success(), std::fs::read_to_string(self.log.path()).unwrap()),
-            None => {
-                self.proc.kill();
-                let err = std::fs::read_to_string(self.log.path()).unwrap_or_default();
-                panic!("stics mount did not stop within {limit:?}; it said:\n{err}");
-            }
+        if let Some(st) = self.proc.wait_exit(limit) {
+            (st.success(), std::fs::read_to_string(self.log.path()).unwrap())
+        } else {
+            self.proc.kill();
+            let err = std::fs::read_to_string(self.log.path()).unwrap_or_default();
+            panic!("stics mount did not stop within {limit:?}; it said:\n{err}");
         }
     }
 }
@@ -163,7 +162,7 @@ fn sigint_unmounts_and_leaves_the_written_data_on_the_target() {
 #[test]
 fn fallocate_punches_and_zeroes_ranges_on_the_target() {
     let mut s = Setup::start(16);
-    write_synced(&s.file, 0, &[0x5au8; 4 << 20]);
+    write_synced(&s.file, 0, &vec![0x5au8; 4 << 20]);
     let fallocate = |args: &[&str]| Command::new("fallocate").args(args).arg(&s.file).output().unwrap();
     // Unaligned at both ends, and more than one 1 MiB zero buffer in between.
     let out = fallocate(&["--punch-hole", "--offset", "1000", "--length", "1500000"]);

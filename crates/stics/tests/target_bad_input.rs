@@ -28,7 +28,7 @@ fn start(extra: &[&str], log: Option<&Path>, env: &[(&str, &str)]) -> SticsTarge
     let options = SticsOptions {
         // A config file names its own targets.
         iqn: (!extra.contains(&"--config")).then(|| IQN.to_owned()),
-        args: extra.iter().map(|s| s.to_string()).collect(),
+        args: extra.iter().map(std::string::ToString::to_string).collect(),
         env,
         stderr: log.map(Path::to_owned),
     };
@@ -142,7 +142,7 @@ fn hostile_peers_do_not_disturb_other_sessions_or_grow_memory() {
     // Garbage, and a stream of zeros (a BHS of opcode 0 before login).
     let mut noise = vec![0u8; 256 * 1024];
     let mut x: u32 = 12345;
-    for b in noise.iter_mut() {
+    for b in &mut noise {
         x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
         *b = (x >> 16) as u8;
     }

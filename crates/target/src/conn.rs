@@ -90,7 +90,7 @@ impl Outbox {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Why a frame could not be read.
@@ -158,7 +158,7 @@ pub(crate) async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: Arc<S
                 return;
             }
         },
-        _ = shared.stopping.killed() => return,
+        () = shared.stopping.killed() => return,
     };
     full_feature(stream, buf, peer, local, shared, logged_in).await;
 }
@@ -465,17 +465,17 @@ impl Session {
             while seq.queued.load(Ordering::Acquire) > MAX_QUEUED {
                 tokio::select! {
                     biased;
-                    _ = ctl.killed() => return "replaced or reset",
-                    _ = stopping.stopping.killed() => return "target shutting down",
-                    _ = seq.drained.notified() => {}
+                    () = ctl.killed() => return "replaced or reset",
+                    () = stopping.stopping.killed() => return "target shutting down",
+                    () = seq.drained.notified() => {}
                 }
             }
             let deadline = lock(&self.handle.live).core.deadline().map(Instant::from_std);
             tokio::select! {
                 biased;
-                _ = ctl.killed() => return "replaced or reset",
-                _ = stopping.stopping.killed() => return "target shutting down",
-                _ = sleep_until_some(deadline) => {
+                () = ctl.killed() => return "replaced or reset",
+                () = stopping.stopping.killed() => return "target shutting down",
+                () = sleep_until_some(deadline) => {
                     let actions = self.handle.run(|l| l.core.on_tick(std::time::Instant::now()));
                     if let Some(reason) = self.perform(actions) {
                         return reason;
@@ -517,7 +517,7 @@ impl Session {
                     match reason {
                         CloseReason::HeaderDigest => tracing::warn!("header digest error; closing"),
                         CloseReason::PingUnanswered => {
-                            tracing::warn!("initiator did not answer a NOP-In ping; closing")
+                            tracing::warn!("initiator did not answer a NOP-In ping; closing");
                         }
                         CloseReason::Logout | CloseReason::Truncated => {}
                     }
@@ -535,10 +535,10 @@ impl Session {
     fn log(&self, e: Event) {
         match e {
             Event::TaskManagement { function, response } => {
-                tracing::info!(function, response, initiator = %self.nexus.initiator_name, "task management")
+                tracing::info!(function, response, initiator = %self.nexus.initiator_name, "task management");
             }
             Event::OutsideWindow { cmd_sn, exp, max } => {
-                tracing::debug!(cmd_sn, exp, max, "command outside the CmdSN window ignored")
+                tracing::debug!(cmd_sn, exp, max, "command outside the CmdSN window ignored");
             }
             Event::WriteTooLarge { len } => tracing::debug!(len, "write larger than max_command_bytes refused"),
             Event::WriteRefused(e) => tracing::debug!("write refused: {e}"),

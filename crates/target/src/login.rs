@@ -273,9 +273,8 @@ impl Login {
             return Step::Continue(p);
         }
         let text = std::mem::take(&mut self.pending);
-        let pairs = match text::parse(&text) {
-            Ok(p) => p,
-            Err(_) => return self.failed(req, login_status::INITIATOR_ERROR),
+        let Ok(pairs) = text::parse(&text) else {
+            return self.failed(req, login_status::INITIATOR_ERROR);
         };
         if skipping_security {
             if let Err(s) = self.leading_keys(&pairs) {

@@ -42,11 +42,11 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub fn registry(&self) -> MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+        self.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub fn task_sets(&self) -> MutexGuard<'_, HashMap<u64, Arc<SessionHandle>>> {
-        self.task_sets.lock().unwrap_or_else(|e| e.into_inner())
+        self.task_sets.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -92,7 +92,7 @@ impl Server {
                 })?;
                 let id = lun_id(&t.iqn, i);
                 let cfg = LuConfig {
-                    serial: format!("{:016x}", id),
+                    serial: format!("{id:016x}"),
                     // NAA 6 (registered extended) with the IEEE company id field left as our hash.
                     naa_id: (0x6u64 << 60) | (id >> 4),
                     // The Block Limits VPD page reports exactly the command size the target takes.
@@ -164,7 +164,7 @@ impl Server {
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
-                _ = &mut shutdown => break,
+                () = &mut shutdown => break,
                 c = conn_rx.recv() => {
                     let Some((stream, peer)) = c else { break };
                     let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {

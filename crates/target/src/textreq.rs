@@ -104,7 +104,7 @@ impl TextState {
                 _ => match keys::lookup(k) {
                     None => out.push((k.clone(), keys::NOT_UNDERSTOOD.into())),
                     Some(def) if def.normal_only && ctx.session_type == SessionType::Discovery => {
-                        out.push((k.clone(), keys::IRRELEVANT.into()))
+                        out.push((k.clone(), keys::IRRELEVANT.into()));
                     }
                     // Leading-only and login-only keys cannot change in full feature phase.
                     Some(_) => out.push((k.clone(), keys::REJECT.into())),
@@ -133,7 +133,7 @@ impl TextState {
 fn send_targets(v: &str, ctx: &Context<'_>, out: &mut Vec<(String, String)>) {
     let wanted: Vec<&Listing> = match (v, ctx.session_type) {
         ("All", SessionType::Discovery) => ctx.visible.iter().collect(),
-        ("All", SessionType::Normal) | ("", SessionType::Normal) => {
+        ("All" | "", SessionType::Normal) => {
             ctx.visible.iter().filter(|l| ctx.target.is_some_and(|t| t.eq_ignore_ascii_case(&l.iqn))).collect()
         }
         ("", SessionType::Discovery) => Vec::new(),

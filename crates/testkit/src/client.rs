@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use stics_wire::frame::{self, Digests};
+#[allow(clippy::wildcard_imports, reason = "a test client speaks every PDU and its constants")]
 use stics_wire::pdu::*;
 use stics_wire::text;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -88,15 +89,13 @@ impl Client {
     pub async fn try_recv(&mut self, wait: Duration) -> Option<Pdu> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            match frame::check(&self.buf, self.digests, 1 << 24) {
-                Ok(n) => return Some(frame::parse(self.buf.split_to(n).freeze(), self.digests).unwrap()),
-                Err(_) => {
-                    let r = tokio::time::timeout_at(deadline, self.s.read_buf(&mut self.buf)).await;
-                    match r {
-                        Ok(Ok(n)) if n > 0 => {}
-                        _ => return None,
-                    }
-                }
+            if let Ok(n) = frame::check(&self.buf, self.digests, 1 << 24) {
+                return Some(frame::parse(self.buf.split_to(n).freeze(), self.digests).unwrap());
+            }
+            let r = tokio::time::timeout_at(deadline, self.s.read_buf(&mut self.buf)).await;
+            match r {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return None,
             }
         }
     }
@@ -117,8 +116,8 @@ impl Client {
         let mut b = [0u8; 4096];
         loop {
             match tokio::time::timeout(WAIT, self.s.read(&mut b)).await {
-                Ok(Ok(0)) | Ok(Err(_)) => return true,
-                Ok(Ok(_)) => continue,
+                Ok(Ok(0) | Err(_)) => return true,
+                Ok(Ok(_)) => {}
                 Err(_) => return false,
             }
         }

@@ -176,7 +176,7 @@ impl State {
 
     /// Counts the operation, applies the rules; returns the delay to wait and whether it fails.
     fn admit(&mut self, op: Op, range: Option<Range<u64>>) -> Result<(Duration, bool), BlockError> {
-        let lba = range.as_ref().map(|r| r.start).unwrap_or(0);
+        let lba = range.as_ref().map_or(0, |r| r.start);
         if self.down {
             return Err(io_error(lba, "device is down after a crash"));
         }
@@ -224,7 +224,7 @@ impl FaultDev {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Without a volatile cache every completed write is durable.
@@ -310,7 +310,7 @@ impl FaultDev {
 
     /// Counts and applies rules, then waits out any delay; Err if the operation fails.
     async fn admit(&self, op: Op, range: Option<Range<u64>>) -> Result<(), BlockError> {
-        let lba = range.as_ref().map(|r| r.start).unwrap_or(0);
+        let lba = range.as_ref().map_or(0, |r| r.start);
         let (delay, fail) = self.lock().admit(op, range)?;
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;

@@ -153,7 +153,11 @@ pub struct SticsOptions {
 impl SticsOptions {
     /// Target [`IQN`] with these arguments.
     pub fn args(args: &[&str]) -> SticsOptions {
-        SticsOptions { iqn: Some(IQN.into()), args: args.iter().map(|s| s.to_string()).collect(), ..Default::default() }
+        SticsOptions {
+            iqn: Some(IQN.into()),
+            args: args.iter().map(std::string::ToString::to_string).collect(),
+            ..Default::default()
+        }
     }
 }
 
@@ -178,7 +182,7 @@ impl SticsTarget {
     pub fn with_file_lun(bin: &Path, size_mib: u64, extra: &[&str]) -> SticsTarget {
         let lun = FileLun::new(size_mib);
         let mut options = SticsOptions::args(&["--lun", &format!("file:{}", lun.file.display())]);
-        options.args.extend(extra.iter().map(|s| s.to_string()));
+        options.args.extend(extra.iter().map(std::string::ToString::to_string));
         let mut t =
             SticsTarget { port: free_port(), bin: bin.to_owned(), options, lun: Some(lun), proc: Guard::default() };
         t.spawn();

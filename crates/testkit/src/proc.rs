@@ -17,7 +17,7 @@ impl Guard {
 
     /// The PID, or 0 once the child is gone.
     pub fn pid(&self) -> u32 {
-        self.0.as_ref().map(|c| c.id()).unwrap_or(0)
+        self.0.as_ref().map_or(0, std::process::Child::id)
     }
 
     /// SIGKILL, then waits for the child to exit.
@@ -42,7 +42,7 @@ impl Guard {
 
     /// True while the child runs.
     pub fn alive(&mut self) -> bool {
-        matches!(self.0.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+        matches!(self.0.as_mut().map(std::process::Child::try_wait), Some(Ok(None)))
     }
 
     /// Waits up to `limit` for the child to exit and returns its status (the guard then holds

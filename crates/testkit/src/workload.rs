@@ -29,7 +29,7 @@ pub fn fault_options() -> LunOptions {
         max_backoff: Duration::from_millis(250),
     };
     o.config.timers.nop_interval = Duration::from_millis(500);
-    o.config.timers.nop_timeout = Duration::from_millis(1000);
+    o.config.timers.nop_timeout = Duration::from_secs(1);
     o.config.login_timeout = Duration::from_secs(2);
     o
 }

@@ -40,7 +40,11 @@ pub enum Opcode {
 impl Opcode {
     /// Decodes the low six bits of BHS byte 0.
     pub fn from_u8(v: u8) -> Option<Opcode> {
-        use Opcode::*;
+        use Opcode::{
+            AsyncMessage, DataIn, DataOut, LoginRequest, LoginResponse, LogoutRequest, LogoutResponse, NopIn, NopOut,
+            R2t, Reject, ScsiCommand, ScsiResponse, SnackRequest, TaskMgmtRequest, TaskMgmtResponse, TextRequest,
+            TextResponse,
+        };
         Some(match v & 0x3f {
             0x00 => NopOut,
             0x01 => ScsiCommand,
@@ -509,7 +513,7 @@ mod field {
         b[o..o + v.len()].copy_from_slice(v);
     }
 }
-use field::*;
+use field::{cdb, isid, put_bytes, put_u16, put_u32, put_u64, u16_at, u32_at, u64_at};
 
 const F: u8 = 0x80;
 

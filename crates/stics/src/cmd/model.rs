@@ -549,7 +549,7 @@ fn queue_dist(sizes: &SizeArgs) -> anyhow::Result<(Vec<f64>, Option<SizeDist>)> 
     Ok((fixed, dist))
 }
 
-fn dist_for(point: &Point, dist: &Option<SizeDist>) -> anyhow::Result<SizeDist> {
+fn dist_for(point: &Point, dist: Option<&SizeDist>) -> anyhow::Result<SizeDist> {
     match dist {
         Some(d) => Ok(d.clone()),
         None => Ok(SizeDist::fixed(point.get("size"))?),
@@ -583,7 +583,7 @@ fn capacity_cmd(a: CapacityArgs) -> anyhow::Result<()> {
     ])?;
     for p in points {
         let m = a.session.model(&a.net, p.get("rtt"), p.get("loss"), p.get("proc"))?;
-        let d = dist_for(&p, &dist)?;
+        let d = dist_for(&p, dist.as_ref())?;
         if d.mean() <= 0.0 {
             bail!("the mean request size is zero: offered traffic is undefined");
         }
@@ -629,8 +629,12 @@ fn simulate_cmd(a: SimArgs) -> anyhow::Result<()> {
     // Without --load the offered traffic is the one of the lognormal's own rate, NaN marks "use --mu".
     let load = if a.load.is_empty() { vec![f64::NAN] } else { a.load.clone() };
     let mut knobs = vec![
-        Axis::new("mode", a.mode.iter().map(|m| (*m == ModeArg::Interleaved) as u8 as f64).collect(), show_mode),
-        Axis::new("arrivals", a.arrivals.iter().map(|m| (*m == ArrivalArg::Poisson) as u8 as f64).collect(), show_arr),
+        Axis::new("mode", a.mode.iter().map(|m| f64::from(u8::from(*m == ModeArg::Interleaved))).collect(), show_mode),
+        Axis::new(
+            "arrivals",
+            a.arrivals.iter().map(|m| f64::from(u8::from(*m == ArrivalArg::Poisson))).collect(),
+            show_arr,
+        ),
         knob("rtt", a.net.rtt.clone(), parse_duration, fmt_ms),
         knob("loss", a.net.loss.clone(), parse_probability, show_loss),
         knob("proc", a.session.proc.clone(), parse_duration, fmt_ms),
@@ -668,7 +672,7 @@ fn simulate_cmd(a: SimArgs) -> anyhow::Result<()> {
     );
     for p in points {
         let m = a.session.model(&a.net, p.get("rtt"), p.get("loss"), p.get("proc"))?;
-        let d = dist_for(&p, &dist)?;
+        let d = dist_for(&p, dist.as_ref())?;
         if d.mean() <= 0.0 {
             bail!("the mean request size is zero: offered traffic is undefined");
         }

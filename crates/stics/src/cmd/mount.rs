@@ -56,7 +56,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let spec: DeviceSpec = args.url.parse()?;
     let mut opts = LunOptions { sessions: args.sessions.max(1), ..LunOptions::default() };
     if let Some(n) = &args.initiator_name {
-        opts.config.initiator_name = n.clone();
+        opts.config.initiator_name.clone_from(n);
     }
     opts.config.offer.header_digest = args.digests;
     opts.config.offer.data_digest = args.digests;

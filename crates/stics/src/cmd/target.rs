@@ -89,7 +89,7 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
         None => Config { targets: Vec::new(), ..Config::default() },
     };
     if !args.listen.is_empty() {
-        config.listen = args.listen.clone();
+        config.listen.clone_from(&args.listen);
     }
     let cli_target = args.config.is_none() || args.iqn.is_some() || !args.lun.is_empty();
     if cli_target {

@@ -210,7 +210,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 bail!("namespace {ns} does not exist: run `stics wan up` first");
             }
             let err = std::process::Command::new("ip").args(["netns", "exec", &ns]).args(&command).exec();
-            Err(anyhow::Error::from(err).context(format!("running {:?} in {ns}", command)))
+            Err(anyhow::Error::from(err).context(format!("running {command:?} in {ns}")))
         }
         Cmd::Daemon => {
             let token = std::fs::read_to_string(inst.token_path()).context("reading the instance token")?;
@@ -235,7 +235,7 @@ fn need_root() -> anyhow::Result<()> {
 }
 
 fn random_seed() -> u64 {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     (t as u64) ^ (u64::from(std::process::id()) << 32)
 }
 
