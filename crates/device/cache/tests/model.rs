@@ -199,6 +199,11 @@ impl Sim {
     }
 
     fn write_superblock(&mut self, cp: Checkpoint) {
+        self.write_superblock_torn(cp, LOG_BLOCK as usize);
+    }
+
+    /// Writes the next superblock copy; only its first `landed` bytes reach the medium.
+    fn write_superblock_torn(&mut self, cp: Checkpoint, landed: usize) {
         self.generation += 1;
         let sb = Superblock {
             log_uuid: self.uuid,
@@ -208,7 +213,7 @@ impl Sim {
             checkpoint: cp,
         };
         let at = sb.copy_offset() as usize;
-        self.log[at..at + LOG_BLOCK as usize].copy_from_slice(&sb.encode());
+        self.log[at..at + landed].copy_from_slice(&sb.encode()[..landed]);
     }
 
     fn ack(&mut self, tickets: Vec<Ticket>) {
@@ -476,17 +481,7 @@ impl Sim {
             if tear.is_multiple_of(3) {
                 self.write_superblock(cp);
             } else if tear % 3 == 1 {
-                self.generation += 1;
-                let sb = Superblock {
-                    log_uuid: self.uuid,
-                    generation: self.generation,
-                    log_bytes: self.cfg.ring_end,
-                    remote: RemoteBinding { device_id: b"remote".to_vec(), num_blocks: BLOCKS, block_size: BS as u32 },
-                    checkpoint: cp,
-                };
-                let at = sb.copy_offset() as usize;
-                let bytes = sb.encode();
-                self.log[at..at + 64].copy_from_slice(&bytes[..64]);
+                self.write_superblock_torn(cp, 64);
             }
         }
         self.held.clear();

@@ -1,11 +1,9 @@
 //! A target whose LUN is an `iscsi://` LUN of another target (a proxy): what is written through
 //! the proxy lands on the backing target, and the proxy reports the backing LUN's geometry.
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use stics_target::{Config, Limits, Server, TargetConfig};
-use tokio::sync::oneshot;
+use stics_testkit::peers::InProcess;
 
 const BACKING: &str = "iqn.2024-01.org.stics.test:backing";
 const PROXY: &str = "iqn.2024-01.org.stics.test:proxy";
@@ -25,26 +23,12 @@ fn config(iqn: &str, lun: String) -> Config {
     }
 }
 
-/// Serves `c` until the returned sender is dropped or sent to.
-async fn serve(c: Config) -> (std::net::SocketAddr, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let server = Server::bind(&c).await.unwrap();
-    let addr = server.local_addrs()[0];
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        server
-            .run(async {
-                let _ = rx.await;
-            })
-            .await
-            .unwrap();
-    });
-    (addr, tx, task)
-}
-
 #[tokio::test]
 async fn a_target_serves_a_lun_of_another_target() {
-    let (backing, stop_backing, backing_task) = serve(config(BACKING, "mem:4MiB:4096".into())).await;
-    let (proxy, stop_proxy, proxy_task) = serve(config(PROXY, format!("iscsi://{backing}/{BACKING}/0"))).await;
+    let backing_target = InProcess::start(&config(BACKING, "mem:4MiB:4096".into())).await;
+    let backing = backing_target.addr;
+    let proxy_target = InProcess::start(&config(PROXY, format!("iscsi://{backing}/{BACKING}/0"))).await;
+    let proxy = proxy_target.addr;
 
     let ctx = stics_stack::OpenContext::default();
     let via_proxy = stics_stack::open(&format!("iscsi://{proxy}/{PROXY}/0").parse().unwrap(), &ctx).await.unwrap();
@@ -58,10 +42,8 @@ async fn a_target_serves_a_lun_of_another_target() {
     assert_eq!(ctx.remote_luns().len(), 2);
     ctx.close().await;
 
-    let _ = stop_proxy.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), proxy_task).await;
-    let _ = stop_backing.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), backing_task).await;
+    proxy_target.stop().await;
+    backing_target.stop().await;
 }
 
 #[tokio::test]
