@@ -75,6 +75,8 @@ pub struct Lun {
     lun: u64,
     geometry: Geometry,
     wce: bool,
+    /// The LUN's name from its Device Identification page.
+    device_id: Option<String>,
     max_blocks: u32,
     /// Writes completed so far; a flush covers every write counted before it started.
     write_gen: AtomicU64,
@@ -140,6 +142,9 @@ impl Lun {
         } else {
             None
         };
+        let id_page = Request { lun, cdb: cdb::inquiry_vpd(vpd::DEVICE_IDENTIFICATION, 1024), data: Data::Read(1024) };
+        let device_id =
+            execute_retrying(&first, id_page, &c).await.ok().and_then(|o| data::parse_device_identification(&o.data));
         let mut sessions = vec![first];
         for i in 1..opts.sessions.max(1) {
             sessions.push(Session::connect(url, &opts.config, random_isid(i as u16)).await?);
@@ -158,6 +163,7 @@ impl Lun {
             write_same_max: limits.max_write_same.min(u64::from(u32::MAX)),
             write_same_ok: AtomicBool::new(true),
             unmap,
+            device_id,
         })
     }
 
@@ -220,6 +226,10 @@ impl BlockDev for Lun {
 
     fn volatile_cache(&self) -> bool {
         self.wce
+    }
+
+    fn device_id(&self) -> Option<String> {
+        self.device_id.clone()
     }
 
     async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {

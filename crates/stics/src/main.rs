@@ -19,6 +19,8 @@ struct Cli {
 enum Command {
     /// Serve block devices over iSCSI (RFC 7143). With no arguments: a 1 GiB memory LUN on 127.0.0.1:3260.
     Target(cmd::target::Args),
+    /// Serve a remote LUN through the STICS cache. With no arguments: an in-process remote over mem:1GiB, served on 127.0.0.1:3260.
+    Gateway(cmd::gateway::Args),
     /// List the targets and LUNs behind an iscsi:// URL, with size and block size.
     Ls(cmd::ls::Args),
     /// Expose a remote LUN as a regular file through FUSE.
@@ -33,6 +35,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Target(a) => cmd::target::run(a),
+        Command::Gateway(a) => cmd::gateway::run(a),
         Command::Ls(a) => cmd::ls::run(a),
         Command::Mount(a) => cmd::mount::run(a),
         Command::Model(a) => cmd::model::run(a),

@@ -145,8 +145,58 @@ pub fn parse_wce(d: &[u8]) -> Option<bool> {
     Some(page.get(2)? & 0x04 != 0)
 }
 
+/// The logical unit's name from Device Identification VPD data (SPC-4 7.8.6): the best
+/// designator whose association is the logical unit, as text (`naa.HEX`, `eui.HEX`, the SCSI
+/// name string, or `t10.VENDOR...`). `None` when the page names the logical unit no way.
+pub fn parse_device_identification(d: &[u8]) -> Option<String> {
+    if d.len() < 4 || d.get(1) != Some(&vpd::DEVICE_IDENTIFICATION) {
+        return None;
+    }
+    let end = (4 + usize::from(u16::from_be_bytes([d[2], d[3]]))).min(d.len());
+    let mut best: Option<(u8, String)> = None;
+    let mut at = 4;
+    while at + 4 <= end {
+        let (code_set, kind, len) = (d[at] & 0x0f, d[at + 1], usize::from(d[at + 3]));
+        let Some(body) = d.get(at + 4..at + 4 + len) else { break };
+        at += 4 + len;
+        if (kind >> 4) & 0x03 != 0 {
+            continue; // a port's or the target device's name, not the logical unit's
+        }
+        let hex = || body.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let text = || String::from_utf8_lossy(body).trim_end_matches(['\0', ' ']).to_owned();
+        let (rank, name) = match kind & 0x0f {
+            3 => (0, format!("naa.{}", hex())),
+            2 => (1, format!("eui.{}", hex())),
+            8 if code_set == 3 => (2, text()),
+            1 => (3, format!("t10.{}", if code_set == 2 { text() } else { hex() })),
+            _ => continue,
+        };
+        if best.as_ref().is_none_or(|(r, _)| rank < *r) {
+            best = Some((rank, name));
+        }
+    }
+    best.map(|(_, n)| n)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_logical_units_naa_name_wins_over_t10_and_port_names() {
+        let mut page = vec![0x00, 0x83, 0, 0];
+        page.extend([0x02, 0x01, 0, 8]);
+        page.extend(b"STICS   ");
+        page.extend([0x51, 0x94, 0, 4, 0, 0, 0, 1]);
+        page.extend([0x01, 0x03, 0, 8, 0x60, 1, 2, 3, 4, 5, 6, 7]);
+        let n = (page.len() - 4) as u16;
+        page[2..4].copy_from_slice(&n.to_be_bytes());
+        assert_eq!(super::parse_device_identification(&page).as_deref(), Some("naa.6001020304050607"));
+        page.truncate(4 + 12 + 8);
+        page[2..4].copy_from_slice(&20u16.to_be_bytes());
+        assert_eq!(super::parse_device_identification(&page).as_deref(), Some("t10.STICS"));
+        assert_eq!(super::parse_device_identification(&[0, 0x80, 0, 0]), None);
+        assert_eq!(super::parse_device_identification(&[0, 0x83, 0, 200, 1]), None);
+    }
+
     use super::*;
 
     #[test]

@@ -15,4 +15,4 @@ mod spec;
 mod syntax;
 
 pub use open::{open, OpenContext, OpenError};
-pub use spec::{DeviceSpec, IscsiOptions, Layer, LayerArgs, Redacted, SpecError, LAYERS, MAX_SESSIONS};
+pub use spec::{CacheSpec, DeviceSpec, IscsiOptions, Layer, LayerArgs, Redacted, SpecError, LAYERS, MAX_SESSIONS};

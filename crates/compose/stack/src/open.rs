@@ -4,10 +4,14 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use stics_block::{BlockDev, FileDev, MemDev, NullDev};
+use stics_block::{BlockDev, FileDev, MemDev, NullDev, DEFAULT_BLOCK_SIZE};
+use stics_cache::{Cache, CacheOptions};
 use stics_initiator::{Lun, LunOptions};
 
-use crate::spec::{valid_block_size, DeviceSpec, IscsiOptions};
+use crate::spec::{valid_block_size, DeviceSpec, IscsiOptions, Layer};
+
+/// Size a new log file is created at when `log=PATH` gives none.
+pub const DEFAULT_LOG_BYTES: u64 = 1 << 30;
 
 /// What opening needs beyond the spec, and what it opened that needs closing.
 ///
@@ -18,12 +22,13 @@ pub struct OpenContext {
     /// sessions per LUN, largest transfer. A spec's own options override these.
     pub initiator: LunOptions,
     remote: Mutex<Vec<Arc<Lun>>>,
+    caches: Mutex<Vec<Arc<Cache>>>,
 }
 
 impl OpenContext {
     /// A context whose remote LUNs are opened with `initiator`.
     pub fn new(initiator: LunOptions) -> OpenContext {
-        OpenContext { initiator, remote: Mutex::new(Vec::new()) }
+        OpenContext { initiator, remote: Mutex::new(Vec::new()), caches: Mutex::new(Vec::new()) }
     }
 
     fn remote(&self) -> MutexGuard<'_, Vec<Arc<Lun>>> {
@@ -36,8 +41,22 @@ impl OpenContext {
         self.remote().clone()
     }
 
-    /// Logs out of every remote LUN opened through this context; their I/O fails afterwards.
+    fn caches(&self) -> MutexGuard<'_, Vec<Arc<Cache>>> {
+        self.caches.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Every cache opened through this context: for status, drain and metrics.
+    pub fn cache_devices(&self) -> Vec<Arc<Cache>> {
+        self.caches().clone()
+    }
+
+    /// Closes every cache opened through this context (what is dirty stays in its log), then
+    /// logs out of every remote LUN; their I/O fails afterwards.
     pub async fn close(&self) {
+        let caches = std::mem::take(&mut *self.caches());
+        for c in caches {
+            c.close().await;
+        }
         let luns = std::mem::take(&mut *self.remote());
         for lun in luns {
             lun.close().await;
@@ -62,6 +81,13 @@ pub enum OpenError {
         url: String,
         #[source]
         source: stics_initiator::Error,
+    },
+    /// The cache's log could not be opened or recovered.
+    #[error("cache log {log}: {source}")]
+    Cache {
+        log: PathBuf,
+        #[source]
+        source: stics_cache::CacheError,
     },
     /// A spec built in code with a geometry no parsed spec has.
     #[error("{0}: size must be a positive whole number of 512-, 1024-, 2048- or 4096-byte blocks")]
@@ -108,9 +134,36 @@ pub async fn open(spec: &DeviceSpec, ctx: &OpenContext) -> Result<Arc<dyn BlockD
             ctx.remote().push(Arc::clone(&lun));
             lun
         }
-        // A wrapper opens its inner spec with `Box::pin(open(inner, ctx)).await` (the future
-        // is recursive), then builds itself around the device it got.
-        DeviceSpec::Layer(layer) => match *layer {},
+        // A wrapper opens its inner spec first (the future is recursive, hence the box), then
+        // builds itself around the device it got.
+        DeviceSpec::Layer(Layer::Cache(c)) => {
+            let inner = Box::pin(open(&c.inner, ctx)).await?;
+            let exists = c.log.exists();
+            let size = if exists { None } else { Some(c.log_size.unwrap_or(DEFAULT_LOG_BYTES)) };
+            let log = FileDev::open(&c.log, size, DEFAULT_BLOCK_SIZE)
+                .map_err(|source| OpenError::File { path: c.log.clone(), source })?;
+            let mut opts = CacheOptions::default();
+            if let Some(m) = c.mode {
+                opts.mode = m;
+            }
+            if let Some(n) = c.ram {
+                opts.ram_bytes = n;
+            }
+            if let Some(n) = c.read_cache {
+                opts.read_cache_bytes = n;
+            }
+            if let Some(p) = c.policy {
+                opts.read_cache_policy = p;
+            }
+            // The log is bound to the remote's own name when it has one, else to how it is named here.
+            let id = inner.device_id().unwrap_or_else(|| c.inner.redacted().to_string());
+            let cache = Cache::open(Arc::new(log), inner, id.as_bytes(), opts)
+                .await
+                .map_err(|source| OpenError::Cache { log: c.log.clone(), source })?;
+            let cache = Arc::new(cache);
+            ctx.caches().push(Arc::clone(&cache));
+            cache
+        }
     })
 }
 

@@ -63,16 +63,39 @@ pub const MAX_SESSIONS: usize = 64;
 
 /// Devices that wrap another device: `NAME(SPEC, KEY=VALUE, ...)`.
 ///
-/// None is built in yet. A wrapper is added as a variant holding its typed arguments and a
-/// `Box<DeviceSpec>` of the device it wraps (e.g. `Cache { inner, log: PathBuf, mode }` for
-/// `cache(<spec>, log=PATH, mode=log)`), its name in [`LAYERS`], its parse in `Layer::from_call`
-/// (with [`LayerArgs`] doing the common part), its text in `Layer::write`, and its constructor
-/// in [`crate::open`], which opens the inner spec first. Callers of `parse` and `open` do not change.
+/// A wrapper is a variant holding its typed arguments and a `Box<DeviceSpec>` of the device it
+/// wraps, its name in [`LAYERS`], its parse in `Layer::from_call` (with [`LayerArgs`] doing the
+/// common part), its text in `Layer::write`, and its constructor in [`crate::open`], which opens
+/// the inner spec first. Callers of `parse` and `open` do not change.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Layer {}
+pub enum Layer {
+    /// `cache(SPEC, log=PATH[:SIZE], mode=log|immediate|write-through, ram=SIZE,
+    /// read-cache=SIZE, policy=lru|s3fifo)`: the STICS cache over the device SPEC names.
+    Cache(CacheSpec),
+}
+
+/// The arguments of `cache(...)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheSpec {
+    /// The device cached (the remote).
+    pub inner: Box<DeviceSpec>,
+    /// The write log: a file (created at `log_size`, 1 GiB when not given, if missing) or a
+    /// block-device node.
+    pub log: PathBuf,
+    /// Size to create the log file at.
+    pub log_size: Option<u64>,
+    /// When writes are acknowledged (`log` when not given).
+    pub mode: Option<stics_cache::AckMode>,
+    /// RAM write buffer.
+    pub ram: Option<u64>,
+    /// DRAM read cache.
+    pub read_cache: Option<u64>,
+    /// Read cache policy.
+    pub policy: Option<stics_cache::readcache::Policy>,
+}
 
 /// The names of the wrappers, for error messages.
-pub const LAYERS: &[&str] = &[];
+pub const LAYERS: &[&str] = &["cache"];
 
 /// Why a spec was refused; each names the piece of text at fault (with secrets hidden).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -259,7 +282,6 @@ pub struct LayerArgs {
 }
 
 impl LayerArgs {
-    #[cfg_attr(not(test), expect(dead_code, reason = "used by the first wrapper"))]
     pub(crate) fn parse(call: &syntax::Call<'_>) -> Result<LayerArgs, SpecError> {
         let bad =
             |piece: &str, reason| SpecError::LayerArg { kind: call.name.to_owned(), piece: redact(piece), reason };
@@ -281,12 +303,91 @@ impl LayerArgs {
 
 impl Layer {
     fn from_call(call: syntax::Call<'_>) -> Result<Layer, SpecError> {
-        Err(SpecError::UnknownLayer { kind: call.name.to_owned() })
+        match call.name {
+            "cache" => cache(&call).map(Layer::Cache),
+            _ => Err(SpecError::UnknownLayer { kind: call.name.to_owned() }),
+        }
     }
 
-    fn write(&self, _out: &mut String, _secrets: bool) {
-        match *self {}
+    fn write(&self, out: &mut String, secrets: bool) {
+        match self {
+            Layer::Cache(c) => {
+                *out += "cache(";
+                c.inner.write(out, secrets);
+                *out += &format!(", log={}", c.log.display());
+                if let Some(n) = c.log_size {
+                    *out += &format!(":{}", size_text(n));
+                }
+                if let Some(m) = c.mode {
+                    let m = match m {
+                        stics_cache::AckMode::Log => "log",
+                        stics_cache::AckMode::Immediate => "immediate",
+                        stics_cache::AckMode::WriteThrough => "write-through",
+                    };
+                    *out += &format!(", mode={m}");
+                }
+                if let Some(n) = c.ram {
+                    *out += &format!(", ram={}", size_text(n));
+                }
+                if let Some(n) = c.read_cache {
+                    *out += &format!(", read-cache={}", size_text(n));
+                }
+                if let Some(p) = c.policy {
+                    let p = match p {
+                        stics_cache::readcache::Policy::Lru => "lru",
+                        stics_cache::readcache::Policy::S3Fifo => "s3fifo",
+                    };
+                    *out += &format!(", policy={p}");
+                }
+                out.push(')');
+            }
+        }
     }
+}
+
+/// Reads `cache(SPEC, log=PATH[:SIZE], ...)`.
+fn cache(call: &syntax::Call<'_>) -> Result<CacheSpec, SpecError> {
+    let args = LayerArgs::parse(call)?;
+    let bad = |piece: &str, reason| SpecError::LayerArg { kind: "cache".into(), piece: piece.to_owned(), reason };
+    let mut c = CacheSpec {
+        inner: Box::new(args.inner),
+        log: PathBuf::new(),
+        log_size: None,
+        mode: None,
+        ram: None,
+        read_cache: None,
+        policy: None,
+    };
+    let size = |v: &str| -> Result<u64, SpecError> {
+        stics_block::parse_size(v).map_err(|e| SpecError::Size { piece: v.to_owned(), message: e.to_string() })
+    };
+    for (k, v) in &args.options {
+        let piece = format!("{k}={v}");
+        match k.as_str() {
+            "log" => {
+                // A trailing `:SIZE` is a size when it reads as one, as for `file:`.
+                match v.rsplit_once(':') {
+                    Some((p, n)) if !p.is_empty() && stics_block::parse_size(n).is_ok() => {
+                        c.log = PathBuf::from(p);
+                        c.log_size = Some(size(n)?);
+                    }
+                    _ => c.log = PathBuf::from(v),
+                }
+                if c.log.as_os_str().is_empty() {
+                    return Err(bad(&piece, "the log needs a path"));
+                }
+            }
+            "mode" => c.mode = Some(v.parse().map_err(|_| bad(&piece, "use log, immediate or write-through"))?),
+            "ram" => c.ram = Some(size(v)?),
+            "read-cache" => c.read_cache = Some(stics_units::parse_size(v).map_err(|_| bad(&piece, "not a size"))?),
+            "policy" => c.policy = Some(v.parse().map_err(|_| bad(&piece, "use lru or s3fifo"))?),
+            _ => return Err(bad(&piece, "known keys: log, mode, ram, read-cache, policy")),
+        }
+    }
+    if c.log.as_os_str().is_empty() {
+        return Err(bad("", "cache(...) needs log=PATH[:SIZE]"));
+    }
+    Ok(c)
 }
 
 /// Bytes in the largest binary unit that divides them exactly.

@@ -92,6 +92,12 @@ pub trait BlockDev: Send + Sync + 'static {
     /// (the target then advertises WCE=1).
     fn volatile_cache(&self) -> bool;
 
+    /// A name that identifies the device's medium wherever it is reached from (for a remote
+    /// LUN, its Device Identification designator), when it has one: what a cache binds its log to.
+    fn device_id(&self) -> Option<String> {
+        None
+    }
+
     /// True when [`BlockDev::discard`] frees space (thin provisioning).
     fn supports_discard(&self) -> bool {
         false

@@ -776,6 +776,15 @@ impl Cache {
     }
 }
 
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("mode", &self.inner.opts.mode)
+            .field("geometry", &self.inner.geometry)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for Cache {
     fn drop(&mut self) {
         self.inner.stopping.store(true, std::sync::atomic::Ordering::Release);

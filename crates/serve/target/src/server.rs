@@ -129,6 +129,11 @@ impl Server {
         Ok(Server { listeners, shared, devices })
     }
 
+    /// The devices opened for the LUNs (remote LUNs, caches): for status and maintenance.
+    pub fn devices(&self) -> &OpenContext {
+        &self.devices
+    }
+
     /// The addresses actually bound (useful with port 0).
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
         self.listeners.iter().filter_map(|l| l.local_addr().ok()).collect()

@@ -122,7 +122,7 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
     Ok(config)
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match signal(SignalKind::terminate()) {
         Ok(mut term) => {

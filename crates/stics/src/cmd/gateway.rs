@@ -1,0 +1,226 @@
+//! `stics gateway`: the STICS box, `target(cache(initiator(url)))`: a remote LUN served on the
+//! local network through a crash-safe write-back cache, with status and metrics over HTTP.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use stics_cache::Cache;
+use stics_target::{Config, Server, TargetConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Serve a remote LUN through the STICS cache (seed 004): writes are acknowledged from a local
+/// write log and destaged to the remote in the background, in an order that keeps the remote
+/// image crash-consistent; reads come from RAM, the log or a read cache before the remote.
+///
+/// With no options: an in-process `stics target` over mem:1GiB on a loopback port is the remote,
+/// the log is a temporary file, and the cached LUN is served on 127.0.0.1:3260.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Address to serve the cached LUN on.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:3260")]
+    pub listen: String,
+
+    /// Target name of the cached LUN (LUN 0, with the remote's geometry).
+    #[arg(long, value_name = "IQN", default_value = "iqn.2024-01.org.stics:gateway0")]
+    pub iqn: String,
+
+    /// The remote LUN: iscsi://[user[%secret]@]host[:port]/IQN/LUN, or any device spec.
+    /// Default: an in-process target over mem:1GiB.
+    #[arg(long, value_name = "URL")]
+    pub remote: Option<String>,
+
+    /// The write log: a file (created at SIZE, default 1GiB, if missing) or a block device.
+    /// Default: a temporary file, removed at exit (dirty data is destaged first).
+    #[arg(long, value_name = "PATH[:SIZE]")]
+    pub log: Option<String>,
+
+    /// When writes are acknowledged: log (once on the local log, WCE=0), immediate (once in
+    /// RAM, WCE=1; flushes and FUA wait for the log) or write-through (once the remote has them).
+    #[arg(long, default_value = "log")]
+    pub mode: String,
+
+    /// RAM write buffer (writes waiting for the log).
+    #[arg(long, value_name = "SIZE", default_value = "64MiB")]
+    pub ram: String,
+
+    /// DRAM read cache of clean blocks.
+    #[arg(long, value_name = "SIZE", default_value = "256MiB")]
+    pub read_cache: String,
+
+    /// Read cache policy: s3fifo (scan-resistant) or lru.
+    #[arg(long, default_value = "s3fifo")]
+    pub policy: String,
+
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics, JSON at /status; POST /drain
+    /// destages everything and answers when the remote holds it all.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<String>,
+
+    /// Runtime worker threads.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+}
+
+/// Where the default remote and log live while the gateway runs.
+struct Embedded {
+    dir: PathBuf,
+}
+
+impl Drop for Embedded {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    super::logging::init("info");
+    crate::alloc::tune_for_storage_server();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(1))
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
+    rt.block_on(serve(args))
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
+    // The embedded default: a remote target in this process and a log in a temporary directory.
+    let mut embedded = None;
+    let mut remote_server = None;
+    let remote = match &args.remote {
+        Some(r) => r.clone(),
+        None => {
+            let config = Config {
+                listen: vec!["127.0.0.1:0".into()],
+                targets: vec![TargetConfig {
+                    iqn: "iqn.2024-01.org.stics:remote0".into(),
+                    alias: None,
+                    luns: vec!["mem:1GiB".into()],
+                    chap: None,
+                    mutual_chap: None,
+                    initiators: Vec::new(),
+                }],
+                ..Config::default()
+            };
+            let server = Server::bind(&config).await.context("starting the embedded remote target")?;
+            let addr = server.local_addrs().first().copied().context("the embedded target has no address")?;
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(server.run(async {
+                let _ = rx.await;
+            }));
+            remote_server = Some((tx, task));
+            let url = format!("iscsi://{addr}/iqn.2024-01.org.stics:remote0/0");
+            tracing::info!("no --remote: serving an in-process target over mem:1GiB at {url} as the remote");
+            url
+        }
+    };
+    let log = match &args.log {
+        Some(l) => l.clone(),
+        None => {
+            let dir = std::env::temp_dir().join(format!("stics-gateway-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            let path = dir.join("log");
+            tracing::info!("no --log: the write log is {} (1 GiB, removed at exit)", path.display());
+            embedded = Some(Embedded { dir });
+            format!("{}:1GiB", path.display())
+        }
+    };
+    let spec = format!(
+        "cache({remote}, log={log}, mode={}, ram={}, read-cache={}, policy={})",
+        args.mode, args.ram, args.read_cache, args.policy
+    );
+    let config = Config {
+        listen: vec![args.listen.clone()],
+        targets: vec![TargetConfig {
+            iqn: args.iqn.clone(),
+            alias: Some("stics gateway".into()),
+            luns: vec![spec],
+            chap: None,
+            mutual_chap: None,
+            initiators: Vec::new(),
+        }],
+        ..Config::default()
+    };
+    let server = Server::bind(&config).await.context("starting the gateway")?;
+    let caches = server.devices().cache_devices();
+    let cache = caches.first().cloned().context("the gateway's LUN has no cache")?;
+    for a in server.local_addrs() {
+        tracing::info!("serving {} LUN 0 on {a}: {remote} through the cache (mode {})", args.iqn, args.mode);
+    }
+    if let Some(m) = &args.metrics {
+        let listener =
+            tokio::net::TcpListener::bind(m).await.with_context(|| format!("cannot listen for metrics on {m}"))?;
+        tracing::info!("metrics at http://{m}/metrics, status at /status, POST /drain to destage everything");
+        tokio::spawn(metrics(listener, Arc::clone(&cache)));
+    }
+    // On SIGTERM or Ctrl-C: sessions end, then the cache closes (what is dirty stays in the log,
+    // destaged at the next start); the embedded remote and its log live only as long as this.
+    server.run(super::target::shutdown_signal()).await?;
+    cache.close().await;
+    if let Some((tx, task)) = remote_server {
+        let _ = tx.send(());
+        let _ = task.await;
+    }
+    drop(embedded);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The status as Prometheus text exposition.
+fn prometheus(s: &stics_cache::Status) -> String {
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
+        out += &format!("# HELP stics_cache_{name} {help}\n# TYPE stics_cache_{name} {kind}\n");
+        out += &format!("stics_cache_{name}{{mode=\"{}\"}} {value}\n", s.mode);
+    };
+    metric("dirty_bytes", "gauge", "Bytes not yet on the remote.", s.dirty_bytes as f64);
+    metric("log_fill_ratio", "gauge", "Fraction of the write log in use.", s.log_fill);
+    metric("log_bytes", "gauge", "Bytes of the write log's ring.", s.log_bytes as f64);
+    metric("ram_bytes", "gauge", "Host write bytes in RAM waiting for the log.", s.ram_bytes as f64);
+    metric("epoch", "gauge", "The open epoch.", s.epoch as f64);
+    metric("destaged_epoch", "gauge", "The newest epoch fully on the remote.", s.destaged_epoch as f64);
+    metric("absorbed_blocks_total", "counter", "Host write blocks absorbed before destage.", s.blocks_absorbed as f64);
+    metric("destaged_blocks_total", "counter", "Blocks written to the remote by destage.", s.blocks_destaged as f64);
+    metric("records_total", "counter", "Log records written (group commits).", s.records as f64);
+    metric("read_cache_blocks_total", "counter", "Read blocks served from RAM or the log.", s.read_blocks_cache as f64);
+    metric("read_remote_blocks_total", "counter", "Read blocks fetched from the remote.", s.read_blocks_remote as f64);
+    metric("read_cache_hits_total", "counter", "Read cache lookups that hit.", s.read_cache_hits as f64);
+    metric("read_cache_misses_total", "counter", "Read cache lookups that missed.", s.read_cache_misses as f64);
+    metric("destage_retries_total", "counter", "Remote writes or flushes retried.", s.destage_retries as f64);
+    metric("throttled_writes_total", "counter", "Host writes slowed by a filling log.", s.throttled_writes as f64);
+    out
+}
+
+/// A small HTTP/1.0 endpoint: GET /metrics, GET /status, POST /drain.
+async fn metrics(listener: tokio::net::TcpListener, cache: Arc<Cache>) {
+    loop {
+        let Ok((mut conn, _)) = listener.accept().await else { continue };
+        let cache = Arc::clone(&cache);
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 2048];
+            let Ok(Ok(n)) = tokio::time::timeout(std::time::Duration::from_secs(5), conn.read(&mut buf)).await else {
+                return;
+            };
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let line = req.lines().next().unwrap_or("");
+            let (status, kind, body) = match line.split_whitespace().take(2).collect::<Vec<_>>().as_slice() {
+                ["GET", "/metrics"] => ("200 OK", "text/plain; version=0.0.4", prometheus(&cache.status())),
+                ["GET", "/status"] => {
+                    ("200 OK", "application/json", serde_json::to_string_pretty(&cache.status()).unwrap_or_default())
+                }
+                ["POST", "/drain"] => {
+                    cache.drain().await;
+                    ("200 OK", "application/json", serde_json::to_string_pretty(&cache.status()).unwrap_or_default())
+                }
+                _ => ("404 Not Found", "text/plain", "GET /metrics, GET /status or POST /drain\n".to_owned()),
+            };
+            let head = format!(
+                "HTTP/1.0 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(head.as_bytes()).await;
+            let _ = conn.write_all(body.as_bytes()).await;
+        });
+    }
+}

@@ -1,0 +1,167 @@
+//! `stics gateway` as a process in front of a `stics target` process: libiscsi's conformance
+//! suite through it in `log` and `immediate` modes, `qemu-img convert` in and out, and SIGKILL at
+//! random moments of a verified write workload with restarts on the same log.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use stics_block::BlockDev;
+use stics_initiator::{IscsiUrl, Lun, LunOptions};
+use stics_testkit::net::free_port;
+use stics_testkit::pattern::{check, stamp_run, Bad};
+use stics_testkit::peers::SticsTarget;
+use stics_testkit::proc::{spawn, wait_port, Guard};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stics");
+const GATEWAY_IQN: &str = "iqn.2024-01.org.stics.test:gateway";
+
+/// A gateway process on a free port, in front of `remote`, with its log at `log`.
+fn gateway(remote: &str, log: &Path, mode: &str, stderr: &Path) -> (Guard, u16) {
+    let port = free_port();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["gateway", "--listen", &format!("127.0.0.1:{port}"), "--iqn", GATEWAY_IQN, "--remote", remote]).args([
+        "--log",
+        &format!("{}:256MiB", log.display()),
+        "--mode",
+        mode,
+        "--ram",
+        "8MiB",
+    ]);
+    let g = spawn(&mut cmd, Some(stderr));
+    assert!(wait_port(port, Duration::from_secs(20)), "the gateway did not listen; see {}", stderr.display());
+    (g, port)
+}
+
+fn url(port: u16) -> String {
+    format!("iscsi://127.0.0.1:{port}/{GATEWAY_IQN}/0")
+}
+
+#[test]
+fn iscsi_test_cu_all_has_no_failures_through_the_gateway_in_each_mode() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    for mode in ["log", "immediate"] {
+        let remote = SticsTarget::with_file_lun(Path::new(BIN), 1024, &[]);
+        let dir = tempfile::tempdir().unwrap();
+        let (_gw, port) = gateway(&remote.url(0), &dir.path().join("log"), mode, &dir.path().join("gw.log"));
+        let log = dir.path().join("cu.log");
+        let out = Command::new("iscsi-test-cu").args(["-d", "--test=ALL", &url(port)]).output().expect("iscsi-test-cu");
+        std::fs::write(&log, [out.stdout, out.stderr].concat()).unwrap();
+        let parsed = Command::new("python3").arg(format!("{root}/scripts/cu-parse.py")).arg(&log).output().unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&parsed.stdout).expect("cu-parse.py output");
+        assert_eq!(json["tests"], 230, "{mode}: every test ran: {json}");
+        assert_eq!(json["failed"], serde_json::json!([]), "{mode}: no failures: {json}");
+    }
+}
+
+#[test]
+fn qemu_img_convert_in_and_out_through_the_gateway_keeps_every_byte() {
+    let remote = SticsTarget::with_file_lun(Path::new(BIN), 64, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, port) = gateway(&remote.url(0), &dir.path().join("log"), "log", &dir.path().join("gw.log"));
+    let input = dir.path().join("in.img");
+    let data: Vec<u8> = (0..24u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(&input, &data).unwrap();
+    let ok = |args: &[&str]| {
+        let out = Command::new("qemu-img").args(args).output().expect("qemu-img");
+        assert!(out.status.success(), "qemu-img {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    ok(&["convert", "-n", "-f", "raw", "-O", "raw", input.to_str().unwrap(), &url(port)]);
+    let output = dir.path().join("out.img");
+    ok(&["convert", "-f", "raw", "-O", "raw", &url(port), output.to_str().unwrap()]);
+    let back = std::fs::read(&output).unwrap();
+    assert_eq!(&back[..data.len()], &data[..], "what came out is what went in");
+    // Killed and started again on the same log, it still serves what was written.
+    drop(gw);
+    let (_gw, port2) = gateway(&remote.url(0), &dir.path().join("log"), "log", &dir.path().join("gw2.log"));
+    let (rt, lun) = open(port2);
+    let first = rt.block_on(lun.read(0, 8)).unwrap();
+    assert_eq!(&first[..], &data[..4096]);
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// The gateway's LUN through the initiator, with the runtime its sessions run on.
+fn open(port: u16) -> (tokio::runtime::Runtime, Lun) {
+    let rt = runtime();
+    let u = IscsiUrl::parse(&url(port)).unwrap();
+    let lun = rt.block_on(Lun::open(&u, &LunOptions::default())).unwrap();
+    (rt, lun)
+}
+
+/// Versions of blocks 0..n (0: never written).
+fn versions(bytes: &[u8], n: u64) -> Vec<u64> {
+    (0..n)
+        .map(|b| match check(&bytes[b as usize * 512..(b as usize + 1) * 512]) {
+            Ok((lba, v)) if lba == b => v,
+            Err(Bad::Blank) => 0,
+            other => panic!("block {b} is {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn sigkill_at_random_moments_loses_no_acknowledged_write() {
+    const BLOCKS: u64 = 2048;
+    let remote = SticsTarget::with_file_lun(Path::new(BIN), 64, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let mut rng = StdRng::seed_from_u64(7);
+    // The newest acknowledged version of each block, and every version written since.
+    let mut acked = vec![0u64; BLOCKS as usize];
+    let mut version = 0u64;
+    for round in 0..12 {
+        let (mut gw, port) = gateway(&remote.url(0), &log, "log", &dir.path().join(format!("gw{round}.log")));
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let u = IscsiUrl::parse(&url(port)).unwrap();
+        let lun = rt.block_on(Lun::open(&u, &LunOptions::default())).unwrap();
+        // Everything acknowledged before the last kill reads back.
+        let seen = versions(&rt.block_on(lun.read(0, BLOCKS as u32)).unwrap(), BLOCKS);
+        for b in 0..BLOCKS as usize {
+            assert!(
+                seen[b] >= acked[b],
+                "round {round}: block {b} shows version {} after {} was acknowledged",
+                seen[b],
+                acked[b]
+            );
+        }
+        acked = seen;
+        // Writes until the kill, which comes at a random moment.
+        let kill_after = Duration::from_millis(rng.gen_range(50..600));
+        let started = std::time::Instant::now();
+        let mut seed = rng.gen::<u64>();
+        rt.block_on(async {
+            loop {
+                if started.elapsed() >= kill_after {
+                    break;
+                }
+                seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                let blocks = 1 + (seed >> 40) % 16;
+                let lba = (seed >> 8) % (BLOCKS - blocks);
+                version += 1;
+                let data = Bytes::from(stamp_run(lba, blocks, version, 512));
+                if lun.write(lba, data, false).await.is_err() {
+                    break;
+                }
+                for b in lba..lba + blocks {
+                    acked[b as usize] = version;
+                }
+            }
+        });
+        gw.kill();
+        drop(lun);
+        drop(rt);
+    }
+    // A last start on the same log: every acknowledged write is still there.
+    let (_gw, port) = gateway(&remote.url(0), &log, "log", &dir.path().join("last.log"));
+    let (rt, lun) = open(port);
+    let seen = versions(&rt.block_on(lun.read(0, BLOCKS as u32)).unwrap(), BLOCKS);
+    for b in 0..BLOCKS as usize {
+        assert!(seen[b] >= acked[b], "block {b} shows version {} after {} was acknowledged", seen[b], acked[b]);
+    }
+}
