@@ -195,6 +195,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_cache_opens_over_its_inner_device_and_refuses_a_log_too_small() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = OpenContext::default();
+        let spec = format!("cache(mem:4MiB, log={}:1GiB, mode=immediate)", dir.path().join("log").display());
+        let dev = open(&spec.parse().unwrap(), &ctx).await.unwrap();
+        assert_eq!(dev.geometry().num_blocks, 8192);
+        assert!(dev.volatile_cache(), "immediate mode advertises a volatile cache");
+        dev.write(3, bytes::Bytes::from(vec![7u8; 1024]), false).await.unwrap();
+        assert_eq!(&dev.read(3, 2).await.unwrap()[..], &[7u8; 1024][..]);
+        assert_eq!(ctx.cache_devices().len(), 1);
+        ctx.close().await;
+        let small = format!("cache(mem:4MiB, log={}:8MiB)", dir.path().join("small").display());
+        let e = open(&small.parse().unwrap(), &ctx).await.err().unwrap().to_string();
+        assert!(e.contains("needs at least"), "{e}");
+    }
+
+    #[tokio::test]
     async fn failures_name_the_device() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("missing.img");

@@ -612,7 +612,11 @@ mod tests {
             ("file:", "file: needs a path"),
             ("cache(mem:1G", "unbalanced parentheses in \"cache(mem:1G\": '(' is never closed (byte 5)"),
             ("cache(mem:1G))", "unexpected \")\" after the closing ')'"),
-            ("cache(mem:1G, log=/l)", "unknown wrapper \"cache\" (known: none yet)"),
+            ("zip(mem:1G, log=/l)", "unknown wrapper \"zip\" (known: cache)"),
+            ("cache(mem:1G)", "cache(...) needs log=PATH[:SIZE]"),
+            ("cache(mem:1G, log=/l, mode=fast)", "use log, immediate or write-through"),
+            ("cache(mem:1G, log=/l, speed=9)", "known keys: log, mode, ram, read-cache, policy"),
+            ("cache(mem:1G, log=/l, ram=1Q)", "bad size \"1Q\""),
             ("cache(iscsi://u%hush@h/iqn.x/0", "iscsi://u%***@h/iqn.x/0"),
         ];
         for (text, want) in cases {
@@ -620,6 +624,21 @@ mod tests {
             assert!(e.contains(want), "{text:?}: {e}");
             assert!(!e.contains("hush"), "{text:?}: {e}");
         }
+    }
+
+    #[test]
+    fn cache_specs_read_and_print_back() {
+        for text in [
+            "cache(iscsi://10.0.0.1:3260/iqn.2024-01.org.x:y/0, log=/var/lib/stics/log:1GiB, mode=immediate, ram=64MiB, read-cache=256MiB, policy=lru)",
+            "cache(mem:1GiB, log=/tmp/l)",
+            "cache(cache(mem:1GiB, log=/a), log=/b:2GiB, mode=write-through)",
+        ] {
+            let spec: DeviceSpec = text.parse().unwrap();
+            assert_eq!(spec.to_string(), text);
+            assert!(matches!(spec, DeviceSpec::Layer(Layer::Cache(_))));
+        }
+        let DeviceSpec::Layer(Layer::Cache(c)) = "cache(mem:1G, log=/x:y:512MiB)".parse().unwrap() else { panic!() };
+        assert_eq!((c.log, c.log_size), (PathBuf::from("/x:y"), Some(512 << 20)));
     }
 
     #[test]

@@ -877,7 +877,7 @@ mod tests {
     async fn a_log_too_small_is_refused_with_the_size_it_needs() {
         let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 2048));
         let remote = Arc::new(MemDev::new(512, 4096));
-        let err = Cache::open(log, remote, b"r", opts(AckMode::Log)).await.err().expect("refused");
+        let err = Cache::open(log, remote, b"r", opts(AckMode::Log)).await.expect_err("refused");
         assert!(err.to_string().contains("needs at least"), "{err}");
     }
 }
