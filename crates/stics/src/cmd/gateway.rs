@@ -74,13 +74,7 @@ impl Drop for Embedded {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    super::logging::init("info");
-    crate::alloc::tune_for_storage_server();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.threads.max(1))
-        .enable_all()
-        .build()
-        .context("cannot start the runtime")?;
+    let rt = super::server_runtime(args.threads)?;
     rt.block_on(serve(args))
 }
 

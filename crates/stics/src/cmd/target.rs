@@ -143,13 +143,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         print!("{}", config.to_toml_redacted());
         return Ok(());
     }
-    super::logging::init("info");
-    crate::alloc::tune_for_storage_server();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.threads.max(1))
-        .enable_all()
-        .build()
-        .context("cannot start the runtime")?;
+    let rt = super::server_runtime(args.threads)?;
     rt.block_on(async {
         let server = Server::bind(&config).await?;
         for a in server.local_addrs() {
