@@ -165,3 +165,37 @@ fn sigkill_at_random_moments_loses_no_acknowledged_write() {
         assert!(seen[b] >= acked[b], "block {b} shows version {} after {} was acknowledged", seen[b], acked[b]);
     }
 }
+
+#[test]
+fn stics_mount_with_a_cache_log_keeps_written_data_across_a_restart() {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    use stics_testkit::proc::{spawn_stics, wait_mounted};
+    let remote = SticsTarget::with_file_lun(Path::new(BIN), 64, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lun");
+    let log = format!("{}:512MiB", dir.path().join("log").display());
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(40_503) >> 7) as u8).collect();
+    let url = remote.url(0);
+    let args = ["mount", "--cache-log", log.as_str(), "--cache-mode", "immediate", url.as_str()];
+    for round in 0..2 {
+        let mut args: Vec<&str> = args.to_vec();
+        let f = file.to_str().unwrap();
+        args.push(f);
+        let mut m = spawn_stics(Path::new(BIN), &args, &[], Some(&dir.path().join(format!("mount{round}.log"))));
+        assert!(wait_mounted(&file, true, Duration::from_secs(20)), "stics mount did not mount");
+        let mut fh = std::fs::OpenOptions::new().read(true).write(true).open(&file).unwrap();
+        if round == 0 {
+            fh.seek(SeekFrom::Start(1 << 20)).unwrap();
+            fh.write_all(&data).unwrap();
+            fh.sync_all().unwrap();
+        }
+        let mut back = vec![0u8; data.len()];
+        fh.seek(SeekFrom::Start(1 << 20)).unwrap();
+        fh.read_exact(&mut back).unwrap();
+        assert!(back == data, "round {round}: what was written through the in-process cache reads back");
+        drop(fh);
+        assert!(m.signal("TERM"));
+        assert!(m.wait_exit(Duration::from_secs(20)).is_some(), "stics mount stops on SIGTERM");
+        assert!(wait_mounted(&file, false, Duration::from_secs(5)));
+    }
+}

@@ -49,11 +49,22 @@ pub struct Args {
     /// Print the traffic counters when stopping.
     #[arg(long)]
     pub stats: bool,
+    /// Put the STICS cache inside this process, with its write log at PATH[:SIZE] (seed 004's
+    /// "software STICS"): the same as mounting `cache(URL, log=PATH[:SIZE], mode=MODE)`.
+    #[arg(long, value_name = "PATH[:SIZE]")]
+    pub cache_log: Option<String>,
+    /// With --cache-log: when writes complete (log, immediate or write-through).
+    #[arg(long, default_value = "log", requires = "cache_log")]
+    pub cache_mode: String,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     super::logging::init("info");
-    let spec: DeviceSpec = args.url.parse()?;
+    let text = match &args.cache_log {
+        Some(log) => format!("cache({}, log={log}, mode={})", args.url, args.cache_mode),
+        None => args.url.clone(),
+    };
+    let spec: DeviceSpec = text.parse()?;
     let mut opts = LunOptions { sessions: args.sessions.max(1), ..LunOptions::default() };
     if let Some(n) = &args.initiator_name {
         opts.config.initiator_name.clone_from(n);
