@@ -141,17 +141,7 @@ struct LogDev(Arc<dyn BlockDev>);
 
 impl LogDev {
     async fn read(&self, off: u64, len: usize) -> Result<Bytes, BlockError> {
-        let bs = u64::from(self.0.geometry().block_size);
-        if len == 0 {
-            return Ok(Bytes::new());
-        }
-        let first = off / bs;
-        let last = (off + len as u64 - 1) / bs;
-        let blocks =
-            u32::try_from(last - first + 1).map_err(|_| BlockError::Unsupported("log read over 4 G blocks"))?;
-        let data = self.0.read(first, blocks).await?;
-        let skip = (off - first * bs) as usize;
-        Ok(data.slice(skip..skip + len))
+        stics_block::range::read_at(self.0.as_ref(), off, len).await
     }
 
     /// Writes whole log blocks (offsets and lengths are multiples of [`LOG_BLOCK`]).
@@ -365,16 +355,19 @@ impl Cache {
     pub async fn drain(&self) {
         loop {
             let notified = self.inner.space.notified();
-            {
+            // When clean: destage wrote a checkpoint after its last epoch; a head that moved
+            // since (pins let go of) is written here, so that the empty log is final on disk.
+            let clean = {
                 let mut c = lock(&self.inner.core);
-                if c.is_clean() {
-                    // Checkpoints are written by the destager; one more makes the empty log final.
-                    if c.take_checkpoint().is_none() {
-                        return;
-                    }
-                    drop(c);
-                    self.inner.destager.notify_one();
+                c.is_clean().then(|| c.take_checkpoint())
+            };
+            match clean {
+                Some(None) => return,
+                Some(Some(cp)) => {
+                    write_checkpoint(&self.inner, cp).await;
+                    continue;
                 }
+                None => {}
             }
             self.inner.destager.notify_one();
             let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
