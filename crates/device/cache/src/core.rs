@@ -726,11 +726,13 @@ impl Core {
                     let off = *off;
                     match pieces.last_mut() {
                         Some(Piece::Log { offset, blocks }) if *offset + u64::from(*blocks) * bs == off => *blocks += 1,
-                        _ => pieces.push(Piece::Log { offset: off, blocks: 1 }),
-                    }
-                    if let Some(r) = self.record_of(off) {
-                        if pinned.last() != Some(&r) {
-                            pinned.push(r);
+                        _ => {
+                            // Records are separated by their headers, so a run of adjacent slots
+                            // lies in one record: it is looked up once per run, not per block.
+                            pieces.push(Piece::Log { offset: off, blocks: 1 });
+                            if let Some(r) = self.record_of(off) {
+                                pinned.push(r);
+                            }
                         }
                     }
                 }
