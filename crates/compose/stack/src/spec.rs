@@ -358,18 +358,15 @@ fn cache(call: &syntax::Call<'_>) -> Result<CacheSpec, SpecError> {
         read_cache: None,
         policy: None,
     };
-    let size = |v: &str| -> Result<u64, SpecError> {
-        stics_block::parse_size(v).map_err(|e| SpecError::Size { piece: v.to_owned(), message: e.to_string() })
-    };
     for (k, v) in &args.options {
         let piece = format!("{k}={v}");
         match k.as_str() {
             "log" => {
                 // A trailing `:SIZE` is a size when it reads as one, as for `file:`.
                 match v.rsplit_once(':') {
-                    Some((p, n)) if !p.is_empty() && stics_block::parse_size(n).is_ok() => {
+                    Some((p, n)) if !p.is_empty() && parse_size(n).is_ok() => {
                         c.log = PathBuf::from(p);
-                        c.log_size = Some(size(n)?);
+                        c.log_size = Some(parse_size(n)?);
                     }
                     _ => c.log = PathBuf::from(v),
                 }
@@ -378,7 +375,8 @@ fn cache(call: &syntax::Call<'_>) -> Result<CacheSpec, SpecError> {
                 }
             }
             "mode" => c.mode = Some(v.parse().map_err(|_| bad(&piece, "use log, immediate or write-through"))?),
-            "ram" => c.ram = Some(size(v)?),
+            "ram" => c.ram = Some(parse_size(v)?),
+            // Zero is a valid read cache (none), which a device size never is.
             "read-cache" => c.read_cache = Some(stics_units::parse_size(v).map_err(|_| bad(&piece, "not a size"))?),
             "policy" => c.policy = Some(v.parse().map_err(|_| bad(&piece, "use lru or s3fifo"))?),
             _ => return Err(bad(&piece, "known keys: log, mode, ram, read-cache, policy")),

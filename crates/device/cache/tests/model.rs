@@ -325,7 +325,7 @@ impl Sim {
                 let plan = self.core.read(lba, blocks).map_err(|e| e.to_string())?;
                 let got = self.resolve(&plan.pieces);
                 self.core.unpin(&plan.pinned);
-                self.fill(&plan, lba);
+                self.fill(&plan);
                 let want = self.newest();
                 for (i, b) in (lba..lba + blocks).enumerate() {
                     let chunk = &got[i * BS..(i + 1) * BS];
@@ -423,7 +423,7 @@ impl Sim {
 
     /// Hands what the plan read from the remote (and its read-ahead) to the read cache, as the
     /// driver does when the remote answers; for a held read that is after the log moved on.
-    fn fill(&mut self, plan: &stics_cache::core::ReadPlan, _lba: u64) {
+    fn fill(&mut self, plan: &stics_cache::core::ReadPlan) {
         for (at, d) in self.fetch(plan) {
             self.core.fill(at, &d, plan.generation);
         }
