@@ -10,6 +10,7 @@ use stics_block::{BlockDev, Geometry};
 use stics_sam::sense::asc;
 
 use crate::pr::{NexusKey, PrState};
+use crate::spc::{MAX_CAW_BLOCKS, MAX_WRITE_SAME_BLOCKS};
 
 /// Default largest data transfer of one READ/WRITE ([`LuConfig::max_transfer_bytes`]).
 pub const MAX_TRANSFER_BYTES: u64 = 64 << 20;
@@ -129,6 +130,21 @@ impl LogicalUnit {
     /// Largest transfer in blocks.
     pub(crate) fn max_transfer_blocks(&self) -> u64 {
         (self.cfg.max_transfer_bytes / u64::from(self.geo.block_size.max(1))).max(1)
+    }
+
+    /// Largest WRITE SAME in blocks. A WRITE SAME writes as many bytes as a WRITE of its length,
+    /// so it gets the same byte budget: with 4096-byte blocks a fixed block count would let one
+    /// command write eight times what a 512-byte LUN allows (and hosts, libiscsi among them,
+    /// WRITE the range they are about to WRITE SAME with one command).
+    pub(crate) fn max_write_same_blocks(&self) -> u64 {
+        MAX_WRITE_SAME_BLOCKS.min(self.max_transfer_blocks())
+    }
+
+    /// Largest COMPARE AND WRITE in blocks: its data-out holds twice the blocks, and must fit in
+    /// one transfer.
+    pub(crate) fn max_caw_blocks(&self) -> u8 {
+        let fits = self.cfg.max_transfer_bytes / (2 * u64::from(self.geo.block_size.max(1)));
+        fits.clamp(1, u64::from(MAX_CAW_BLOCKS)) as u8
     }
 
     pub(crate) fn refresh_reserved(&self, st: &LuState) {

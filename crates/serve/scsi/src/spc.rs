@@ -13,9 +13,11 @@ use crate::Nexus;
 /// Initiators (libiscsi among them) expect at most 1 Mi blocks per descriptor.
 pub const MAX_UNMAP_LBAS: u32 = 0x10_0000;
 pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
-/// Maximum WRITE SAME length in blocks.
+/// Maximum WRITE SAME length in blocks, whatever the block size; a LUN whose transfer limit
+/// holds fewer blocks reports and enforces that instead.
 pub const MAX_WRITE_SAME_BLOCKS: u64 = 0x1_0000;
-/// Maximum COMPARE AND WRITE length in blocks.
+/// Maximum COMPARE AND WRITE length in blocks (the one-byte field's largest value); lower when
+/// twice the blocks do not fit in one transfer.
 pub const MAX_CAW_BLOCKS: u8 = 255;
 
 fn pad(s: &str, n: usize) -> Vec<u8> {
@@ -113,7 +115,7 @@ pub fn vpd_page(lu: &LogicalUnit, nexus: &Nexus, code: u8) -> Option<Vec<u8>> {
         page::BLOCK_LIMITS => {
             let mut b = vec![0u8; 0x3c];
             // WSNZ = 0: a WRITE SAME of 0 blocks runs to the end of the medium.
-            b[1] = MAX_CAW_BLOCKS;
+            b[1] = lu.max_caw_blocks();
             b[2..4].copy_from_slice(&(1u16 << lu.cfg.lbppbe.min(15)).to_be_bytes());
             b[4..8].copy_from_slice(&(lu.max_transfer_blocks() as u32).to_be_bytes());
             b[8..12].copy_from_slice(&((1u32 << 20) / bs).max(1).to_be_bytes());
@@ -123,7 +125,7 @@ pub fn vpd_page(lu: &LogicalUnit, nexus: &Nexus, code: u8) -> Option<Vec<u8>> {
                 b[20..24].copy_from_slice(&MAX_UNMAP_DESCRIPTORS.to_be_bytes());
                 b[24..28].copy_from_slice(&(1u32 << lu.cfg.lbppbe.min(16)).to_be_bytes());
             }
-            b[32..40].copy_from_slice(&MAX_WRITE_SAME_BLOCKS.to_be_bytes());
+            b[32..40].copy_from_slice(&lu.max_write_same_blocks().to_be_bytes());
             vpd(code, b)
         }
         page::BLOCK_DEVICE_CHARACTERISTICS => {

@@ -728,3 +728,193 @@ async fn initiator_builders_and_parsers_agree_with_the_emulation() {
         assert_eq!(r.status, status::GOOD);
     }
 }
+
+// 4096-byte logical blocks: every length the emulation computes or reports is in the LUN's
+// blocks, never in 512-byte sectors.
+
+const BS4K: u32 = 4096;
+
+fn device_4k(dev: Arc<dyn BlockDev>, max_transfer_bytes: u64) -> Device {
+    let cfg = LuConfig { max_transfer_bytes, ..LuConfig::default() };
+    Device::new(vec![Arc::new(LogicalUnit::new(dev, cfg))])
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+#[tokio::test]
+async fn four_k_capacity_block_limits_and_mode_block_descriptors_count_4096_byte_blocks() {
+    let d = device_4k(Arc::new(MemDev::new(BS4K, 1024)), MAX_TRANSFER_BYTES);
+    let n = nexus(1);
+    let r = run(&d, &n, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], 8, &[]).await;
+    assert_eq!(&r.data_in[..], &[0, 0, 0x03, 0xff, 0, 0, 0x10, 0]);
+    let r = run(&d, &n, &stics_sam::cdb::read_capacity16(32), 32, &[]).await;
+    let cap = stics_sam::data::parse_capacity16(&r.data_in).unwrap();
+    assert_eq!((cap.block_size, cap.num_blocks), (BS4K, 1024));
+
+    let r = run(&d, &n, &[0x12, 1, 0xb0, 0, 64, 0], 64, &[]).await;
+    let b = &r.data_in;
+    let max_transfer = (MAX_TRANSFER_BYTES / u64::from(BS4K)) as u32;
+    assert_eq!(be32(b, 8), max_transfer, "MAXIMUM TRANSFER LENGTH");
+    assert_eq!(be32(b, 12), (1 << 20) / BS4K, "OPTIMAL TRANSFER LENGTH: 1 MiB");
+    assert_eq!(be32(b, 16), max_transfer, "MAXIMUM PREFETCH LENGTH");
+    assert_eq!(u64::from_be_bytes(b[36..44].try_into().unwrap()), u64::from(max_transfer), "MAXIMUM WRITE SAME LENGTH");
+
+    // MODE SENSE(6): an 8-byte block descriptor with 1024 blocks of 4096 bytes.
+    let r = run(&d, &n, &[0x1a, 0, 0x08, 0, 255, 0], 255, &[]).await;
+    assert_eq!((r.status, r.data_in[3]), (0, 8));
+    assert_eq!(&r.data_in[4..12], &[0, 0, 0x04, 0, 0, 0, 0x10, 0]);
+    // MODE SENSE(10) with LLBAA: a 16-byte descriptor.
+    let r = run(&d, &n, &[0x5a, 0x10, 0x08, 0, 0, 0, 0, 0, 255, 0], 255, &[]).await;
+    assert_eq!((r.data_in[4] & 1, r.data_in[7]), (1, 16));
+    assert_eq!(u64::from_be_bytes(r.data_in[8..16].try_into().unwrap()), 1024);
+    assert_eq!(be32(&r.data_in, 20), BS4K);
+
+    // MODE SELECT(6) takes a block descriptor with the LUN's block length and refuses 512.
+    let mut p = vec![0u8, 0, 0, 8, 0, 0, 0x04, 0, 0, 0, 0x10, 0];
+    let r = run(&d, &n, &[0x15, 0x10, 0, 0, 12, 0], 12, &p).await;
+    assert_eq!(r.status, 0, "{:?}", r.sense_triple());
+    p[10] = 0x02;
+    let r = run(&d, &n, &[0x15, 0x10, 0, 0, 12, 0], 12, &p).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x26, 0));
+}
+
+#[tokio::test]
+async fn four_k_write_same_length_is_capped_by_the_transfer_limit() {
+    // The target's default command limit, 32 MiB: 65536 blocks of 512 bytes, 8192 of 4096.
+    let limit = 32u64 << 20;
+    let n = nexus(1);
+    for (bs, max_ws) in [(512u32, 65536u32), (BS4K, 8192)] {
+        let d = device_4k(Arc::new(NullDev::new(bs, 1 << 20)), limit);
+        let r = run(&d, &n, &stics_sam::cdb::inquiry_vpd(0xb0, 64), 64, &[]).await;
+        let bl = stics_sam::data::parse_block_limits(&r.data_in).unwrap();
+        assert_eq!(bl.max_write_same, u64::from(max_ws), "{bs}-byte blocks");
+        // A host may WRITE the range it is about to WRITE SAME in one command.
+        assert!(u64::from(max_ws) * u64::from(bs) <= limit);
+        let block = vec![0x5a; bs as usize];
+        let r = run(&d, &n, &stics_sam::cdb::write_same16(0, max_ws), bs, &block).await;
+        assert_eq!(r.status, 0, "{bs}: {:?}", r.sense_triple());
+        let r = run(&d, &n, &stics_sam::cdb::write_same16(0, max_ws + 1), bs, &block).await;
+        assert_eq!(sense(&r), (ILLEGAL, 0x24, 0), "{bs}-byte blocks");
+        assert_eq!(&r.sense.unwrap()[15..18], &[0xc0, 0, 10], "points at the NUMBER OF LOGICAL BLOCKS");
+    }
+}
+
+#[tokio::test]
+async fn four_k_write_same_takes_one_4096_byte_block_and_repeats_it() {
+    let d = device_4k(Arc::new(MemDev::new(BS4K, 1024)), MAX_TRANSFER_BYTES);
+    let n = nexus(1);
+    let ws = stics_sam::cdb::write_same16(4, 3);
+    let block: Vec<u8> = (0..BS4K).map(|i| (i / 7) as u8).collect();
+    // One 512-byte sector is not a block here.
+    assert_eq!(sense(&run(&d, &n, &ws, 512, &block[..512]).await), (ILLEGAL, 0x0e, 0x03));
+    let r = run(&d, &n, &ws, BS4K, &block).await;
+    assert_eq!((r.status, r.residual), (0, Residual::None));
+    let r = run(&d, &n, &read10(4, 3), 3 * BS4K, &[]).await;
+    assert!(r.data_in.chunks(BS4K as usize).all(|c| c == &block[..]));
+    assert_eq!(d.expected_data_out(0, &ws), Some(4096));
+    assert_eq!(d.expected_data_out(0, &write10(0, 3)), Some(3 * 4096));
+    assert_eq!(d.expected_data_out(0, &[0x89, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0]), Some(4 * 4096));
+}
+
+#[tokio::test]
+async fn four_k_compare_and_write_verify_and_orwrite_work_in_4096_byte_blocks() {
+    let d = device_4k(Arc::new(MemDev::new(BS4K, 1024)), MAX_TRANSFER_BYTES);
+    let n = nexus(1);
+    let bs = BS4K as usize;
+    run(&d, &n, &write10(10, 2), 2 * BS4K, &vec![0x11; 2 * bs]).await;
+    // COMPARE AND WRITE of two blocks: 8 KiB to compare, 8 KiB to write; the miscompare
+    // offset counts bytes into the second block.
+    let caw = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 2, 0, 0];
+    let mut data = vec![0x11; 2 * bs];
+    data[bs + 100] = 0;
+    data.extend(vec![0x22; 2 * bs]);
+    let r = run(&d, &n, &caw, 4 * BS4K, &data).await;
+    assert_eq!(sense(&r), (0x0e, 0x1d, 0));
+    assert_eq!(&r.sense.as_ref().unwrap()[3..7], &(4096u32 + 100).to_be_bytes());
+    data[bs + 100] = 0x11;
+    assert_eq!(run(&d, &n, &caw, 4 * BS4K, &data).await.status, 0);
+    // Sized for 512-byte blocks: refused.
+    assert_eq!(sense(&run(&d, &n, &caw, 4 * 512, &data[..4 * 512]).await), (ILLEGAL, 0x24, 0));
+    // VERIFY(10) with BYTCHK: 8 KiB compared, a miscompare in the second block reported.
+    let mut v = read10(10, 2);
+    v[0] = 0x2f;
+    v[1] = 0x02;
+    let mut want = vec![0x22; 2 * bs];
+    assert_eq!(run(&d, &n, &v, 2 * BS4K, &want).await.status, 0);
+    want[bs + 5] = 0x23;
+    let r = run(&d, &n, &v, 2 * BS4K, &want).await;
+    assert_eq!(&r.sense.as_ref().unwrap()[3..7], &(4096u32 + 5).to_be_bytes());
+    assert_eq!(sense(&run(&d, &n, &v, 2 * 512, &want[..2 * 512]).await), (ILLEGAL, 0x0e, 0x03));
+    // ORWRITE(16) of two blocks ORs 8 KiB.
+    let mut or = stics_sam::cdb::write16(10, 2, false);
+    or[0] = 0x8b;
+    let r = run(&d, &n, &or, 2 * BS4K, &vec![0x44; 2 * bs]).await;
+    assert_eq!((r.status, r.residual), (0, Residual::None));
+    let r = run(&d, &n, &read10(10, 2), 2 * BS4K, &[]).await;
+    assert!(r.data_in.iter().all(|&b| b == 0x66));
+}
+
+#[tokio::test]
+async fn four_k_compare_and_write_length_fits_one_transfer() {
+    // 64 KiB commands hold 16 blocks of 4096 bytes: COMPARE AND WRITE of at most 8.
+    let d = device_4k(Arc::new(MemDev::new(BS4K, 1024)), 64 << 10);
+    let n = nexus(1);
+    let r = run(&d, &n, &[0x12, 1, 0xb0, 0, 64, 0], 64, &[]).await;
+    assert_eq!(r.data_in[5], 8, "MAXIMUM COMPARE AND WRITE LENGTH");
+    let mut caw = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0];
+    assert_eq!(run(&d, &n, &caw, 16 * BS4K, &vec![0; 16 * BS4K as usize]).await.status, 0);
+    caw[13] = 9;
+    let r = run(&d, &n, &caw, 18 * BS4K, &vec![0; 18 * BS4K as usize]).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x24, 0));
+    assert_eq!(&r.sense.unwrap()[15..18], &[0xc0, 0, 13]);
+    // The default limit leaves the one-byte field's full range.
+    let d = device_4k(Arc::new(MemDev::new(BS4K, 1024)), MAX_TRANSFER_BYTES);
+    let r = run(&d, &n, &[0x12, 1, 0xb0, 0, 64, 0], 64, &[]).await;
+    assert_eq!(r.data_in[5], 255);
+}
+
+#[tokio::test]
+async fn four_k_unmap_and_get_lba_status_count_4096_byte_blocks() {
+    let d = device_4k(Arc::new(MemDev::new(BS4K, 1024)), MAX_TRANSFER_BYTES);
+    let n = nexus(1);
+    run(&d, &n, &write10(0, 512), 512 * BS4K, &vec![0xff; 512 * BS4K as usize]).await;
+    // 256 blocks of 4096 bytes are 1 MiB, the memory device's allocation unit.
+    let p = stics_sam::data::unmap_parameters(&[(256, 256)]);
+    let r = run(&d, &n, &stics_sam::cdb::unmap(1), p.len() as u32, &p).await;
+    assert_eq!(r.status, 0);
+    let r = run(&d, &n, &read10(255, 2), 2 * BS4K, &[]).await;
+    assert!(r.data_in[..BS4K as usize].iter().all(|&b| b == 0xff));
+    assert!(r.data_in[BS4K as usize..].iter().all(|&b| b == 0));
+    let r = run(&d, &n, &[0x9e, 0x12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 56, 0, 0], 56, &[]).await;
+    assert_eq!(r.status, 0);
+    let descs: Vec<(u64, u32, u8)> = r.data_in[8..]
+        .chunks(16)
+        .map(|c| (u64::from_be_bytes(c[..8].try_into().unwrap()), be32(c, 8), c[12]))
+        .collect();
+    // Blocks 256..512 were unmapped and 512.. never written: one deallocated run to the end.
+    assert_eq!(descs, vec![(0, 256, 0), (256, 768, 1)]);
+    // A descriptor past the last 4096-byte block is out of range.
+    let p = stics_sam::data::unmap_parameters(&[(1023, 2)]);
+    let r = run(&d, &n, &stics_sam::cdb::unmap(1), p.len() as u32, &p).await;
+    assert_eq!(sense(&r), (ILLEGAL, 0x21, 0));
+}
+
+proptest! {
+    #[test]
+    fn first_difference_finds_the_first_differing_byte(len in 0usize..9000, extra in 0usize..700,
+                                                       flips in proptest::collection::vec(any::<prop::sample::Index>(), 0..3)) {
+        let a: Vec<u8> = (0..len + extra).map(|i| (i * 31 % 251) as u8).collect();
+        let mut b = a[..len].to_vec();
+        for f in &flips {
+            if !b.is_empty() {
+                let i = f.index(b.len());
+                b[i] ^= 0x80;
+            }
+        }
+        let naive = a.iter().zip(&b).position(|(x, y)| x != y);
+        prop_assert_eq!(crate::device::first_difference(&a, &b), naive);
+        prop_assert_eq!(crate::device::first_difference(&b, &a), naive);
+    }
+}
