@@ -1,30 +1,36 @@
 #!/usr/bin/env bash
 # Runs libiscsi's conformance suite (iscsi-test-cu --test=ALL) against `stics target` with a
-# mem:1GiB LUN and, unless --stics-only, against tgt in the same run, and prints a table.
+# mem:1GiB LUN (or the --lun spec, e.g. mem:1GiB:4096 for 4 KiB blocks) and, unless --stics-only,
+# against tgt in the same run, and prints a table.
 # Exit status: non-zero if stics fails any test, or (with tgt) has fewer than tgt + 20 real passes.
 #
-#   scripts/conformance.sh [--stics-only] [--logs DIR]
+#   scripts/conformance.sh [--stics-only] [--lun SPEC] [--logs DIR]
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 with_tgt=1
+lun=mem:1GiB
 logs=""
 while (($#)); do
     case $1 in
         --stics-only) with_tgt=0 ;;
+        --lun) lun=$2; shift ;;
         --logs) logs=$2; shift ;;
         -h | --help) sed -n '2,7p' "$0"; exit 0 ;;
         *) die "unknown option $1" ;;
     esac
     shift
 done
-need iscsi-test-cu python3
+need iscsi-test-cu iscsi-readcapacity16 python3
 logs=${logs:-$(mktemp -d /tmp/stics-conformance.XXXXXX)}
 mkdir -p "$logs"
 
 port=$(free_port)
-start_stics "$port" "$logs/stics-target.log" mem:1GiB
-iscsi-test-cu -d --test=ALL "iscsi://127.0.0.1:$port/$STICS_IQN/0" >"$logs/stics.log" 2>&1 || true
+start_stics "$port" "$logs/stics-target.log" "$lun"
+url="iscsi://127.0.0.1:$port/$STICS_IQN/0"
+block=$(iscsi-readcapacity16 "$url" | sed -n 's/^LOGICAL BLOCK LENGTH IN BYTES://p')
+echo "LUN under test: $lun, block size $block"
+iscsi-test-cu -d --test=ALL "$url" >"$logs/stics.log" 2>&1 || true
 stics_json=$(python3 "$(dirname "$0")/cu-parse.py" "$logs/stics.log")
 
 if ((with_tgt)); then
