@@ -115,7 +115,11 @@ pub struct TargetConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alias: Option<String>,
     /// LUN specs in the device stack's language (`mem:SIZE`, `null:SIZE`, `file:PATH[:SIZE]`,
-    /// `iscsi://host/IQN/LUN`, see `stics_stack::DeviceSpec`); LUN n is the n-th.
+    /// `iscsi://host/IQN/LUN`, see `stics_stack::DeviceSpec`); LUN n is the n-th. The spec
+    /// carries the logical block size, so there is no separate key for it: `:BLOCK` after the
+    /// size (`mem:1GiB:4096`, `file:PATH:SIZE:4096`, or `file:PATH::4096` for an existing file)
+    /// takes 512, 1024, 2048 or 4096, and 512 when left out; an `iscsi://` LUN keeps the remote
+    /// LUN's block size.
     pub luns: Vec<String>,
     /// One-way CHAP: the initiator must prove it knows this user's secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -324,6 +328,28 @@ mod tests {
         assert!(!printed.contains("secretsecret"));
         assert!(printed.contains("<redacted>"));
         assert!(!format!("{c:?}").contains("secretsecret"));
+    }
+
+    #[test]
+    fn lun_specs_carry_the_block_size_and_only_valid_ones_pass() {
+        let toml = |luns: &str| format!("[[target]]\niqn = \"iqn.2024-01.org.example:a\"\nluns = [{luns}]\n");
+        let c =
+            Config::from_toml(&toml(r#""mem:1GiB:4096", "null:1G:1024", "file:/x.img:1GiB:2048", "mem:1M""#)).unwrap();
+        let block_sizes: Vec<u32> = c.targets[0]
+            .luns
+            .iter()
+            .map(|l| match l.parse::<DeviceSpec>().unwrap() {
+                DeviceSpec::Mem { block_size, .. }
+                | DeviceSpec::Null { block_size, .. }
+                | DeviceSpec::File { block_size, .. } => block_size,
+                other => panic!("unexpected spec {other:?}"),
+            })
+            .collect();
+        assert_eq!(block_sizes, vec![4096, 1024, 2048, 512]);
+        for bad in [r#""mem:1GiB:1000""#, r#""mem:1GiB:8192""#, r#""mem:1GiB:256""#, r#""mem:6KiB:4096""#] {
+            let e = Config::from_toml(&toml(bad)).unwrap_err().to_string();
+            assert!(e.contains("bad LUN spec"), "{bad}: {e}");
+        }
     }
 
     #[test]
