@@ -366,6 +366,7 @@ mod tests {
                 mutual_chap: None,
                 initiators: vec![],
             }],
+            ..Config::default()
         }
     }
 

@@ -1,5 +1,5 @@
-//! The target's configuration: listen addresses, limits and one or more targets with their LUNs,
-//! CHAP credentials and allowed initiators, read from TOML or built from the command line.
+//! The target's configuration: listen addresses, limits, discovery CHAP and one or more targets
+//! with their LUNs, CHAP credentials and allowed initiators, read from TOML or the command line.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -37,6 +37,9 @@ pub struct Config {
     /// Resource limits and the values the target offers in negotiation.
     #[serde(default)]
     pub limits: Limits,
+    /// Who may open a discovery session; what discovery lists follows [`DiscoveryConfig`]'s rule.
+    #[serde(default, skip_serializing_if = "DiscoveryConfig::is_open")]
+    pub discovery: DiscoveryConfig,
     /// The targets, each with its own LUNs.
     #[serde(default, rename = "target")]
     pub targets: Vec<TargetConfig>,
@@ -105,6 +108,35 @@ impl Default for Limits {
     }
 }
 
+/// CHAP for discovery sessions (`[discovery]`), and the rule for what SendTargets lists.
+///
+/// SendTargets never names a target to an initiator that target refuses, nor a CHAP target to a
+/// session that has not authenticated: a target is listed only if its `initiators` admit the
+/// session's InitiatorName and, when the target has `chap`, only if the session itself passed
+/// CHAP at login. Without `chap` here discovery is open to anyone and never names a CHAP target
+/// (its initiators must be told the name); with `chap` here every discovery login must pass CHAP
+/// (a missing or wrong answer is refused with status 0x0201) and then sees the CHAP targets its
+/// name is allowed. Logging in to a target still takes that target's own secret. The same rule
+/// answers SendTargets in a normal session, which counts as authenticated if it passed its
+/// target's CHAP.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// One-way CHAP: every discovery login must prove it knows this user's secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chap: Option<Credentials>,
+    /// Mutual CHAP: what the target answers when a discovering initiator challenges it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mutual_chap: Option<Credentials>,
+}
+
+impl DiscoveryConfig {
+    /// True when discovery needs no authentication (nothing to print).
+    pub fn is_open(&self) -> bool {
+        self.chap.is_none() && self.mutual_chap.is_none()
+    }
+}
+
 /// One iSCSI target.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -127,7 +159,7 @@ pub struct TargetConfig {
     /// Mutual CHAP: what the target answers when the initiator challenges it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mutual_chap: Option<Credentials>,
-    /// Initiator names allowed to log in; empty allows all.
+    /// Initiator names allowed to log in and to see this target in discovery; empty allows all.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub initiators: Vec<String>,
 }
@@ -152,6 +184,7 @@ impl Default for Config {
         Config {
             listen: default_listen(),
             limits: Limits::default(),
+            discovery: DiscoveryConfig::default(),
             targets: vec![TargetConfig {
                 iqn: DEFAULT_IQN.into(),
                 alias: None,
@@ -195,10 +228,16 @@ impl Config {
     /// `iscsi://` LUNs by `***`).
     pub fn to_toml_redacted(&self) -> String {
         let mut c = self.clone();
-        for t in &mut c.targets {
-            for cred in [&mut t.chap, &mut t.mutual_chap].into_iter().flatten() {
+        let redact = |cred: &mut Option<Credentials>| {
+            if let Some(cred) = cred {
                 cred.secret = "<redacted>".into();
             }
+        };
+        redact(&mut c.discovery.chap);
+        redact(&mut c.discovery.mutual_chap);
+        for t in &mut c.targets {
+            redact(&mut t.chap);
+            redact(&mut t.mutual_chap);
             for lun in &mut t.luns {
                 // Only specs with secrets are rewritten; the others stay as written.
                 if let Ok(spec) = lun.parse::<DeviceSpec>() {
@@ -248,6 +287,7 @@ impl Config {
         range("queue_depth", l.queue_depth.into(), 1, 1 << 16)?;
         range("max_command_bytes", l.max_command_bytes.into(), 512, 1 << 30)?;
         range("session_write_buffer_bytes", l.session_write_buffer_bytes, 1 << 20, 1 << 40)?;
+        check_chap("discovery", self.discovery.chap.as_ref(), self.discovery.mutual_chap.as_ref())?;
         let mut seen = std::collections::HashSet::new();
         for t in &self.targets {
             if !valid_iscsi_name(&t.iqn) {
@@ -265,27 +305,31 @@ impl Config {
             for spec in &t.luns {
                 spec.parse::<DeviceSpec>().map_err(|e| invalid(format!("target {}: bad LUN spec: {e}", t.iqn)))?;
             }
-            for (what, cred) in [("chap", &t.chap), ("mutual_chap", &t.mutual_chap)] {
-                if let Some(c) = cred {
-                    if c.user.is_empty() || c.secret.is_empty() {
-                        return Err(invalid(format!("target {}: {what} needs a user and a secret", t.iqn)));
-                    }
-                    if c.secret.len() > 255 {
-                        return Err(invalid(format!("target {}: {what} secret is longer than 255 bytes", t.iqn)));
-                    }
-                }
-            }
-            if t.mutual_chap.is_some() && t.chap.is_none() {
-                return Err(invalid(format!("target {}: mutual_chap needs chap as well", t.iqn)));
-            }
-            if t.chap.is_some()
-                && t.mutual_chap.as_ref().zip(t.chap.as_ref()).is_some_and(|(m, c)| m.secret == c.secret)
-            {
-                // RFC 7143 §12.1.3: the secrets of the two directions must differ.
-                return Err(invalid(format!("target {}: chap and mutual_chap secrets must differ", t.iqn)));
-            }
+            check_chap(&format!("target {}", t.iqn), t.chap.as_ref(), t.mutual_chap.as_ref())?;
         }
         Ok(())
+    }
+}
+
+/// The rules for one pair of CHAP credentials (a target's or discovery's), named by `owner`.
+fn check_chap(owner: &str, chap: Option<&Credentials>, mutual: Option<&Credentials>) -> Result<(), ConfigError> {
+    for (what, cred) in [("chap", chap), ("mutual_chap", mutual)] {
+        if let Some(c) = cred {
+            if c.user.is_empty() || c.secret.is_empty() {
+                return Err(invalid(format!("{owner}: {what} needs a user and a secret")));
+            }
+            if c.secret.len() > 255 {
+                return Err(invalid(format!("{owner}: {what} secret is longer than 255 bytes")));
+            }
+        }
+    }
+    match (chap, mutual) {
+        (None, Some(_)) => Err(invalid(format!("{owner}: mutual_chap needs chap as well"))),
+        // RFC 7143 §12.1.3: the secrets of the two directions must differ.
+        (Some(c), Some(m)) if c.secret == m.secret => {
+            Err(invalid(format!("{owner}: chap and mutual_chap secrets must differ")))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -389,5 +433,63 @@ mod tests {
         assert!(!valid_iscsi_name("iqn.x"));
         assert!(!valid_iscsi_name("target0"));
         assert!(!valid_iscsi_name("iqn.2024-01.org stics"));
+    }
+
+    #[test]
+    fn discovery_chap_parses_and_its_secrets_never_print() {
+        let c = Config::from_toml(
+            r#"
+            [discovery]
+            chap = { user = "seeker", secret = "hush-discovery-1" }
+            mutual_chap = { user = "portal", secret = "hush-portal-2" }
+            [[target]]
+            iqn = "iqn.2024-01.org.example:a"
+            luns = ["mem:1M"]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.discovery.chap.as_ref().map(|c| c.user.as_str()), Some("seeker"));
+        assert_eq!(c.discovery.mutual_chap.as_ref().map(|c| c.user.as_str()), Some("portal"));
+        let printed = c.to_toml_redacted();
+        assert!(!printed.contains("hush"), "{printed}");
+        assert!(printed.contains("[discovery"), "{printed}");
+        assert!(printed.contains("\"seeker\"") && printed.contains("\"portal\""), "{printed}");
+        assert!(!format!("{c:?}").contains("hush"));
+    }
+
+    #[test]
+    fn the_example_configuration_is_valid() {
+        let c = Config::from_toml(include_str!("../../../../examples/target.toml")).unwrap();
+        assert!(c.discovery.chap.is_some());
+        assert_eq!(c.targets.len(), 2);
+    }
+
+    #[test]
+    fn open_discovery_is_the_default_and_is_not_printed() {
+        let c = Config::from_toml("[[target]]\niqn=\"iqn.2024-01.a:b\"\nluns=[\"mem:1M\"]").unwrap();
+        assert!(c.discovery.is_open());
+        assert!(!c.to_toml_redacted().contains("discovery"));
+    }
+
+    #[test]
+    fn discovery_chap_is_checked_like_a_targets() {
+        let target = "\n[[target]]\niqn=\"iqn.2024-01.a:b\"\nluns=[\"mem:1M\"]";
+        let bad = [
+            ("[discovery]\nchap = { user = \"\", secret = \"s3cret-s3cret\" }", "discovery: chap needs a user"),
+            ("[discovery]\nchap = { user = \"u\", secret = \"\" }", "discovery: chap needs a user"),
+            ("[discovery]\nmutual_chap = { user = \"u\", secret = \"s3cret-s3cret\" }", "discovery: mutual_chap needs chap"),
+            (
+                "[discovery]\nchap = { user = \"u\", secret = \"same-same-1\" }\nmutual_chap = { user = \"t\", secret = \"same-same-1\" }",
+                "discovery: chap and mutual_chap secrets must differ",
+            ),
+            ("[discovery]\nchap = { user = \"u\", secret = \"s3cret-s3cret\" }\nusers = []", "unknown field"),
+        ];
+        for (text, want) in bad {
+            let e = Config::from_toml(&format!("{text}{target}")).unwrap_err().to_string();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+        let long = format!("[discovery]\nchap = {{ user = \"u\", secret = \"{}\" }}{target}", "x".repeat(256));
+        let e = Config::from_toml(&long).unwrap_err().to_string();
+        assert!(e.contains("discovery: chap secret is longer than 255 bytes"), "{e}");
     }
 }

@@ -355,9 +355,8 @@ async fn full_feature(
     let portal = local.map(|a| format!("{a},{}", shared.policy.tpgt));
     let listings: Vec<Listing> = shared
         .policy
-        .targets
-        .iter()
-        .filter(|t| t.allows(&o.initiator_name))
+        .listed(&o.initiator_name, o.authenticated)
+        .into_iter()
         .map(|t| Listing { iqn: t.iqn.clone(), addresses: portal.iter().cloned().collect() })
         .collect();
     let cfg = SessionConfig {

@@ -26,7 +26,7 @@ mod server;
 pub mod session;
 pub mod textreq;
 
-pub use config::{Config, ConfigError, Credentials, Limits, TargetConfig};
+pub use config::{Config, ConfigError, Credentials, DiscoveryConfig, Limits, TargetConfig};
 pub use server::Server;
 
 impl From<ConfigError> for TargetError {

@@ -1,6 +1,7 @@
 //! The login phase of one connection (RFC 7143 §6 and §11.12): security negotiation with CHAP
-//! (one-way and mutual), operational negotiation of every key, stage transitions and the
-//! checks that end a login with a status class. A pure state machine: requests in, responses out.
+//! (one-way and mutual, a target's or discovery's), operational negotiation of every key, stage
+//! transitions and the checks that end a login with a status class, and which targets a logged-in
+//! session may discover. A pure state machine: requests in, responses out.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use stics_wire::keys::{self, Kind, Params, SessionType};
 use stics_wire::pdu::{login_status, stage, LoginRequest, LoginResponse, Pdu};
 use stics_wire::{chap, text};
 
-use crate::config::{Credentials, Limits};
+use crate::config::{Credentials, DiscoveryConfig, Limits};
 
 /// Largest login text (all continuation PDUs of one request together) the target accepts.
 pub const MAX_LOGIN_TEXT: usize = 64 * 1024;
@@ -31,12 +32,21 @@ impl TargetAuth {
     pub fn allows(&self, initiator: &str) -> bool {
         self.initiators.is_empty() || self.initiators.iter().any(|i| i.eq_ignore_ascii_case(initiator))
     }
+
+    /// True if a session of `initiator` may learn this target's name from SendTargets: its
+    /// name is allowed and, for a target with CHAP, the session `authenticated` with CHAP (the
+    /// rule documented on [`DiscoveryConfig`]).
+    pub fn listed_to(&self, initiator: &str, authenticated: bool) -> bool {
+        self.allows(initiator) && (self.chap.is_none() || authenticated)
+    }
 }
 
 /// The targets behind a portal and the values the target offers.
 #[derive(Debug, Clone)]
 pub struct Policy {
     pub targets: Vec<TargetAuth>,
+    /// CHAP that discovery sessions must pass.
+    pub discovery: DiscoveryConfig,
     pub limits: Limits,
     /// TargetPortalGroupTag of every portal (one portal group).
     pub tpgt: u16,
@@ -46,6 +56,12 @@ impl Policy {
     /// Finds a target by name (iSCSI names compare case-insensitively, RFC 3722).
     pub fn target(&self, iqn: &str) -> Option<(usize, &TargetAuth)> {
         self.targets.iter().enumerate().find(|(_, t)| t.iqn.eq_ignore_ascii_case(iqn))
+    }
+
+    /// The targets SendTargets may name to a session of `initiator` that `authenticated` (or
+    /// not) with CHAP: see [`TargetAuth::listed_to`].
+    pub fn listed(&self, initiator: &str, authenticated: bool) -> Vec<&TargetAuth> {
+        self.targets.iter().filter(|t| t.listed_to(initiator, authenticated)).collect()
     }
 
     /// The target's own value for a key, as `keys::respond` takes it.
@@ -116,6 +132,8 @@ pub struct Outcome {
     pub initiator_alias: Option<String>,
     /// Index into [`Policy::targets`] for a normal session.
     pub target: Option<usize>,
+    /// The initiator proved its identity with CHAP (to the target's or discovery's secret).
+    pub authenticated: bool,
     pub isid: [u8; 6],
     /// TSIH the initiator sent (zero for a new session).
     pub tsih: u16,
@@ -336,6 +354,7 @@ impl Login {
             initiator_name: self.initiator_name.clone().unwrap_or_default(),
             initiator_alias: self.initiator_alias.clone(),
             target: self.target,
+            authenticated: self.auth == Auth::Done,
             isid: first.isid,
             tsih: first.tsih,
             cid: first.cid,
@@ -355,8 +374,19 @@ impl Login {
         }
     }
 
+    /// The CHAP credentials this login answers to, one-way and mutual: the target's for a
+    /// normal session, `[discovery]`'s for a discovery session. Known once the leading keys are.
+    fn credentials(&self) -> (Option<&Credentials>, Option<&Credentials>) {
+        match self.session_type {
+            SessionType::Discovery => (self.policy.discovery.chap.as_ref(), self.policy.discovery.mutual_chap.as_ref()),
+            SessionType::Normal => {
+                self.target_auth().map_or((None, None), |t| (t.chap.as_ref(), t.mutual_chap.as_ref()))
+            }
+        }
+    }
+
     fn auth_required(&self) -> bool {
-        self.target.and_then(|i| self.policy.targets.get(i)).is_some_and(|t| t.chap.is_some())
+        self.credentials().0.is_some()
     }
 
     fn target_auth(&self) -> Option<&TargetAuth> {
@@ -448,8 +478,8 @@ impl Login {
     fn verify_chap(&self, id: u8, pairs: &[(String, String)], out: &mut Vec<(String, String)>) -> Result<(), Status> {
         let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         let fail = login_status::AUTHENTICATION_FAILURE;
-        let t = self.target_auth().ok_or(fail)?;
-        let cred = t.chap.as_ref().ok_or(fail)?;
+        let (cred, mutual) = self.credentials();
+        let cred = cred.ok_or(fail)?;
         let name = get("CHAP_N").ok_or(fail)?;
         let resp = get("CHAP_R").and_then(|r| chap::decode_binary(r).ok()).ok_or(fail)?;
         if name != cred.user || !chap::verify(id, cred.secret.as_bytes(), &self.challenge, &resp) {
@@ -458,7 +488,7 @@ impl Login {
         match (get("CHAP_I"), get("CHAP_C")) {
             (None, None) => Ok(()),
             (Some(i), Some(c)) => {
-                let mutual = t.mutual_chap.as_ref().ok_or(fail)?;
+                let mutual = mutual.ok_or(fail)?;
                 let their_id = chap::parse_identifier(i).map_err(|_| fail)?;
                 let their_challenge = chap::decode_binary(c).map_err(|_| fail)?;
                 // RFC 7143 §12.1.3: refuse a reflected challenge and absurd lengths.
@@ -572,10 +602,24 @@ mod tests {
                 mutual_chap: mutual.then(|| Credentials { user: "tgt".into(), secret: "target-secret-2".into() }),
                 initiators: vec![],
             }],
+            discovery: DiscoveryConfig::default(),
             limits: Limits::default(),
             tpgt: 1,
         })
     }
+
+    /// A policy whose discovery sessions need CHAP as `seeker` (and answer mutual CHAP as
+    /// `portal`), in front of one target with CHAP as `alice`.
+    fn discovery_policy() -> Arc<Policy> {
+        let mut p = (*policy(true, false)).clone();
+        p.discovery = DiscoveryConfig {
+            chap: Some(Credentials { user: "seeker".into(), secret: "discovery-secret-3".into() }),
+            mutual_chap: Some(Credentials { user: "portal".into(), secret: "portal-secret-4".into() }),
+        };
+        Arc::new(p)
+    }
+
+    const DISCOVERY: &str = "InitiatorName=iqn.2024-01.org.test:i\0SessionType=Discovery\0";
 
     fn req(csg: u8, nsg: u8, transit: bool) -> LoginRequest {
         LoginRequest {
@@ -684,7 +728,12 @@ mod tests {
     }
 
     fn chap_to_challenge(l: &mut Login) -> (u8, Vec<u8>) {
-        let p = continue_pdu(l.step(&req(0, 1, true), format!("{}AuthMethod=CHAP,None\0", names(IQN)).as_bytes()));
+        chap_to_challenge_as(l, &names(IQN))
+    }
+
+    /// Offers CHAP after the `leading` keys and asks for the challenge.
+    fn chap_to_challenge_as(l: &mut Login, leading: &str) -> (u8, Vec<u8>) {
+        let p = continue_pdu(l.step(&req(0, 1, true), format!("{leading}AuthMethod=CHAP,None\0").as_bytes()));
         assert_eq!(get(&p, "AuthMethod").as_deref(), Some("CHAP"));
         assert!(!resp(&p).transit, "no transit before authentication");
         let p = continue_pdu(l.step(&req(0, 1, false), b"CHAP_A=7,5\0"));
@@ -801,5 +850,123 @@ mod tests {
         p.targets[0].initiators = vec!["iqn.2024-01.org.test:other".into()];
         let mut l = Login::new(Arc::new(p), vec![1; 16], 1);
         assert_eq!(fail_status(l.step(&req(0, 1, true), names(IQN).as_bytes())), (2, 2));
+    }
+
+    #[test]
+    fn not_allowed_initiator_is_refused_before_chap_is_offered() {
+        let mut p = (*policy(true, false)).clone();
+        p.targets[0].initiators = vec!["iqn.2024-01.org.test:other".into()];
+        let mut l = Login::new(Arc::new(p), vec![1; 16], 1);
+        let s = l.step(&req(0, 1, true), format!("{}AuthMethod=CHAP,None\0", names(IQN)).as_bytes());
+        assert_eq!(fail_status(s), login_status::AUTHORIZATION_FAILURE);
+    }
+
+    #[test]
+    fn discovery_chap_refuses_auth_none_and_skipping_security() {
+        let mut l = Login::new(discovery_policy(), vec![9; 16], 42);
+        let s = l.step(&req(0, 1, true), format!("{DISCOVERY}AuthMethod=None\0").as_bytes());
+        assert_eq!(fail_status(s), login_status::AUTHENTICATION_FAILURE);
+        let mut l = Login::new(discovery_policy(), vec![9; 16], 42);
+        assert_eq!(fail_status(l.step(&req(1, 3, true), DISCOVERY.as_bytes())), login_status::AUTHENTICATION_FAILURE);
+    }
+
+    /// Answers the discovery challenge as `user` with `secret` and goes to full feature phase.
+    fn discovery_login(user: &str, secret: &str, extra: &str) -> (Login, Step) {
+        let mut l = Login::new(discovery_policy(), vec![9; 16], 42);
+        let (id, c) = chap_to_challenge_as(&mut l, DISCOVERY);
+        let r = chap::encode_hex(&chap::response(id, secret.as_bytes(), &c));
+        let step = l.step(&req(0, 3, true), format!("CHAP_N={user}\0CHAP_R={r}\0{extra}").as_bytes());
+        (l, step)
+    }
+
+    #[test]
+    fn discovery_chap_with_the_discovery_secret_passes_and_marks_the_session_authenticated() {
+        let (_, step) = discovery_login("seeker", "discovery-secret-3", "");
+        match step {
+            Step::Ready(p, out) => {
+                assert!(resp(&p).transit);
+                assert_eq!(out.session_type, SessionType::Discovery);
+                assert!(out.authenticated);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn discovery_chap_refuses_a_wrong_secret_and_a_targets_secret() {
+        for (user, secret) in
+            [("seeker", "not-the-secret-5"), ("alice", "alice-secret-1"), ("alice", "discovery-secret-3")]
+        {
+            let (_, step) = discovery_login(user, secret, "");
+            assert_eq!(fail_status(step), login_status::AUTHENTICATION_FAILURE, "{user} {secret}");
+        }
+    }
+
+    #[test]
+    fn discovery_mutual_chap_answers_with_the_discovery_credentials() {
+        let (_, step) = discovery_login("seeker", "discovery-secret-3", "CHAP_I=3\0CHAP_C=0x0102030405\0");
+        let Step::Ready(p, out) = step else { panic!("{step:?}") };
+        assert!(out.authenticated);
+        assert_eq!(get(&p, "CHAP_N").as_deref(), Some("portal"));
+        let expect = chap::response(3, b"portal-secret-4", &[1, 2, 3, 4, 5]);
+        assert_eq!(chap::decode_binary(&get(&p, "CHAP_R").unwrap()).unwrap(), expect.to_vec());
+    }
+
+    #[test]
+    fn open_discovery_answers_none_to_a_chap_offer_and_is_not_authenticated() {
+        let mut l = Login::new(policy(true, false), vec![9; 16], 42);
+        let p = continue_pdu(l.step(&req(0, 1, true), format!("{DISCOVERY}AuthMethod=CHAP,None\0").as_bytes()));
+        assert_eq!(get(&p, "AuthMethod").as_deref(), Some("None"));
+        match l.step(&req(1, 3, true), b"") {
+            Step::Ready(_, out) => assert!(!out.authenticated),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_normal_chap_login_is_authenticated_and_one_without_chap_is_not() {
+        let mut l = Login::new(policy(true, false), vec![9; 16], 42);
+        let (id, c) = chap_to_challenge(&mut l);
+        let r = chap::encode_hex(&chap::response(id, b"alice-secret-1", &c));
+        match l.step(&req(0, 3, true), format!("CHAP_N=alice\0CHAP_R={r}\0").as_bytes()) {
+            Step::Ready(_, out) => assert!(out.authenticated),
+            other => panic!("{other:?}"),
+        }
+        let mut l = Login::new(policy(false, false), vec![9; 16], 42);
+        match l.step(&req(1, 3, true), names(IQN).as_bytes()) {
+            Step::Ready(_, out) => assert!(!out.authenticated),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn sendtargets_lists_only_targets_the_session_could_log_in_to() {
+        let target = |name: &str, chap: bool, initiators: &[&str]| TargetAuth {
+            iqn: format!("iqn.2024-01.org.stics:{name}"),
+            alias: None,
+            chap: chap.then(|| Credentials { user: "u".into(), secret: "target-secret-6".into() }),
+            mutual_chap: None,
+            initiators: initiators.iter().map(|i| (*i).to_owned()).collect(),
+        };
+        let p = Policy {
+            targets: vec![
+                target("open", false, &[]),
+                target("acl", false, &["iqn.2024-01.org.test:Friend"]),
+                target("chap", true, &[]),
+                target("chap-acl", true, &["iqn.2024-01.org.test:friend"]),
+            ],
+            discovery: DiscoveryConfig::default(),
+            limits: Limits::default(),
+            tpgt: 1,
+        };
+        let listed = |initiator: &str, authenticated: bool| {
+            let names =
+                p.listed(initiator, authenticated).into_iter().map(|t| t.iqn.rsplit(':').next().unwrap_or_default());
+            names.map(str::to_owned).collect::<Vec<_>>()
+        };
+        assert_eq!(listed("iqn.2024-01.org.test:stranger", false), ["open"]);
+        assert_eq!(listed("iqn.2024-01.org.test:friend", false), ["open", "acl"]);
+        assert_eq!(listed("iqn.2024-01.org.test:stranger", true), ["open", "chap"]);
+        assert_eq!(listed("iqn.2024-01.org.test:FRIEND", true), ["open", "acl", "chap", "chap-acl"]);
     }
 }

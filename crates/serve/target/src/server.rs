@@ -117,7 +117,12 @@ impl Server {
         }
         let limits = config.limits.clone();
         let shared = Arc::new(Shared {
-            policy: Arc::new(Policy { targets: auths, limits: limits.clone(), tpgt: 1 }),
+            policy: Arc::new(Policy {
+                targets: auths,
+                discovery: config.discovery.clone(),
+                limits: limits.clone(),
+                tpgt: 1,
+            }),
             targets,
             registry: Mutex::new(Registry::new(limits.max_sessions)),
             logins: Arc::new(Semaphore::new(limits.max_logins)),

@@ -246,4 +246,29 @@ mod tests {
         let r = TextRequest { final_: true, itt: 4, ttt: 99, ..Default::default() };
         assert_eq!(s.request(&r, &[], &ctx).unwrap_err(), TextError::UnknownTtt);
     }
+
+    #[test]
+    fn naming_a_target_that_is_not_visible_reveals_nothing() {
+        // The session sees only target a (b is hidden from it by its ACL or CHAP).
+        let l = listings()[..1].to_vec();
+        for (session_type, target) in
+            [(SessionType::Discovery, None), (SessionType::Normal, Some("iqn.2024-01.org.stics:a"))]
+        {
+            let ctx = Context { session_type, target, visible: &l, max_xmit: 8192 };
+            let mut s = TextState::default();
+            let (r, d) = req(b"SendTargets=iqn.2024-01.org.stics:b\0");
+            let a = s.request(&r, &d, &ctx).unwrap();
+            assert!(a.pdu.data.is_empty(), "{session_type}: {:?}", a.pdu.data);
+        }
+    }
+
+    #[test]
+    fn send_targets_all_with_nothing_visible_is_an_empty_answer() {
+        let ctx = Context { session_type: SessionType::Discovery, target: None, visible: &[], max_xmit: 8192 };
+        let mut s = TextState::default();
+        let (r, d) = req(b"SendTargets=All\0");
+        let a = s.request(&r, &d, &ctx).unwrap();
+        let stics_wire::Header::TextResponse(h) = a.pdu.header else { panic!() };
+        assert!(h.final_ && a.pdu.data.is_empty());
+    }
 }

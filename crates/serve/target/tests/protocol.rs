@@ -29,6 +29,7 @@ fn config(chap: Option<(&str, &str)>, mutual: Option<(&str, &str)>, limits: Limi
             mutual_chap: cred(mutual),
             initiators: vec![],
         }],
+        ..Config::default()
     }
 }
 

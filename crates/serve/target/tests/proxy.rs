@@ -20,6 +20,7 @@ fn config(iqn: &str, lun: String) -> Config {
             mutual_chap: None,
             initiators: vec![],
         }],
+        ..Config::default()
     }
 }
 

@@ -53,6 +53,24 @@ pub struct Args {
     #[arg(long, env = "STICS_MUTUAL_SECRET", hide_env_values = true, requires = "mutual_user")]
     pub mutual_secret: Option<String>,
 
+    /// CHAP user every discovery (SendTargets) login must authenticate as (with
+    /// --discovery-chap-secret); replaces the config file's [discovery] chap. Default: open
+    /// discovery, which lists no target that has CHAP.
+    #[arg(long, requires = "discovery_chap_secret")]
+    pub discovery_chap_user: Option<String>,
+
+    /// Secret of --discovery-chap-user; better passed in the environment.
+    #[arg(long, env = "STICS_DISCOVERY_CHAP_SECRET", hide_env_values = true, requires = "discovery_chap_user")]
+    pub discovery_chap_secret: Option<String>,
+
+    /// User name the target answers mutual CHAP with in discovery (with --discovery-mutual-secret).
+    #[arg(long, requires = "discovery_mutual_secret")]
+    pub discovery_mutual_user: Option<String>,
+
+    /// Secret the target answers mutual CHAP with in discovery.
+    #[arg(long, env = "STICS_DISCOVERY_MUTUAL_SECRET", hide_env_values = true, requires = "discovery_mutual_user")]
+    pub discovery_mutual_secret: Option<String>,
+
     /// Most sessions at once. Default 64 (or the config file's).
     #[arg(long)]
     pub max_sessions: Option<usize>,
@@ -91,12 +109,18 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
     if !args.listen.is_empty() {
         config.listen.clone_from(&args.listen);
     }
+    let cred = |u: &Option<String>, s: &Option<String>| {
+        u.clone().zip(s.clone()).map(|(user, secret)| Credentials { user, secret })
+    };
+    if args.discovery_chap_user.is_some() {
+        config.discovery.chap = cred(&args.discovery_chap_user, &args.discovery_chap_secret);
+    }
+    if args.discovery_mutual_user.is_some() {
+        config.discovery.mutual_chap = cred(&args.discovery_mutual_user, &args.discovery_mutual_secret);
+    }
     let cli_target = args.config.is_none() || args.iqn.is_some() || !args.lun.is_empty();
     if cli_target {
         let luns = if args.lun.is_empty() { vec!["mem:1GiB".to_string()] } else { args.lun.clone() };
-        let cred = |u: &Option<String>, s: &Option<String>| {
-            u.clone().zip(s.clone()).map(|(user, secret)| Credentials { user, secret })
-        };
         config.targets.push(TargetConfig {
             iqn: args.iqn.clone().unwrap_or_else(|| DEFAULT_IQN.to_string()),
             alias: args.alias.clone(),
