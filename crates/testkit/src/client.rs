@@ -123,6 +123,11 @@ impl Client {
         }
     }
 
+    /// Ends the connection with a reset (RST), as the kernel of a crashed peer would.
+    pub fn reset(self) {
+        let _ = self.s.set_zero_linger();
+    }
+
     /// Connects, logs in with `ops` and clears the first unit attention: a session ready for
     /// commands.
     pub async fn session(addr: SocketAddr, ops: &[(&str, &str)]) -> Client {
@@ -256,6 +261,17 @@ impl Client {
                     }
                 }
                 Header::ScsiResponse(r) => return (r.status, data, p.data),
+                // The target's keep-alive ping: answered, as initiators do.
+                Header::NopIn(n) if n.itt == RESERVED_TAG => {
+                    let pong = NopOut {
+                        immediate: true,
+                        itt: RESERVED_TAG,
+                        ttt: n.ttt,
+                        cmd_sn: self.cmd_sn,
+                        ..Default::default()
+                    };
+                    self.send(Pdu::new(pong, Bytes::new())).await;
+                }
                 other => panic!("unexpected {other:?}"),
             }
         }

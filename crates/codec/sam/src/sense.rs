@@ -77,6 +77,8 @@ pub mod asc {
     pub const SAVING_PARAMETERS_NOT_SUPPORTED: (u8, u8) = (0x39, 0x00);
     /// INTERNAL TARGET FAILURE
     pub const INTERNAL_TARGET_FAILURE: (u8, u8) = (0x44, 0x00);
+    /// PROTOCOL SERVICE CRC ERROR (iSCSI: a data digest failed, RFC 7143 §13.5.1)
+    pub const PROTOCOL_SERVICE_CRC_ERROR: (u8, u8) = (0x47, 0x05);
     /// DATA PHASE ERROR
     pub const DATA_PHASE_ERROR: (u8, u8) = (0x4b, 0x00);
 }
@@ -206,6 +208,16 @@ impl Sense {
 
     pub const fn internal_target_failure() -> Self {
         Sense::of(key::HARDWARE_ERROR, asc::INTERNAL_TARGET_FAILURE)
+    }
+
+    /// Write data that broke the transport's sequence rules.
+    pub const fn data_phase_error() -> Self {
+        Sense::of(key::ABORTED_COMMAND, asc::DATA_PHASE_ERROR)
+    }
+
+    /// Write data lost to a digest error: the initiator may retry the command.
+    pub const fn protocol_crc_error() -> Self {
+        Sense::of(key::ABORTED_COMMAND, asc::PROTOCOL_SERVICE_CRC_ERROR)
     }
 
     pub const fn write_protected() -> Self {

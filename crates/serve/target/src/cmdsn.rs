@@ -60,6 +60,12 @@ impl<T> Window<T> {
         Verdict::Queued
     }
 
+    /// The commands held, by CmdSN, to find or replace one (an ABORT TASK of a command that
+    /// waits for earlier ones).
+    pub fn held_mut(&mut self) -> impl Iterator<Item = (u32, &mut T)> {
+        self.held.iter_mut().map(|(sn, t)| (*sn, t))
+    }
+
     /// The next held command that is now in order.
     pub fn next_ready(&mut self) -> Option<T> {
         let item = self.held.remove(&self.exp)?;
@@ -118,6 +124,19 @@ mod tests {
         assert_eq!(w.offer(u32::MAX, false, 5, 'a'), Verdict::Deliver('a'));
         assert_eq!(w.next_ready(), Some('b'));
         assert_eq!(w.exp_cmd_sn(), 1);
+    }
+
+    #[test]
+    fn a_held_command_can_be_replaced_in_place() {
+        let mut w = Window::new(10);
+        assert_eq!(w.offer(12, false, 20, 'c'), Verdict::Queued);
+        for (sn, item) in w.held_mut() {
+            assert_eq!(sn, 12);
+            *item = 'x';
+        }
+        assert_eq!(w.offer(10, false, 20, 'a'), Verdict::Deliver('a'));
+        assert_eq!(w.offer(11, false, 20, 'b'), Verdict::Deliver('b'));
+        assert_eq!(w.next_ready(), Some('x'));
     }
 
     #[test]

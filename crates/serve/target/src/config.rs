@@ -79,6 +79,16 @@ pub struct Limits {
     pub max_command_bytes: u32,
     /// Write data a session may hold buffered for commands still waiting for more data.
     pub session_write_buffer_bytes: u64,
+    /// Output a session may have read from its devices or queued but not yet written to its
+    /// socket. A read is executed only once its data fits (a read larger than this waits until
+    /// the session has nothing else queued), and no new request is taken while the queue is
+    /// over it: a peer that does not read its socket holds at most this much memory.
+    pub session_output_buffer_bytes: u64,
+    /// The same bound over all sessions together.
+    pub target_output_buffer_bytes: u64,
+    /// Interval over which the warnings one peer causes are limited: a few of each kind are
+    /// logged, the rest counted and reported with the next one logged.
+    pub warning_interval_secs: u64,
     /// Seconds of silence from an initiator after which the target pings it with a NOP-In;
     /// 0 turns pings off.
     pub nop_in_interval_secs: u64,
@@ -102,6 +112,9 @@ impl Default for Limits {
             queue_depth: 128,
             max_command_bytes: 32 * 1024 * 1024,
             session_write_buffer_bytes: 128 * 1024 * 1024,
+            session_output_buffer_bytes: 64 * 1024 * 1024,
+            target_output_buffer_bytes: 1024 * 1024 * 1024,
+            warning_interval_secs: 60,
             nop_in_interval_secs: 30,
             nop_in_timeout_secs: 30,
         }
@@ -287,6 +300,9 @@ impl Config {
         range("queue_depth", l.queue_depth.into(), 1, 1 << 16)?;
         range("max_command_bytes", l.max_command_bytes.into(), 512, 1 << 30)?;
         range("session_write_buffer_bytes", l.session_write_buffer_bytes, 1 << 20, 1 << 40)?;
+        range("session_output_buffer_bytes", l.session_output_buffer_bytes, 1 << 20, 1 << 40)?;
+        range("target_output_buffer_bytes", l.target_output_buffer_bytes, l.session_output_buffer_bytes, 1 << 44)?;
+        range("warning_interval_secs", l.warning_interval_secs, 1, 86_400)?;
         check_chap("discovery", self.discovery.chap.as_ref(), self.discovery.mutual_chap.as_ref())?;
         let mut seen = std::collections::HashSet::new();
         for t in &self.targets {

@@ -3,24 +3,24 @@
 //! commands, resets, aborts across sessions), and a writer task that stamps sequence numbers
 //! on outgoing PDUs and writes them in vectored batches.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io::IoSlice;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use rand::Rng;
-use stics_scsi::{Command, Device, Nexus};
+use stics_scsi::{Command, Device, Direction, Nexus};
 use stics_wire::frame::{self, Batch, Digests, FrameError};
 use stics_wire::pdu::{login_status, Header, Pdu};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
@@ -28,7 +28,7 @@ use crate::datain::Shape;
 use crate::dataout::Burst;
 use crate::login::{Login, Outcome, Step};
 use crate::registry::{RegistryError, SessionCtl};
-use crate::server::{Shared, Target};
+use crate::server::{Shared, Target, OUTPUT_UNIT};
 use crate::session::{stamp, Action, CloseReason, Event, Reset, SessionConfig, SessionCore};
 use crate::textreq::Listing;
 
@@ -42,24 +42,43 @@ const MAX_IOV: usize = 1024;
 /// Data segments up to this size are copied next to their header instead of getting an iovec.
 const COPY_BELOW: usize = 1024;
 
-/// Bytes queued for the writer beyond which the reader stops taking new requests: a peer that
-/// sends but never reads cannot make the target buffer its answers without bound.
-const MAX_QUEUED: usize = 16 << 20;
-
-/// Sequence numbers the reader sets and the writer reads when it stamps PDUs, and the amount
-/// of output queued for the writer.
+/// Sequence numbers the reader sets and the writer reads when it stamps PDUs, the amount of
+/// output queued for the writer, and how the writer fares.
 #[derive(Debug)]
 struct SeqNums {
     exp_cmd_sn: AtomicU32,
     max_cmd_sn: AtomicU32,
     queued: AtomicUsize,
+    /// Queued bytes beyond which the reader takes no new requests.
+    budget: usize,
     drained: Notify,
+    /// Bytes the writer has written: output leaving shows the peer alive while the reader waits.
+    written: AtomicU64,
+    /// Killed when a write fails: the connection is gone and the session must end.
+    writer_gone: SessionCtl,
+}
+
+impl SeqNums {
+    /// Resolves once the writer's queue is back under its budget.
+    async fn drained(&self) {
+        while self.queued.load(Ordering::Acquire) > self.budget {
+            self.drained.notified().await;
+        }
+    }
+}
+
+/// Output memory reserved for a read's data; given back when the writer has written it.
+struct Reservation {
+    _session: OwnedSemaphorePermit,
+    _target: OwnedSemaphorePermit,
 }
 
 /// What the reader and command tasks hand to the writer.
 enum Out {
     One(Pdu),
     Many(Vec<Pdu>),
+    /// Given back once what was queued before it is written.
+    Release(Reservation),
     /// Write everything before this, then close the connection.
     Close,
 }
@@ -70,7 +89,7 @@ impl Out {
         match self {
             Out::One(p) => 64 + p.data.len(),
             Out::Many(v) => v.iter().map(|p| 64 + p.data.len()).sum(),
-            Out::Close => 0,
+            Out::Release(_) | Out::Close => 0,
         }
     }
 }
@@ -154,7 +173,9 @@ pub(crate) async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: Arc<S
             Ok(Some(l)) => l,
             Ok(None) => return,
             Err(_) => {
-                tracing::info!(%peer, "login timed out");
+                if let Some(suppressed) = shared.may_warn(peer, "login timeout") {
+                    tracing::info!(%peer, suppressed, "login timed out");
+                }
                 return;
             }
         },
@@ -184,7 +205,9 @@ async fn login_phase(
         let frame = match read_frame(stream, buf, none, LOGIN_MAX_DATA).await {
             Ok(f) => f,
             Err(ReadEnd::TooLarge(len)) => {
-                tracing::warn!(%peer, len, "login PDU too large; closing");
+                if let Some(suppressed) = shared.may_warn(peer, "login PDU too large") {
+                    tracing::warn!(%peer, len, suppressed, "login PDU too large; closing");
+                }
                 return None;
             }
             Err(ReadEnd::Closed) => return None,
@@ -195,13 +218,17 @@ async fn login_phase(
         let pdu = match frame::parse(frame, none) {
             Ok(p) => p,
             Err(e) => {
-                tracing::warn!(%peer, "bad PDU during login: {e}; closing");
+                if let Some(suppressed) = shared.may_warn(peer, "bad login PDU") {
+                    tracing::warn!(%peer, suppressed, "bad PDU during login: {e}; closing");
+                }
                 return None;
             }
         };
         let Header::LoginRequest(req) = pdu.header else {
             // RFC 7143 §6.2: before login completes, only Login Requests are allowed.
-            tracing::warn!(%peer, opcode = ?pdu.header.opcode(), "non-login PDU during login; closing");
+            if let Some(suppressed) = shared.may_warn(peer, "non-login PDU") {
+                tracing::warn!(%peer, opcode = ?pdu.header.opcode(), suppressed, "non-login PDU during login; closing");
+            }
             return None;
         };
         match machine.step(&req, &pdu.data) {
@@ -210,7 +237,9 @@ async fn login_phase(
             }
             Step::Fail(p) => {
                 if let Header::LoginResponse(h) = p.header {
-                    tracing::info!(%peer, class = h.status_class, detail = h.status_detail, "login refused");
+                    if let Some(suppressed) = shared.may_warn(peer, "login refused") {
+                        tracing::info!(%peer, class = h.status_class, detail = h.status_detail, suppressed, "login refused");
+                    }
                 }
                 let _ = stream.write_all(&encode_one(&p, none)).await;
                 return None;
@@ -227,7 +256,9 @@ async fn login_phase(
                 let reg = match reg {
                     Ok(r) => r,
                     Err(RegistryError::Full) => {
-                        tracing::warn!(%peer, "session limit reached; login refused");
+                        if let Some(suppressed) = shared.may_warn(peer, "session limit") {
+                            tracing::warn!(%peer, suppressed, "session limit reached; login refused");
+                        }
                         let f = fail(&mut machine, login_status::OUT_OF_RESOURCES);
                         let _ = stream.write_all(&encode_one(&f, none)).await;
                         return None;
@@ -317,9 +348,14 @@ impl Wake for NoopWake {
 /// The driver's side of a full-feature session (one connection: MaxConnections is 1).
 struct Session {
     shared: Arc<Shared>,
+    peer: SocketAddr,
+    ctl: Arc<SessionCtl>,
     nexus: Arc<Nexus>,
     device: Option<Arc<Device>>,
     handle: Arc<SessionHandle>,
+    /// The session's output budget in [`OUTPUT_UNIT`]s (reads reserve their data here).
+    output: Arc<Semaphore>,
+    output_units: u32,
     noop: Waker,
 }
 
@@ -382,30 +418,39 @@ async fn full_feature(
         nop_timeout: Duration::from_secs(limits.nop_in_timeout_secs),
     };
     let core = SessionCore::new(cfg, std::time::Instant::now());
+    let budget = limits.session_output_buffer_bytes;
     let seq = Arc::new(SeqNums {
         exp_cmd_sn: AtomicU32::new(core.exp_cmd_sn()),
         max_cmd_sn: AtomicU32::new(core.max_cmd_sn()),
         queued: AtomicUsize::new(0),
+        budget: usize::try_from(budget).unwrap_or(usize::MAX),
         drained: Notify::new(),
+        written: AtomicU64::new(0),
+        writer_gone: SessionCtl::default(),
     });
     let (rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::unbounded_channel();
-    let writer = tokio::spawn(writer(wr, rx, Arc::clone(&seq), o.next_stat_sn, digests));
+    let mut writer = tokio::spawn(writer(wr, rx, Arc::clone(&seq), o.next_stat_sn, digests));
     let handle = Arc::new(SessionHandle {
         target: o.target,
         live: Mutex::new(Live { core, handles: HashMap::new() }),
         out: Outbox { tx, seq },
     });
     shared.task_sets().insert(nexus.id, Arc::clone(&handle));
+    let output_units = u32::try_from(budget / OUTPUT_UNIT).unwrap_or(u32::MAX).max(1);
     let mut s = Session {
+        peer,
+        ctl: Arc::clone(&li.ctl),
         nexus: Arc::clone(&nexus),
         device: device.clone(),
         handle: Arc::clone(&handle),
+        output: Arc::new(Semaphore::new(output_units as usize)),
+        output_units,
         noop: Waker::from(Arc::new(NoopWake)),
         shared: Arc::clone(&shared),
     };
     let max_recv = p.max_recv_data_segment_length;
-    let reason = s.read_loop(rd, &mut buf, digests, max_recv, &li.ctl).await;
+    let reason = s.read_loop(rd, &mut buf, digests, max_recv).await;
     // Tasks of an ended session are aborted (ERL 0: nothing survives the connection).
     shared.task_sets().remove(&nexus.id);
     for (_, h) in lock(&handle.live).handles.drain() {
@@ -413,8 +458,12 @@ async fn full_feature(
     }
     drop(s);
     drop(handle);
-    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+    // The slot is free as soon as the session has ended, not once its last bytes are out.
     shared.registry().unregister(li.tsih, &li.ctl);
+    // A peer that does not read cannot keep the writer, and what it holds, alive.
+    if tokio::time::timeout(Duration::from_secs(5), &mut writer).await.is_err() {
+        writer.abort();
+    }
     if let Some(d) = &device {
         d.nexus_removed(&nexus);
     }
@@ -428,22 +477,27 @@ impl Session {
         buf: &mut BytesMut,
         digests: Digests,
         max_recv: u32,
-        ctl: &Arc<SessionCtl>,
     ) -> &'static str {
-        let stopping = &self.shared.clone();
         let seq = Arc::clone(&self.handle.out.seq);
         loop {
             // Everything already buffered is handled before the next read.
             loop {
                 match frame::check(buf, digests, max_recv) {
                     Ok(n) => {
+                        // Backpressure: while the writer is far behind, take no new requests.
+                        if seq.queued.load(Ordering::Acquire) > seq.budget {
+                            self.warn_bound("session output bound");
+                            if let Err(reason) = self.watch(seq.drained()).await {
+                                return reason;
+                            }
+                        }
                         let f = buf.split_to(n).freeze();
                         // Decoding (and its data digest) happens outside the session's lock.
                         let actions = match frame::parse(f.clone(), digests) {
                             Ok(pdu) => self.handle.run(|l| l.core.on_pdu(pdu, f)),
                             Err(e) => self.handle.run(|l| l.core.on_bad_frame(e, &f)),
                         };
-                        if let Some(reason) = self.perform(actions) {
+                        if let Some(reason) = self.perform(actions).await {
                             return reason;
                         }
                     }
@@ -455,28 +509,22 @@ impl Session {
                         break;
                     }
                     Err(FrameError::TooLarge { len, max }) => {
-                        tracing::warn!(len, max, "data segment beyond MaxRecvDataSegmentLength; closing");
+                        if let Some(suppressed) = self.shared.may_warn(self.peer, "oversized PDU") {
+                            tracing::warn!(peer = %self.peer, len, max, suppressed, "data segment beyond MaxRecvDataSegmentLength; closing");
+                        }
                         return "oversized PDU";
                     }
-                }
-            }
-            // Backpressure: while the writer is far behind, take no new requests.
-            while seq.queued.load(Ordering::Acquire) > MAX_QUEUED {
-                tokio::select! {
-                    biased;
-                    () = ctl.killed() => return "replaced or reset",
-                    () = stopping.stopping.killed() => return "target shutting down",
-                    () = seq.drained.notified() => {}
                 }
             }
             let deadline = lock(&self.handle.live).core.deadline().map(Instant::from_std);
             tokio::select! {
                 biased;
-                () = ctl.killed() => return "replaced or reset",
-                () = stopping.stopping.killed() => return "target shutting down",
+                () = self.ctl.killed() => return "replaced or reset",
+                () = self.shared.stopping.killed() => return "target shutting down",
+                () = seq.writer_gone.killed() => return "connection error",
                 () = sleep_until_some(deadline) => {
                     let actions = self.handle.run(|l| l.core.on_tick(std::time::Instant::now()));
-                    if let Some(reason) = self.perform(actions) {
+                    if let Some(reason) = self.perform(actions).await {
                         return reason;
                     }
                 },
@@ -489,11 +537,82 @@ impl Session {
         }
     }
 
+    /// Waits for `fut` while the reader is not reading, still ending the session when it is
+    /// killed, when the writer finds the connection gone, or when the peer stops answering
+    /// pings. Output leaving counts as an answer: the peer is reading, only slowly.
+    async fn watch<F: Future>(&mut self, fut: F) -> Result<F::Output, &'static str> {
+        let seq = Arc::clone(&self.handle.out.seq);
+        let mut seen = seq.written.load(Ordering::Acquire);
+        tokio::pin!(fut);
+        loop {
+            let deadline = lock(&self.handle.live).core.deadline().map(Instant::from_std);
+            tokio::select! {
+                biased;
+                () = self.ctl.killed() => return Err("replaced or reset"),
+                () = self.shared.stopping.killed() => return Err("target shutting down"),
+                () = seq.writer_gone.killed() => return Err("connection error"),
+                r = &mut fut => return Ok(r),
+                () = sleep_until_some(deadline) => {
+                    let now = std::time::Instant::now();
+                    let written = seq.written.load(Ordering::Acquire);
+                    let actions = self.handle.run(|l| {
+                        if written != seen {
+                            l.core.on_received(now);
+                        }
+                        l.core.on_tick(now)
+                    });
+                    seen = written;
+                    // A tick only pings (queued by `run`) or closes.
+                    for a in actions {
+                        if let Action::Close(reason) = a {
+                            return Err(self.close(reason));
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    /// Logs (rate-limited) that this peer holds the session or target at its output bound.
+    fn warn_bound(&self, kind: &'static str) {
+        if let Some(suppressed) = self.shared.may_warn(self.peer, kind) {
+            tracing::warn!(
+                peer = %self.peer, initiator = %self.nexus.initiator_name, suppressed,
+                "{kind} reached: the initiator reads its responses slower than it sends requests; taking no more until it does"
+            );
+        }
+    }
+
+    /// Queues the close and says why, for the session-ended line.
+    fn close(&self, reason: CloseReason) -> &'static str {
+        let kind = match reason {
+            CloseReason::HeaderDigest => Some(("header digest", "header digest error; closing")),
+            CloseReason::PingUnanswered => Some(("ping unanswered", "initiator did not answer a NOP-In ping; closing")),
+            CloseReason::Logout | CloseReason::Truncated => None,
+        };
+        if let Some((kind, msg)) = kind {
+            if let Some(suppressed) = self.shared.may_warn(self.peer, kind) {
+                tracing::warn!(peer = %self.peer, suppressed, "{msg}");
+            }
+        }
+        self.handle.out.push(Out::Close);
+        reason.describe()
+    }
+
     /// Carries out what [`SessionHandle::run`] left; `Some(reason)` when the session ends.
-    fn perform(&mut self, actions: Vec<Action>) -> Option<&'static str> {
-        for a in actions {
+    async fn perform(&mut self, actions: Vec<Action>) -> Option<&'static str> {
+        let mut actions: VecDeque<Action> = actions.into();
+        while let Some(a) = actions.pop_front() {
             match a {
-                Action::Execute { itt, command } => self.execute(itt, command),
+                Action::Execute { itt, command } => {
+                    let reservation = match self.reserve(itt, &command).await {
+                        Ok(Some(r)) => r,
+                        // Aborted while it waited for room.
+                        Ok(None) => continue,
+                        Err(reason) => return Some(reason),
+                    };
+                    self.execute(itt, command, reservation);
+                }
                 Action::AbortOtherSessions(lun) => self.abort_other_sessions(lun),
                 Action::Reset { itt, reset } => {
                     let Some(device) = &self.device else { continue };
@@ -503,8 +622,8 @@ impl Session {
                         Reset::Target { cold } => device.target_reset(&self.nexus, cold),
                     };
                     let more = self.handle.run(|l| l.core.on_reset_done(itt, result));
-                    if let Some(reason) = self.perform(more) {
-                        return Some(reason);
+                    for m in more.into_iter().rev() {
+                        actions.push_front(m);
                     }
                 }
                 Action::DropTargetSessions => {
@@ -512,23 +631,51 @@ impl Session {
                         self.shared.registry().kill_all(Some(i));
                     }
                 }
-                Action::Close(reason) => {
-                    match reason {
-                        CloseReason::HeaderDigest => tracing::warn!("header digest error; closing"),
-                        CloseReason::PingUnanswered => {
-                            tracing::warn!("initiator did not answer a NOP-In ping; closing");
-                        }
-                        CloseReason::Logout | CloseReason::Truncated => {}
-                    }
-                    self.handle.out.push(Out::Close);
-                    return Some(reason.describe());
-                }
+                Action::Close(reason) => return Some(self.close(reason)),
                 Action::Log(e) => self.log(e),
                 // Carried out under the lock by `SessionHandle::run`.
                 Action::Send(_) | Action::Abort(_) => {}
             }
         }
         None
+    }
+
+    /// Reserves the output a command's data will take, from the session's budget and then the
+    /// target's, waiting while they are spent. `Ok(None)`: the command was aborted meanwhile.
+    async fn reserve(&mut self, itt: u32, command: &Command) -> Result<Option<Reservation>, &'static str> {
+        let bytes = match command.direction {
+            Direction::Read | Direction::Bidi => u64::from(command.expected_len),
+            Direction::None | Direction::Write => 0,
+        };
+        // Whole units, at least one; a read larger than the budget takes the whole budget.
+        let units = u32::try_from(bytes.div_ceil(OUTPUT_UNIT)).unwrap_or(u32::MAX).clamp(1, self.output_units);
+        let session = match Arc::clone(&self.output).try_acquire_many_owned(units) {
+            Ok(p) => p,
+            Err(_) => {
+                self.warn_bound("session output bound");
+                let sem = Arc::clone(&self.output);
+                match self.watch(sem.acquire_many_owned(units)).await? {
+                    Ok(p) => p,
+                    Err(_) => return Err("target shutting down"),
+                }
+            }
+        };
+        let target_units = units.min(self.shared.output_units);
+        let target = match Arc::clone(&self.shared.output).try_acquire_many_owned(target_units) {
+            Ok(p) => p,
+            Err(_) => {
+                self.warn_bound("target output bound");
+                let sem = Arc::clone(&self.shared.output);
+                match self.watch(sem.acquire_many_owned(target_units)).await? {
+                    Ok(p) => p,
+                    Err(_) => return Err("target shutting down"),
+                }
+            }
+        };
+        if !lock(&self.handle.live).core.is_running(itt) {
+            return Ok(None);
+        }
+        Ok(Some(Reservation { _session: session, _target: target }))
     }
 
     fn log(&self, e: Event) {
@@ -544,8 +691,16 @@ impl Session {
             Event::DataOutRefused { itt, error } => tracing::debug!(itt, "Data-Out refused: {error}"),
             Event::DataOutForNoTask { itt } => tracing::debug!(itt, "Data-Out for no pending task ignored"),
             Event::TextRefused(e) => tracing::debug!("text request refused: {e}"),
-            Event::DataDigest { opcode } => tracing::warn!(?opcode, "data digest error; PDU rejected"),
-            Event::BadHeader(source) => tracing::warn!("{source}; PDU rejected"),
+            Event::DataDigest { opcode } => {
+                if let Some(suppressed) = self.shared.may_warn(self.peer, "data digest") {
+                    tracing::warn!(peer = %self.peer, ?opcode, suppressed, "data digest error; PDU rejected");
+                }
+            }
+            Event::BadHeader(source) => {
+                if let Some(suppressed) = self.shared.may_warn(self.peer, "bad header") {
+                    tracing::warn!(peer = %self.peer, suppressed, "{source}; PDU rejected");
+                }
+            }
         }
     }
 
@@ -563,7 +718,7 @@ impl Session {
         }
     }
 
-    fn execute(&mut self, itt: u32, command: Command) {
+    fn execute(&mut self, itt: u32, command: Command, reservation: Reservation) {
         let Some(device) = &self.device else { return };
         let device = Arc::clone(device);
         let nexus = Arc::clone(&self.nexus);
@@ -572,6 +727,7 @@ impl Session {
         // and spare a task. The rest continue in their own task.
         if let Poll::Ready(resp) = fut.as_mut().poll(&mut Context::from_waker(&self.noop)) {
             let _ = self.handle.run(|l| l.core.on_command_done(itt, &resp));
+            self.handle.out.push(Out::Release(reservation));
             return;
         }
         let handle = Arc::clone(&self.handle);
@@ -583,6 +739,7 @@ impl Session {
                 l.handles.remove(&itt);
                 l.core.on_command_done(itt, &resp)
             });
+            handle.out.push(Out::Release(reservation));
         });
         if live.core.is_running(itt) {
             live.handles.insert(itt, task.abort_handle());
@@ -625,6 +782,7 @@ async fn writer(
     digests: Digests,
 ) {
     let mut msgs = Vec::with_capacity(64);
+    let mut held = Vec::new();
     loop {
         if rx.recv_many(&mut msgs, 256).await == 0 {
             return;
@@ -642,13 +800,19 @@ async fn writer(
             match m {
                 Out::One(p) => push(p),
                 Out::Many(v) => v.into_iter().for_each(&mut push),
+                Out::Release(r) => held.push(r),
                 Out::Close => close = true,
             }
         }
-        if write_all_chunks(&mut wr, batch.finish()).await.is_err() {
+        let chunks = batch.finish();
+        let bytes: usize = chunks.iter().map(Bytes::len).sum();
+        if write_all_chunks(&mut wr, chunks).await.is_err() {
+            seq.writer_gone.kill();
             return;
         }
-        if seq.queued.fetch_sub(cost, Ordering::AcqRel).saturating_sub(cost) <= MAX_QUEUED {
+        held.clear();
+        seq.written.fetch_add(bytes as u64, Ordering::AcqRel);
+        if seq.queued.fetch_sub(cost, Ordering::AcqRel).saturating_sub(cost) <= seq.budget {
             seq.drained.notify_one();
         }
         if close {

@@ -25,6 +25,7 @@ pub mod registry;
 mod server;
 pub mod session;
 pub mod textreq;
+pub mod warn;
 
 pub use config::{Config, ConfigError, Credentials, DiscoveryConfig, Limits, TargetConfig};
 pub use server::Server;

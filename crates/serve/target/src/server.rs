@@ -18,6 +18,7 @@ use crate::config::{Config, ConfigError, Limits};
 use crate::conn::SessionHandle;
 use crate::login::{Policy, TargetAuth};
 use crate::registry::{Registry, SessionCtl};
+use crate::warn::{Limiter, Verdict};
 use crate::TargetError;
 
 /// One target at run time.
@@ -25,6 +26,9 @@ pub(crate) struct Target {
     pub iqn: String,
     pub device: Arc<Device>,
 }
+
+/// The output budgets count memory in units of this many bytes (semaphores take `u32` counts).
+pub(crate) const OUTPUT_UNIT: u64 = 4096;
 
 /// State every connection shares.
 pub(crate) struct Shared {
@@ -38,6 +42,10 @@ pub(crate) struct Shared {
     pub stopping: SessionCtl,
     /// The tasks of every session in full feature phase, by nexus id (resets reach across).
     task_sets: Mutex<HashMap<u64, Arc<SessionHandle>>>,
+    /// Output reserved by all sessions, in [`OUTPUT_UNIT`]s, of `output_units`.
+    pub output: Arc<Semaphore>,
+    pub output_units: u32,
+    warnings: Mutex<Limiter>,
 }
 
 impl Shared {
@@ -47,6 +55,16 @@ impl Shared {
 
     pub fn task_sets(&self) -> MutexGuard<'_, HashMap<u64, Arc<SessionHandle>>> {
         self.task_sets.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a warning of `kind` caused by `peer` is logged, and if so how many like it
+    /// were left out before it: a peer cannot flood the log.
+    pub fn may_warn(&self, peer: SocketAddr, kind: &'static str) -> Option<u64> {
+        let mut w = self.warnings.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match w.check(peer.ip(), kind, std::time::Instant::now()) {
+            Verdict::Log { suppressed } => Some(suppressed),
+            Verdict::Suppress => None,
+        }
     }
 }
 
@@ -116,7 +134,11 @@ impl Server {
             listeners.push(l);
         }
         let limits = config.limits.clone();
+        let output_units = u32::try_from(limits.target_output_buffer_bytes / OUTPUT_UNIT).unwrap_or(u32::MAX).max(1);
         let shared = Arc::new(Shared {
+            output: Arc::new(Semaphore::new(output_units as usize)),
+            output_units,
+            warnings: Mutex::new(Limiter::new(Duration::from_secs(limits.warning_interval_secs))),
             policy: Arc::new(Policy {
                 targets: auths,
                 discovery: config.discovery.clone(),

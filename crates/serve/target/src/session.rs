@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use stics_scsi::sense::key;
 use stics_scsi::{Command, Direction, Residual, Response, Sense, TaskAttr, TmfResult};
 use stics_wire::frame::{self, DecodeError, Digests};
 use stics_wire::keepalive::{Keepalive, Tick};
@@ -17,6 +16,7 @@ use stics_wire::pdu::{
     attr, logout, reject, tmf, DataOut, Header, HeaderError, LogoutRequest, LogoutResponse, NopIn, NopOut, Opcode, Pdu,
     R2t, Reject, ScsiCommand, TaskMgmtRequest, TaskMgmtResponse, TextRequest, BHS_LEN, RESERVED_TAG,
 };
+use stics_wire::serial;
 
 use crate::cmdsn::{Verdict, Window};
 use crate::datain::{self, Shape};
@@ -122,12 +122,25 @@ pub enum Action {
     Log(Event),
 }
 
+/// A command PDU that arrived, as the CmdSN window holds it until its turn.
+#[derive(Debug)]
+struct Arrived {
+    pdu: Pdu,
+    /// The whole frame (rejects quote its header).
+    raw: Bytes,
+    /// Its data failed the digest: the header stands, the data is zeros of the same length.
+    lost: bool,
+}
+
 /// A command waiting for its write data.
 #[derive(Debug)]
 struct PendingWrite {
     h: ScsiCommand,
     cdb: Bytes,
     counted: bool,
+    /// Some of its data was lost to a digest error: once the initiator has sent the rest, the
+    /// command ends with CHECK CONDITION instead of being executed (RFC 7143 §7.8, option b).
+    lost: bool,
 }
 
 /// A command the driver is executing.
@@ -149,7 +162,8 @@ struct PendingReset {
 #[derive(Debug)]
 pub struct SessionCore {
     cfg: SessionConfig,
-    window: Window<(Pdu, Bytes)>,
+    /// `None`: a CmdSN counted as received without a command (an ABORT TASK named it).
+    window: Window<Option<Arrived>>,
     max_cmd_sn: u32,
     writes: Writes,
     pending: HashMap<u32, PendingWrite>,
@@ -240,9 +254,18 @@ impl SessionCore {
         match e {
             DecodeError::HeaderDigest { .. } => out.push(Action::Close(CloseReason::HeaderDigest)),
             DecodeError::Truncated => out.push(Action::Close(CloseReason::Truncated)),
-            DecodeError::DataDigest { opcode, .. } => {
+            DecodeError::DataDigest { bhs, opcode } => {
                 out.push(Action::Log(Event::DataDigest { opcode }));
                 reject(reject::DIGEST_ERROR, raw, &mut out);
+                // The header passed its own check (or has none): only the data is lost. The
+                // PDU goes on with zeros in place of its data so that its CmdSN and its place
+                // in a write's data sequence are kept (RFC 7143 §7.8).
+                if let Ok(header) = Header::decode(&bhs) {
+                    let (ahs_len, dsl) = frame::segment_lengths(&bhs);
+                    let ahs = raw.slice(BHS_LEN.min(raw.len())..(BHS_LEN + ahs_len).min(raw.len()));
+                    let pdu = Pdu { header, ahs, data: Bytes::from(vec![0u8; dsl as usize]) };
+                    out.extend(self.arrived(pdu, raw.clone(), true));
+                }
             }
             DecodeError::Header { source, .. } => {
                 out.push(Action::Log(Event::BadHeader(source)));
@@ -254,6 +277,10 @@ impl SessionCore {
 
     /// Takes one decoded PDU; `raw` is its frame (rejects quote its header).
     pub fn on_pdu(&mut self, pdu: Pdu, raw: Bytes) -> Vec<Action> {
+        self.arrived(pdu, raw, false)
+    }
+
+    fn arrived(&mut self, pdu: Pdu, raw: Bytes, lost: bool) -> Vec<Action> {
         let mut out = Vec::new();
         if self.closed {
             return out;
@@ -268,22 +295,24 @@ impl SessionCore {
             Header::LogoutRequest(h) => (h.cmd_sn, h.immediate),
             Header::DataOut(h) => {
                 let h = *h;
-                self.data_out(h, pdu.data, &mut out);
+                self.data_out(h, pdu.data, lost, &mut out);
                 return out;
             }
             // ERL 0 has no SNACK; anything else has no place here.
             _ => {
-                reject(reject::PROTOCOL_ERROR, &raw, &mut out);
+                if !lost {
+                    reject(reject::PROTOCOL_ERROR, &raw, &mut out);
+                }
                 return out;
             }
         };
         let max = self.max_cmd_sn;
-        match self.window.offer(cmd_sn, immediate, max, (pdu, raw)) {
-            Verdict::Deliver((pdu, raw)) => {
-                self.deliver(pdu, raw, !immediate, &mut out);
+        match self.window.offer(cmd_sn, immediate, max, Some(Arrived { pdu, raw, lost })) {
+            Verdict::Deliver(a) => {
+                self.deliver(a, !immediate, &mut out);
                 while !self.closed {
-                    let Some((pdu, raw)) = self.window.next_ready() else { break };
-                    self.deliver(pdu, raw, true, &mut out);
+                    let Some(a) = self.window.next_ready() else { break };
+                    self.deliver(a, true, &mut out);
                 }
             }
             Verdict::Queued => {}
@@ -337,10 +366,23 @@ impl SessionCore {
         }
     }
 
-    fn deliver(&mut self, pdu: Pdu, raw: Bytes, counted: bool, out: &mut Vec<Action>) {
+    fn deliver(&mut self, arrived: Option<Arrived>, counted: bool, out: &mut Vec<Action>) {
+        let Some(a) = arrived else {
+            // A CmdSN an ABORT TASK counted as received: its slot is free at once.
+            self.release(counted);
+            return;
+        };
         let normal = self.cfg.session_type == SessionType::Normal;
+        if let Header::ScsiCommand(h) = a.pdu.header {
+            if normal {
+                return self.scsi_command(h, a, counted, out);
+            }
+        }
+        let Arrived { pdu, raw, lost } = a;
         match pdu.header {
-            Header::ScsiCommand(h) if normal => self.scsi_command(h, pdu.ahs, pdu.data, &raw, counted, out),
+            // Only the command part of a SCSI command survives a data digest error; other
+            // requests are answered by the Reject alone, their CmdSN counted.
+            _ if lost => self.release(counted),
             Header::TaskMgmtRequest(h) if normal => self.task_mgmt(h, counted, out),
             Header::NopOut(h) => self.nop_out(h, pdu.data, counted, out),
             Header::TextRequest(h) => self.text(h, pdu.data, &raw, counted, out),
@@ -360,18 +402,11 @@ impl SessionCore {
         out.push(Action::Send(Pdu::new(echo, data.slice(..n))));
     }
 
-    fn scsi_command(
-        &mut self,
-        h: ScsiCommand,
-        ahs: Bytes,
-        data: Bytes,
-        raw: &Bytes,
-        counted: bool,
-        out: &mut Vec<Action>,
-    ) {
+    fn scsi_command(&mut self, h: ScsiCommand, a: Arrived, counted: bool, out: &mut Vec<Action>) {
+        let Arrived { pdu: Pdu { ahs, data, .. }, raw, lost } = a;
         if self.pending.contains_key(&h.itt) || self.running.contains_key(&h.itt) {
             self.release(counted);
-            reject(reject::TASK_IN_PROGRESS, raw, out);
+            reject(reject::TASK_IN_PROGRESS, &raw, out);
             return;
         }
         let cdb = cdb_of(&h, &ahs);
@@ -388,30 +423,45 @@ impl SessionCore {
         match WriteTask::new(h.itt, h.lun, h.expected_len, data, h.final_, self.writes.burst()) {
             Err(e) => {
                 out.push(Action::Log(Event::WriteRefused(e)));
-                self.fail(h.itt, h.lun, counted, data_phase_error(), out);
+                self.fail(h.itt, h.lun, counted, Sense::data_phase_error(), out);
+            }
+            Ok(t) if lost && t.complete() => {
+                // All the data came in the lost PDU; nothing more will come.
+                self.fail(h.itt, h.lun, counted, Sense::protocol_crc_error(), out);
             }
             Ok(mut t) if t.complete() => {
                 let d = t.take_data();
                 self.execute(h, cdb, d, counted, 0, out);
             }
             Ok(t) => {
-                self.pending.insert(h.itt, PendingWrite { h, cdb, counted });
+                self.pending.insert(h.itt, PendingWrite { h, cdb, counted, lost });
                 let r2ts = self.writes.add(t);
                 send_r2ts(r2ts, out);
             }
         }
     }
 
-    fn data_out(&mut self, h: DataOut, data: Bytes, out: &mut Vec<Action>) {
+    fn data_out(&mut self, h: DataOut, data: Bytes, lost: bool, out: &mut Vec<Action>) {
+        if lost {
+            if let Some(pw) = self.pending.get_mut(&h.itt) {
+                pw.lost = true;
+            }
+        }
         match self.writes.data_out(&h, data) {
             Ok(p) => {
                 send_r2ts(p.r2ts, out);
                 if let Some(itt) = p.complete {
                     let (task, more) = self.writes.take(itt);
                     send_r2ts(more, out);
-                    if let (Some(mut t), Some(pw)) = (task, self.pending.remove(&itt)) {
-                        let d = t.take_data();
-                        self.execute(pw.h, pw.cdb, d, pw.counted, t.r2t_count(), out);
+                    match (task, self.pending.remove(&itt)) {
+                        (Some(_), Some(pw)) if pw.lost => {
+                            self.fail(pw.h.itt, pw.h.lun, pw.counted, Sense::protocol_crc_error(), out);
+                        }
+                        (Some(mut t), Some(pw)) => {
+                            let d = t.take_data();
+                            self.execute(pw.h, pw.cdb, d, pw.counted, t.r2t_count(), out);
+                        }
+                        _ => {}
                     }
                 }
             }
@@ -421,7 +471,7 @@ impl SessionCore {
                 match self.pending.remove(&h.itt) {
                     Some(pw) => {
                         out.push(Action::Log(Event::DataOutRefused { itt: h.itt, error }));
-                        self.fail(pw.h.itt, pw.h.lun, pw.counted, data_phase_error(), out);
+                        self.fail(pw.h.itt, pw.h.lun, pw.counted, Sense::data_phase_error(), out);
                     }
                     // Data for a task that failed or was aborted: dropped quietly.
                     None => out.push(Action::Log(Event::DataOutForNoTask { itt: h.itt })),
@@ -491,6 +541,33 @@ impl SessionCore {
         false
     }
 
+    /// ABORT TASK of a command not yet delivered: one that waits in the window for earlier
+    /// CmdSNs is dropped there; one never received whose RefCmdSN lies in the window before the
+    /// request's own CmdSN is counted as received (RFC 7143 §11.5.1), so that the commands after
+    /// it are not held forever. True if either applied.
+    fn abort_unstarted(&mut self, h: &TaskMgmtRequest) -> bool {
+        for (_, item) in self.window.held_mut() {
+            let named = matches!(item, Some(Arrived { pdu: Pdu { header: Header::ScsiCommand(c), .. }, .. }) if c.itt == h.referenced_tag);
+            if named {
+                *item = None;
+                return true;
+            }
+        }
+        let (exp, sn) = (self.window.exp_cmd_sn(), h.ref_cmd_sn);
+        if serial::lt(sn, exp) || serial::lt(self.max_cmd_sn, sn) || !serial::lt(sn, h.cmd_sn) {
+            return false;
+        }
+        match self.window.offer(sn, false, self.max_cmd_sn, None) {
+            // The hole was at ExpCmdSN: its slot frees now, and `on_pdu` delivers what waited.
+            Verdict::Deliver(_) => {
+                self.release(true);
+                true
+            }
+            Verdict::Queued => true,
+            Verdict::Dropped(_) => false,
+        }
+    }
+
     /// Aborts every task whose LUN field matches.
     fn abort_where(&mut self, matches: impl Fn(u64) -> bool, out: &mut Vec<Action>) {
         let mut itts: Vec<u32> = self.pending.iter().filter(|(_, p)| matches(p.h.lun)).map(|(i, _)| *i).collect();
@@ -505,7 +582,7 @@ impl SessionCore {
         let lun = wire_lun::decode(h.lun).filter(|&l| usize::try_from(l).is_ok_and(|l| l < lun_count));
         let reset = match h.function {
             tmf::ABORT_TASK => {
-                let response = if self.abort_task(h.referenced_tag, out) {
+                let response = if self.abort_task(h.referenced_tag, out) || self.abort_unstarted(&h) {
                     tmf::FUNCTION_COMPLETE
                 } else {
                     tmf::TASK_DOES_NOT_EXIST
@@ -604,11 +681,6 @@ fn send_r2ts(r2ts: Vec<R2tReq>, out: &mut Vec<Action>) {
         };
         Action::Send(Pdu::new(h, Bytes::new()))
     }));
-}
-
-/// ABORTED COMMAND, DATA PHASE ERROR: write data that broke the sequence rules.
-fn data_phase_error() -> Sense {
-    Sense::new(key::ABORTED_COMMAND, 0x4b, 0x00)
 }
 
 /// The CDB: the 16 bytes of the BHS, extended by an Extended CDB AHS (RFC 7143 §11.2.2.3).
@@ -1131,6 +1203,155 @@ mod tests {
 
     fn cfg_digests() -> Digests {
         Digests { header: true, data: true }
+    }
+
+    /// A core with digests on, and a feeder that corrupts the data digest when asked.
+    fn digest_core() -> SessionCore {
+        let mut cfg = config(SessionType::Normal);
+        cfg.digests = cfg_digests();
+        SessionCore::new(cfg, Instant::now())
+    }
+
+    fn feed_digest(c: &mut SessionCore, pdu: &Pdu, corrupt: bool) -> Vec<Action> {
+        let mut raw = bytes::BytesMut::new();
+        frame::encode(pdu, cfg_digests(), &mut raw);
+        if corrupt {
+            let n = raw.len();
+            raw[n - 1] ^= 1;
+        }
+        c.on_frame(raw.freeze())
+    }
+
+    fn check_condition(a: &[Action], itt: u32) -> Option<Sense> {
+        sends(a).iter().find_map(|p| match p.header {
+            Header::ScsiResponse(r) if r.itt == itt && r.status == 0x02 => p.data.get(2..).and_then(Sense::parse),
+            _ => None,
+        })
+    }
+
+    fn rejected_for_digest(a: &[Action]) -> bool {
+        sends(a).iter().any(|p| matches!(p.header, Header::Reject(r) if r.reason == reject::DIGEST_ERROR))
+    }
+
+    fn with_immediate_data(mut p: Pdu, data: usize) -> Pdu {
+        p.data = Bytes::from(vec![5u8; data]);
+        p
+    }
+
+    #[test]
+    fn a_digest_error_on_all_the_immediate_data_ends_the_write_and_keeps_the_cmdsn() {
+        let mut c = digest_core();
+        let a = feed_digest(&mut c, &with_immediate_data(write(1, 100, 0, 4096), 4096), true);
+        assert!(rejected_for_digest(&a));
+        assert!(executed(&a).is_empty());
+        assert_eq!(check_condition(&a, 1), Some(Sense::protocol_crc_error()));
+        // The next command is not held behind a hole.
+        assert_eq!(c.exp_cmd_sn(), 101);
+        assert_eq!(executed(&feed_digest(&mut c, &read(2, 101, 0), false)), vec![2]);
+    }
+
+    #[test]
+    fn a_digest_error_on_part_of_the_immediate_data_ends_the_write_once_the_rest_is_in() {
+        let mut c = digest_core();
+        let mut p = with_immediate_data(write(1, 100, 0, 8192), 4096);
+        if let Header::ScsiCommand(h) = &mut p.header {
+            h.final_ = true;
+        }
+        // InitialR2T: the rest comes by R2T, which still goes out.
+        let a = feed_digest(&mut c, &p, true);
+        assert!(rejected_for_digest(&a));
+        let r2t = sends(&a).iter().find_map(|p| match p.header {
+            Header::R2t(r) => Some(r),
+            _ => None,
+        });
+        let r2t = r2t.expect("an R2T for the data not yet sent");
+        assert_eq!((r2t.buffer_offset, r2t.desired_len), (4096, 4096));
+        assert!(check_condition(&a, 1).is_none());
+        let d = DataOut { final_: true, itt: 1, ttt: r2t.ttt, buffer_offset: 4096, ..Default::default() };
+        let a = feed_digest(&mut c, &Pdu::new(d, Bytes::from(vec![1u8; 4096])), false);
+        assert!(executed(&a).is_empty());
+        assert_eq!(check_condition(&a, 1), Some(Sense::protocol_crc_error()));
+    }
+
+    #[test]
+    fn a_digest_error_on_a_data_out_ends_the_write_once_its_sequence_ends() {
+        let mut c = digest_core();
+        let mut cfg_write = write(1, 100, 0, 8192);
+        if let Header::ScsiCommand(h) = &mut cfg_write.header {
+            h.expected_len = 8192;
+        }
+        let a = feed_digest(&mut c, &cfg_write, false);
+        let ttt = sends(&a)
+            .iter()
+            .find_map(|p| match p.header {
+                Header::R2t(r) => Some(r.ttt),
+                _ => None,
+            })
+            .expect("an R2T");
+        let first = DataOut { final_: false, itt: 1, ttt, buffer_offset: 0, ..Default::default() };
+        let a = feed_digest(&mut c, &Pdu::new(first, Bytes::from(vec![1u8; 4096])), true);
+        assert!(rejected_for_digest(&a));
+        assert!(check_condition(&a, 1).is_none());
+        let last = DataOut { final_: true, itt: 1, ttt, data_sn: 1, buffer_offset: 4096, ..Default::default() };
+        let max = c.max_cmd_sn();
+        let a = feed_digest(&mut c, &Pdu::new(last, Bytes::from(vec![1u8; 4096])), false);
+        assert!(executed(&a).is_empty());
+        assert_eq!(check_condition(&a, 1), Some(Sense::protocol_crc_error()));
+        assert_eq!(c.max_cmd_sn(), max.wrapping_add(1));
+    }
+
+    #[test]
+    fn a_digest_error_on_a_nop_out_counts_its_cmdsn() {
+        let mut c = digest_core();
+        let h = NopOut { immediate: false, itt: 4, ttt: RESERVED_TAG, cmd_sn: 100, lun: 0, exp_stat_sn: 0 };
+        let a = feed_digest(&mut c, &Pdu::new(h, Bytes::from_static(b"data")), true);
+        assert!(rejected_for_digest(&a));
+        assert_eq!(c.exp_cmd_sn(), 101);
+        assert_eq!(c.max_cmd_sn(), 100 + DEPTH);
+    }
+
+    fn abort_ref(itt: u32, cmd_sn: u32, referenced_tag: u32, ref_cmd_sn: u32) -> Pdu {
+        let mut p = tmf(tmf::ABORT_TASK, itt, cmd_sn, 0, referenced_tag);
+        if let Header::TaskMgmtRequest(h) = &mut p.header {
+            h.ref_cmd_sn = ref_cmd_sn;
+        }
+        p
+    }
+
+    #[test]
+    fn abort_task_of_a_command_never_received_counts_its_cmdsn_and_frees_the_ones_after() {
+        let (mut c, _) = core();
+        // CmdSN 100 never arrives; 101 waits behind it.
+        assert!(executed(&feed(&mut c, read(2, 101, 0))).is_empty());
+        let a = feed(&mut c, abort_ref(9, 102, 1, 100));
+        assert_eq!(tmf_response(&a), tmf::FUNCTION_COMPLETE);
+        assert_eq!(executed(&a), vec![2]);
+        assert_eq!(c.exp_cmd_sn(), 102);
+        // The lost command's slot is free: only the running one holds a slot.
+        assert_eq!(c.max_cmd_sn(), 101 + DEPTH - 1);
+    }
+
+    #[test]
+    fn abort_task_of_a_command_waiting_in_the_window_drops_it() {
+        let (mut c, _) = core();
+        assert!(executed(&feed(&mut c, read(2, 101, 0))).is_empty());
+        let a = feed(&mut c, abort_ref(9, 102, 2, 101));
+        assert_eq!(tmf_response(&a), tmf::FUNCTION_COMPLETE);
+        assert!(executed(&a).is_empty());
+        // When the gap fills, the aborted command is skipped and its slot freed.
+        assert_eq!(executed(&feed(&mut c, read(1, 100, 0))), vec![1]);
+        assert_eq!(c.exp_cmd_sn(), 102);
+        assert_eq!(c.max_cmd_sn(), 100 + DEPTH);
+    }
+
+    #[test]
+    fn abort_task_naming_a_cmdsn_outside_the_window_or_after_itself_does_not_exist() {
+        let (mut c, _) = core();
+        for (ref_sn, own_sn) in [(99, 100), (100, 100), (100 + DEPTH, 100 + DEPTH)] {
+            let a = feed(&mut c, abort_ref(9, own_sn, 1, ref_sn));
+            assert_eq!(tmf_response(&a), tmf::TASK_DOES_NOT_EXIST, "RefCmdSN {ref_sn}");
+        }
+        assert_eq!(c.exp_cmd_sn(), 100);
     }
 
     #[test]
