@@ -108,6 +108,14 @@ impl Server {
                     lun: i,
                     error,
                 })?;
+                let block = dev.geometry().block_size;
+                if config.limits.max_command_bytes < block {
+                    return Err(ConfigError::Invalid(format!(
+                        "target {} LUN {i}: limits.max_command_bytes = {} is less than one {block}-byte block",
+                        t.iqn, config.limits.max_command_bytes
+                    ))
+                    .into());
+                }
                 let id = lun_id(&t.iqn, i);
                 let cfg = LuConfig {
                     serial: format!("{id:016x}"),

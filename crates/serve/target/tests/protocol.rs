@@ -445,3 +445,12 @@ async fn idle_connection_is_pinged_and_dropped_when_it_stops_answering() {
     assert!(c.closed().await);
     t.stop().await;
 }
+
+#[tokio::test]
+async fn a_command_limit_below_one_block_is_refused_at_startup() {
+    let limits = Limits { max_command_bytes: 2048, ..Limits::default() };
+    let mut c = config(None, None, limits);
+    c.targets[0].luns = vec!["mem:16M:4096".into()];
+    let e = stics_target::Server::bind(&c).await.err().expect("refused").to_string();
+    assert!(e.contains("max_command_bytes = 2048 is less than one 4096-byte block"), "{e}");
+}
