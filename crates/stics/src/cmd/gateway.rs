@@ -161,28 +161,65 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The status as Prometheus text exposition.
+/// The status as Prometheus text exposition, every series labelled with the ack mode.
 fn prometheus(s: &stics_cache::Status) -> String {
-    let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
-        out += &format!("# HELP stics_cache_{name} {help}\n# TYPE stics_cache_{name} {kind}\n");
-        out += &format!("stics_cache_{name}{{mode=\"{}\"}} {value}\n", s.mode);
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::gauge::Gauge;
+    use std::sync::atomic::AtomicU64;
+
+    let labels = [("mode".into(), s.mode.clone().into())];
+    let mut reg = prometheus_client::registry::Registry::with_prefix_and_labels("stics_cache", labels.into_iter());
+    let mut gauge = |name: &str, help: &str, v: f64| {
+        let g = Gauge::<f64, AtomicU64>::default();
+        g.set(v);
+        reg.register(name, help, g);
     };
-    metric("dirty_bytes", "gauge", "Bytes not yet on the remote.", s.dirty_bytes as f64);
-    metric("log_fill_ratio", "gauge", "Fraction of the write log in use.", s.log_fill);
-    metric("log_bytes", "gauge", "Bytes of the write log's ring.", s.log_bytes as f64);
-    metric("ram_bytes", "gauge", "Host write bytes in RAM waiting for the log.", s.ram_bytes as f64);
-    metric("epoch", "gauge", "The open epoch.", s.epoch as f64);
-    metric("destaged_epoch", "gauge", "The newest epoch fully on the remote.", s.destaged_epoch as f64);
-    metric("absorbed_blocks_total", "counter", "Host write blocks absorbed before destage.", s.blocks_absorbed as f64);
-    metric("destaged_blocks_total", "counter", "Blocks written to the remote by destage.", s.blocks_destaged as f64);
-    metric("records_total", "counter", "Log records written (group commits).", s.records as f64);
-    metric("read_cache_blocks_total", "counter", "Read blocks served from RAM or the log.", s.read_blocks_cache as f64);
-    metric("read_remote_blocks_total", "counter", "Read blocks fetched from the remote.", s.read_blocks_remote as f64);
-    metric("read_cache_hits_total", "counter", "Read cache lookups that hit.", s.read_cache_hits as f64);
-    metric("read_cache_misses_total", "counter", "Read cache lookups that missed.", s.read_cache_misses as f64);
-    metric("destage_retries_total", "counter", "Remote writes or flushes retried.", s.destage_retries as f64);
-    metric("throttled_writes_total", "counter", "Host writes slowed by a filling log.", s.throttled_writes as f64);
+    gauge("dirty_bytes", "Bytes not yet on the remote", s.dirty_bytes as f64);
+    gauge("log_fill_ratio", "Fraction of the write log in use", s.log_fill);
+    gauge("log_bytes", "Bytes of the write log's ring", s.log_bytes as f64);
+    gauge("ram_bytes", "Host write bytes in RAM waiting for the log", s.ram_bytes as f64);
+    gauge("epoch", "The open epoch", s.epoch as f64);
+    gauge("destaged_epoch", "The newest epoch fully on the remote", s.destaged_epoch as f64);
+    gauge("destage_rate_bytes_per_second", "Destage throughput over the last seconds", s.destage_bytes_per_sec);
+    gauge("destage_lag_seconds", "Age of the oldest write not yet on the remote", s.destage_lag_secs);
+    gauge("remote_write_seconds", "Moving average of a remote write's service time", s.remote_write_secs);
+    gauge(
+        "remote_rtt_seconds",
+        "Moving average of a remote SYNCHRONIZE CACHE (about one round trip)",
+        s.remote_sync_secs,
+    );
+    let reads = s.read_blocks_cache + s.read_blocks_remote;
+    let ratio = |hit: u64, all: u64| if all == 0 { 0.0 } else { hit as f64 / all as f64 };
+    gauge(
+        "read_hit_ratio",
+        "Fraction of read blocks served from RAM, the log or the read cache",
+        ratio(s.read_blocks_cache, reads),
+    );
+    gauge(
+        "read_cache_hit_ratio",
+        "Fraction of read cache lookups that hit",
+        ratio(s.read_cache_hits, s.read_cache_hits + s.read_cache_misses),
+    );
+    let mut counter = |name: &str, help: &str, v: u64| {
+        let c = Counter::<u64>::default();
+        c.inc_by(v);
+        reg.register(name, help, c);
+    };
+    counter("host_write_bytes", "Bytes the host wrote", s.host_write_bytes);
+    counter("remote_write_bytes", "Bytes written to the remote", s.remote_write_bytes);
+    counter("absorbed_blocks", "Host write blocks absorbed before destage", s.blocks_absorbed);
+    counter("destaged_blocks", "Blocks written to the remote by destage", s.blocks_destaged);
+    counter("records", "Log records written (group commits)", s.records);
+    counter("read_cache_blocks", "Read blocks served from RAM or the log", s.read_blocks_cache);
+    counter("read_remote_blocks", "Read blocks fetched from the remote", s.read_blocks_remote);
+    counter("read_cache_hits", "Read cache lookups that hit", s.read_cache_hits);
+    counter("read_cache_misses", "Read cache lookups that missed", s.read_cache_misses);
+    counter("destage_retries", "Remote writes or flushes retried", s.destage_retries);
+    counter("throttled_writes", "Host writes slowed by a filling log", s.throttled_writes);
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &reg) {
+        out = format!("# cannot encode metrics: {e}\n");
+    }
     out
 }
 
@@ -199,7 +236,11 @@ async fn metrics(listener: tokio::net::TcpListener, cache: Arc<Cache>) {
             let req = String::from_utf8_lossy(&buf[..n]);
             let line = req.lines().next().unwrap_or("");
             let (status, kind, body) = match line.split_whitespace().take(2).collect::<Vec<_>>().as_slice() {
-                ["GET", "/metrics"] => ("200 OK", "text/plain; version=0.0.4", prometheus(&cache.status())),
+                ["GET", "/metrics"] => (
+                    "200 OK",
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    prometheus(&cache.status()),
+                ),
                 ["GET", "/status"] => {
                     ("200 OK", "application/json", serde_json::to_string_pretty(&cache.status()).unwrap_or_default())
                 }
@@ -216,5 +257,34 @@ async fn metrics(listener: tokio::net::TcpListener, cache: Arc<Cache>) {
             let _ = conn.write_all(head.as_bytes()).await;
             let _ = conn.write_all(body.as_bytes()).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prometheus;
+
+    #[test]
+    fn metrics_are_openmetrics_text_labelled_with_the_mode() {
+        let s = stics_cache::Status {
+            mode: "log".into(),
+            dirty_bytes: 4096,
+            host_write_bytes: 1 << 20,
+            read_blocks_cache: 3,
+            read_blocks_remote: 1,
+            destage_lag_secs: 0.5,
+            ..Default::default()
+        };
+        let text = prometheus(&s);
+        for want in [
+            "stics_cache_dirty_bytes{mode=\"log\"} 4096",
+            "# TYPE stics_cache_host_write_bytes counter",
+            "stics_cache_host_write_bytes_total{mode=\"log\"} 1048576",
+            "stics_cache_read_hit_ratio{mode=\"log\"} 0.75",
+            "stics_cache_destage_lag_seconds{mode=\"log\"} 0.5",
+            "# EOF",
+        ] {
+            assert!(text.contains(want), "{want:?} missing from:\n{text}");
+        }
     }
 }
