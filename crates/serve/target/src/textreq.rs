@@ -53,6 +53,8 @@ pub struct Answer {
 #[derive(Debug, Default)]
 pub struct TextState {
     incoming: Vec<u8>,
+    /// The TTT (and ITT) under which the initiator sends the rest of a continued request.
+    more_in: Option<(u32, u32)>,
     /// The rest of a long response and the TTT that asks for it.
     outgoing: Option<(u32, u32, Bytes)>,
     next_ttt: u32,
@@ -67,20 +69,35 @@ impl TextState {
         self.next_ttt
     }
 
+    fn reset(&mut self) {
+        self.incoming.clear();
+        self.more_in = None;
+        self.outgoing = None;
+    }
+
     /// Answers one Text Request.
     pub fn request(&mut self, req: &TextRequest, data: &[u8], ctx: &Context<'_>) -> Result<Answer, TextError> {
         let base = TextResponse { lun: req.lun, itt: req.itt, ttt: RESERVED_TAG, final_: true, ..Default::default() };
-        if req.ttt != RESERVED_TAG {
-            let Some((ttt, itt, rest)) = self.outgoing.take() else { return Err(TextError::UnknownTtt) };
+        if req.ttt == RESERVED_TAG {
+            // RFC 7143 §11.10.4: the reserved TTT starts a new request; whatever was under way,
+            // half a request or half an answer, is dropped.
+            self.reset();
+        } else if self.more_in == Some((req.ttt, req.itt)) {
+            // The initiator copies our TTT into each PDU that continues its request.
+            self.more_in = None;
+        } else {
+            let Some((ttt, itt, rest)) = self.outgoing.take() else {
+                self.reset();
+                return Err(TextError::UnknownTtt);
+            };
             if ttt != req.ttt || itt != req.itt {
+                self.reset();
                 return Err(TextError::UnknownTtt);
             }
             return Ok(Answer { pdu: self.chunk(base, rest, ctx.max_xmit), max_xmit: None });
         }
-        // A new request drops any half-sent answer (RFC 7143 §11.10.4: a fresh ITT resets).
-        self.outgoing = None;
         if self.incoming.len() + data.len() > MAX_TEXT {
-            self.incoming.clear();
+            self.reset();
             return Err(TextError::TooLong);
         }
         self.incoming.extend_from_slice(data);
@@ -88,6 +105,7 @@ impl TextState {
             let mut h = base;
             h.final_ = false;
             h.ttt = self.ttt();
+            self.more_in = Some((h.ttt, req.itt));
             return Ok(Answer { pdu: Pdu::new(h, Bytes::new()), max_xmit: None });
         }
         let all = std::mem::take(&mut self.incoming);
@@ -236,6 +254,37 @@ mod tests {
         let kv = text::parse(&a.pdu.data).unwrap();
         assert_eq!(kv, vec![("X-foo".into(), "NotUnderstood".into()), ("InitialR2T".into(), "Reject".into())]);
         assert_eq!(a.max_xmit, Some(4096));
+    }
+
+    #[test]
+    fn a_request_continues_under_the_ttt_the_target_gave_back() {
+        let l = listings();
+        let ctx = Context { session_type: SessionType::Discovery, target: None, visible: &l, max_xmit: 8192 };
+        let mut s = TextState::default();
+        let first = TextRequest { cont: true, itt: 4, ttt: RESERVED_TAG, ..Default::default() };
+        let a = s.request(&first, b"SendTar", &ctx).unwrap();
+        let stics_wire::Header::TextResponse(h) = a.pdu.header else { panic!() };
+        assert!(!h.final_ && h.ttt != RESERVED_TAG && a.pdu.data.is_empty());
+        // RFC 7143 §11.10.4: the initiator copies that TTT into the PDU that continues.
+        let rest = TextRequest { final_: true, itt: 4, ttt: h.ttt, ..Default::default() };
+        let a = s.request(&rest, b"gets=All\0", &ctx).unwrap();
+        assert_eq!(text::parse(&a.pdu.data).unwrap().len(), 4);
+    }
+
+    #[test]
+    fn a_new_request_drops_half_a_request() {
+        let l = listings();
+        let ctx = Context { session_type: SessionType::Discovery, target: None, visible: &l, max_xmit: 8192 };
+        let mut s = TextState::default();
+        let first = TextRequest { cont: true, itt: 4, ttt: RESERVED_TAG, ..Default::default() };
+        let ttt = s.request(&first, b"X-garbage=", &ctx).unwrap().pdu.header;
+        let stics_wire::Header::TextResponse(h) = ttt else { panic!() };
+        let (r, d) = req(b"SendTargets=All\0");
+        let kv = text::parse(&s.request(&r, &d, &ctx).unwrap().pdu.data).unwrap();
+        assert_eq!(kv.len(), 4, "the new request is answered alone");
+        // The abandoned request's TTT names nothing now.
+        let late = TextRequest { final_: true, itt: 4, ttt: h.ttt, ..Default::default() };
+        assert_eq!(s.request(&late, b"", &ctx).unwrap_err(), TextError::UnknownTtt);
     }
 
     #[test]
