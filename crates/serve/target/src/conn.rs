@@ -281,10 +281,10 @@ async fn login_phase(
 }
 
 /// What the driver keeps of one session behind one lock: the core and the abort handles of
-/// commands running in their own tasks.
+/// commands running in their own tasks, by ITT, with their task numbers.
 struct Live {
     core: SessionCore,
-    handles: HashMap<u32, AbortHandle>,
+    handles: HashMap<u32, (u64, AbortHandle)>,
 }
 
 /// One session as its reader, its command tasks and other sessions' resets reach it.
@@ -309,7 +309,7 @@ impl SessionHandle {
             match a {
                 Action::Send(p) => sends.push(p),
                 Action::Abort(itt) => {
-                    if let Some(h) = live.handles.remove(&itt) {
+                    if let Some((_, h)) = live.handles.remove(&itt) {
                         h.abort();
                     }
                 }
@@ -453,7 +453,7 @@ async fn full_feature(
     let reason = s.read_loop(rd, &mut buf, digests, max_recv).await;
     // Tasks of an ended session are aborted (ERL 0: nothing survives the connection).
     shared.task_sets().remove(&nexus.id);
-    for (_, h) in lock(&handle.live).handles.drain() {
+    for (_, (_, h)) in lock(&handle.live).handles.drain() {
         h.abort();
     }
     drop(s);
@@ -604,14 +604,14 @@ impl Session {
         let mut actions: VecDeque<Action> = actions.into();
         while let Some(a) = actions.pop_front() {
             match a {
-                Action::Execute { itt, command } => {
-                    let reservation = match self.reserve(itt, &command).await {
+                Action::Execute { itt, task, command } => {
+                    let reservation = match self.reserve(itt, task, &command).await {
                         Ok(Some(r)) => r,
                         // Aborted while it waited for room.
                         Ok(None) => continue,
                         Err(reason) => return Some(reason),
                     };
-                    self.execute(itt, command, reservation);
+                    self.execute(itt, task, command, reservation);
                 }
                 Action::AbortOtherSessions(lun) => self.abort_other_sessions(lun),
                 Action::Reset { itt, reset } => {
@@ -642,7 +642,7 @@ impl Session {
 
     /// Reserves the output a command's data will take, from the session's budget and then the
     /// target's, waiting while they are spent. `Ok(None)`: the command was aborted meanwhile.
-    async fn reserve(&mut self, itt: u32, command: &Command) -> Result<Option<Reservation>, &'static str> {
+    async fn reserve(&mut self, itt: u32, task: u64, command: &Command) -> Result<Option<Reservation>, &'static str> {
         let bytes = match command.direction {
             Direction::Read | Direction::Bidi => u64::from(command.expected_len),
             Direction::None | Direction::Write => 0,
@@ -672,7 +672,7 @@ impl Session {
                 }
             }
         };
-        if !lock(&self.handle.live).core.is_running(itt) {
+        if !lock(&self.handle.live).core.runs(itt, task) {
             return Ok(None);
         }
         Ok(Some(Reservation { _session: session, _target: target }))
@@ -718,7 +718,7 @@ impl Session {
         }
     }
 
-    fn execute(&mut self, itt: u32, command: Command, reservation: Reservation) {
+    fn execute(&mut self, itt: u32, task: u64, command: Command, reservation: Reservation) {
         let Some(device) = &self.device else { return };
         let device = Arc::clone(device);
         let nexus = Arc::clone(&self.nexus);
@@ -726,26 +726,30 @@ impl Session {
         // Most commands (memory, page-cached files) finish on the first poll: answer at once
         // and spare a task. The rest continue in their own task.
         if let Poll::Ready(resp) = fut.as_mut().poll(&mut Context::from_waker(&self.noop)) {
-            let _ = self.handle.run(|l| l.core.on_command_done(itt, &resp));
+            let _ = self.handle.run(|l| l.core.on_command_done(itt, task, &resp));
             self.handle.out.push(Out::Release(reservation));
             return;
         }
         let handle = Arc::clone(&self.handle);
         // Held across the spawn so that the task's completion finds its handle registered.
         let mut live = lock(&self.handle.live);
-        let task = tokio::spawn(async move {
+        let task_no = task;
+        let join = tokio::spawn(async move {
             let resp = fut.await;
             let _ = handle.run(|l| {
-                l.handles.remove(&itt);
-                l.core.on_command_done(itt, &resp)
+                // A new command may have taken the ITT since this one was aborted.
+                if l.handles.get(&itt).is_some_and(|(t, _)| *t == task) {
+                    l.handles.remove(&itt);
+                }
+                l.core.on_command_done(itt, task, &resp)
             });
             handle.out.push(Out::Release(reservation));
         });
-        if live.core.is_running(itt) {
-            live.handles.insert(itt, task.abort_handle());
+        if live.core.runs(itt, task_no) {
+            live.handles.insert(itt, (task_no, join.abort_handle()));
         } else {
             // Aborted by another session's reset before it could be registered.
-            task.abort();
+            join.abort();
         }
     }
 }

@@ -341,6 +341,19 @@ impl Writes {
     /// the R2Ts that waiting tasks may now have.
     pub fn take(&mut self, itt: u32) -> (Option<WriteTask>, Vec<R2tReq>) {
         let t = self.remove(itt);
+        (t, self.admit_waiting())
+    }
+
+    /// Removes several tasks (aborted together), then admits waiting ones: none of the removed
+    /// tasks gets an R2T on its way out.
+    pub fn take_all(&mut self, itts: &[u32]) -> Vec<R2tReq> {
+        for &itt in itts {
+            self.remove(itt);
+        }
+        self.admit_waiting()
+    }
+
+    fn admit_waiting(&mut self) -> Vec<R2tReq> {
         let mut out = Vec::new();
         while let Some(&next) = self.waiting.front() {
             let before = self.reserved;
@@ -352,7 +365,7 @@ impl Writes {
                 break;
             }
         }
-        (t, out)
+        out
     }
 
     fn remove(&mut self, itt: u32) -> Option<WriteTask> {

@@ -101,9 +101,11 @@ pub enum Event {
 pub enum Action {
     /// Queue a PDU for the writer (sequence numbers are stamped there).
     Send(Pdu),
-    /// Run a SCSI command and report with [`SessionCore::on_command_done`].
+    /// Run a SCSI command and report with [`SessionCore::on_command_done`], naming `task`: an
+    /// ITT may be reused once its command was aborted, the task number never is.
     Execute {
         itt: u32,
+        task: u64,
         command: Command,
     },
     /// Cancel the running command `itt`; it gets no response (its slot is freed already).
@@ -146,6 +148,7 @@ struct PendingWrite {
 /// A command the driver is executing.
 #[derive(Debug, Clone, Copy)]
 struct Running {
+    task: u64,
     lun: u64,
     r2ts: u32,
     counted: bool,
@@ -173,6 +176,7 @@ pub struct SessionCore {
     shape: Shape,
     alive: Keepalive,
     next_ping_ttt: u32,
+    next_task: u64,
     closed: bool,
 }
 
@@ -191,6 +195,7 @@ impl SessionCore {
             shape: cfg.shape,
             alive: Keepalive::new(cfg.nop_interval, cfg.nop_timeout.max(Duration::from_secs(1)), now),
             next_ping_ttt: 1,
+            next_task: 1,
             closed: false,
             cfg,
         }
@@ -206,9 +211,14 @@ impl SessionCore {
         self.max_cmd_sn
     }
 
-    /// True while command `itt` is executing (not finished, not aborted).
+    /// True while a command `itt` is executing (not finished, not aborted).
     pub fn is_running(&self, itt: u32) -> bool {
         self.running.contains_key(&itt)
+    }
+
+    /// True while task `task` (command `itt`) is executing.
+    pub fn runs(&self, itt: u32, task: u64) -> bool {
+        self.running.get(&itt).is_some_and(|r| r.task == task)
     }
 
     /// Bytes arrived from the initiator: it is alive, whatever it sent.
@@ -324,11 +334,14 @@ impl SessionCore {
         out
     }
 
-    /// The SCSI layer finished command `itt`; a command aborted meanwhile gets no response.
-    pub fn on_command_done(&mut self, itt: u32, resp: &Response) -> Vec<Action> {
+    /// The SCSI layer finished task `task` (command `itt`); a command aborted meanwhile gets no
+    /// response, and neither does a new command that reuses its ITT.
+    pub fn on_command_done(&mut self, itt: u32, task: u64, resp: &Response) -> Vec<Action> {
         let mut out = Vec::new();
-        if let Some(r) = self.running.remove(&itt) {
-            self.respond(itt, r.lun, r.r2ts, r.counted, resp, &mut out);
+        if self.runs(itt, task) {
+            if let Some(r) = self.running.remove(&itt) {
+                self.respond(itt, r.lun, r.r2ts, r.counted, resp, &mut out);
+            }
         }
         out
     }
@@ -521,8 +534,10 @@ impl SessionCore {
                 _ => TaskAttr::Simple,
             },
         };
-        self.running.insert(h.itt, Running { lun: h.lun, r2ts, counted });
-        out.push(Action::Execute { itt: h.itt, command });
+        let task = self.next_task;
+        self.next_task += 1;
+        self.running.insert(h.itt, Running { task, lun: h.lun, r2ts, counted });
+        out.push(Action::Execute { itt: h.itt, task, command });
     }
 
     /// Aborts one task; true if it existed.
@@ -568,16 +583,27 @@ impl SessionCore {
         }
     }
 
-    /// Aborts every task whose LUN field matches.
+    /// Aborts every task whose LUN field matches. The waiting writes go first, all together,
+    /// so that none of them is given an R2T on its way out.
     fn abort_where(&mut self, matches: impl Fn(u64) -> bool, out: &mut Vec<Action>) {
-        let mut itts: Vec<u32> = self.pending.iter().filter(|(_, p)| matches(p.h.lun)).map(|(i, _)| *i).collect();
-        itts.extend(self.running.iter().filter(|(_, r)| matches(r.lun)).map(|(i, _)| *i));
-        for itt in itts {
+        let pending: Vec<u32> = self.pending.iter().filter(|(_, p)| matches(p.h.lun)).map(|(i, _)| *i).collect();
+        for itt in &pending {
+            if let Some(pw) = self.pending.remove(itt) {
+                self.release(pw.counted);
+            }
+        }
+        send_r2ts(self.writes.take_all(&pending), out);
+        let running: Vec<u32> = self.running.iter().filter(|(_, r)| matches(r.lun)).map(|(i, _)| *i).collect();
+        for itt in running {
             self.abort_task(itt, out);
         }
     }
 
     fn task_mgmt(&mut self, h: TaskMgmtRequest, counted: bool, out: &mut Vec<Action>) {
+        if self.resets.contains_key(&h.itt) {
+            // Its ITT names a request still in progress: the earlier one keeps it.
+            return self.tmf_response(h.itt, h.function, tmf::REJECTED, counted, out);
+        }
         let lun_count = self.cfg.lun_count;
         let lun = wire_lun::decode(h.lun).filter(|&l| usize::try_from(l).is_ok_and(|l| l < lun_count));
         let reset = match h.function {
@@ -772,6 +798,12 @@ mod tests {
         (SessionCore::new(config(SessionType::Normal), t0), t0)
     }
 
+    /// Completes whatever task runs under `itt` now.
+    fn done(c: &mut SessionCore, itt: u32, resp: &Response) -> Vec<Action> {
+        let task = c.running.get(&itt).map_or(0, |r| r.task);
+        c.on_command_done(itt, task, resp)
+    }
+
     fn feed(c: &mut SessionCore, pdu: Pdu) -> Vec<Action> {
         let mut raw = bytes::BytesMut::new();
         frame::encode(&pdu, Digests::default(), &mut raw);
@@ -887,7 +919,7 @@ mod tests {
         let a = feed(&mut c, read(1, 100, 0));
         assert_eq!(executed(&a), vec![1]);
         assert_eq!(c.exp_cmd_sn(), 101);
-        let a = c.on_command_done(1, &good());
+        let a = done(&mut c, 1, &good());
         let p = sends(&a);
         assert_eq!(p.len(), 1);
         assert!(matches!(p[0].header, Header::DataIn(d) if d.itt == 1 && d.status_present));
@@ -927,7 +959,7 @@ mod tests {
         assert_eq!(executed(&a), vec![1]);
         assert_eq!(c.exp_cmd_sn(), 100);
         let max = c.max_cmd_sn();
-        c.on_command_done(1, &good());
+        done(&mut c, 1, &good());
         assert_eq!(c.max_cmd_sn(), max, "an immediate command frees no slot");
     }
 
@@ -941,7 +973,7 @@ mod tests {
         assert_eq!(c.max_cmd_sn(), max);
         let a = feed(&mut c, read(9, 100 + DEPTH, 0));
         assert!(executed(&a).is_empty(), "the window is full");
-        c.on_command_done(0, &good());
+        done(&mut c, 0, &good());
         assert_eq!(c.max_cmd_sn(), max.wrapping_add(1));
         let a = feed(&mut c, read(9, 100 + DEPTH, 0));
         assert_eq!(executed(&a), vec![9]);
@@ -968,7 +1000,7 @@ mod tests {
         assert_eq!(tmf_response(&a), tmf::FUNCTION_COMPLETE);
         assert_eq!(c.max_cmd_sn(), max.wrapping_add(1), "the aborted command's slot is free");
         assert!(!c.is_running(1));
-        assert!(c.on_command_done(1, &good()).is_empty(), "an aborted command gets no response");
+        assert!(done(&mut c, 1, &good()).is_empty(), "an aborted command gets no response");
     }
 
     #[test]
@@ -1169,10 +1201,10 @@ mod tests {
         let d = DataOut { final_: true, itt: 1, ttt: 1, ..Default::default() };
         let a = feed(&mut c, Pdu::new(d, Bytes::from(vec![7u8; 4096])));
         match &a[..] {
-            [Action::Execute { itt: 1, command }] => assert_eq!(command.data_out.len(), 4096),
+            [Action::Execute { itt: 1, command, .. }] => assert_eq!(command.data_out.len(), 4096),
             other => panic!("{other:?}"),
         }
-        let a = c.on_command_done(1, &Response { data_in: Bytes::new(), ..good() });
+        let a = done(&mut c, 1, &Response { data_in: Bytes::new(), ..good() });
         assert!(matches!(sends(&a)[0].header, Header::ScsiResponse(r) if r.exp_data_sn == 1));
     }
 
@@ -1352,6 +1384,51 @@ mod tests {
             assert_eq!(tmf_response(&a), tmf::TASK_DOES_NOT_EXIST, "RefCmdSN {ref_sn}");
         }
         assert_eq!(c.exp_cmd_sn(), 100);
+    }
+
+    fn task_of(a: &[Action], want: u32) -> u64 {
+        a.iter()
+            .find_map(|a| match a {
+                Action::Execute { itt, task, .. } if *itt == want => Some(*task),
+                _ => None,
+            })
+            .expect("an Execute")
+    }
+
+    #[test]
+    fn a_late_completion_of_an_aborted_command_does_not_answer_a_new_one_with_its_itt() {
+        let (mut c, _) = core();
+        let old = task_of(&feed(&mut c, read(1, 100, 0)), 1);
+        assert_eq!(tmf_response(&feed(&mut c, tmf(tmf::ABORT_TASK, 9, 101, 0, 1))), tmf::FUNCTION_COMPLETE);
+        let new = task_of(&feed(&mut c, read(1, 101, 0)), 1);
+        assert_ne!(old, new);
+        assert!(c.on_command_done(1, old, &good()).is_empty(), "the old task's result is dropped");
+        assert!(c.runs(1, new));
+        assert!(!sends(&c.on_command_done(1, new, &good())).is_empty());
+    }
+
+    #[test]
+    fn a_second_reset_under_the_itt_of_one_in_progress_is_refused_and_loses_no_slot() {
+        let (mut c, _) = core();
+        let a = feed(&mut c, tmf(tmf::LOGICAL_UNIT_RESET, 50, 100, 0, 0));
+        assert!(a.iter().any(|x| matches!(x, Action::Reset { itt: 50, .. })));
+        let a = feed(&mut c, tmf(tmf::LOGICAL_UNIT_RESET, 50, 100, 0, 0));
+        assert_eq!(tmf_response(&a), tmf::REJECTED);
+        assert_eq!(tmf_response(&c.on_reset_done(50, TmfResult::Complete)), tmf::FUNCTION_COMPLETE);
+        assert_eq!(c.max_cmd_sn(), 100 + DEPTH - 1, "immediate requests take no slot");
+    }
+
+    #[test]
+    fn aborting_a_lun_gives_no_r2t_to_writes_aborted_with_it() {
+        let mut cfg = config(SessionType::Normal);
+        // Room for one write's data at a time: the second waits for the first.
+        cfg.write_buffer = 4096;
+        let mut c = SessionCore::new(cfg, Instant::now());
+        assert!(sends(&feed(&mut c, write(1, 100, 0, 4096))).iter().any(|p| matches!(p.header, Header::R2t(_))));
+        assert!(sends(&feed(&mut c, write(2, 101, 0, 4096))).is_empty(), "the second write waits for room");
+        let a = c.on_abort_request(None);
+        assert!(!sends(&a).iter().any(|p| matches!(p.header, Header::R2t(_))), "{a:?}");
+        assert_eq!(c.max_cmd_sn(), 100 + DEPTH + 1);
     }
 
     #[test]
