@@ -234,6 +234,9 @@ impl SessionCore {
 
     /// Runs the keep-alive timer.
     pub fn on_tick(&mut self, now: Instant) -> Vec<Action> {
+        if self.closed {
+            return Vec::new();
+        }
         match self.alive.tick(now) {
             Tick::Wait => Vec::new(),
             Tick::Ping => {
@@ -246,7 +249,10 @@ impl SessionCore {
                 let ping = NopIn { itt: RESERVED_TAG, ttt, ..Default::default() };
                 vec![Action::Send(Pdu::new(ping, Bytes::new()))]
             }
-            Tick::Dead => vec![Action::Close(CloseReason::PingUnanswered)],
+            Tick::Dead => {
+                self.closed = true;
+                vec![Action::Close(CloseReason::PingUnanswered)]
+            }
         }
     }
 
@@ -261,9 +267,18 @@ impl SessionCore {
     /// A frame that could not be decoded.
     pub fn on_bad_frame(&mut self, e: DecodeError, raw: &Bytes) -> Vec<Action> {
         let mut out = Vec::new();
+        if self.closed {
+            return out;
+        }
         match e {
-            DecodeError::HeaderDigest { .. } => out.push(Action::Close(CloseReason::HeaderDigest)),
-            DecodeError::Truncated => out.push(Action::Close(CloseReason::Truncated)),
+            DecodeError::HeaderDigest { .. } => {
+                self.closed = true;
+                out.push(Action::Close(CloseReason::HeaderDigest));
+            }
+            DecodeError::Truncated => {
+                self.closed = true;
+                out.push(Action::Close(CloseReason::Truncated));
+            }
             DecodeError::DataDigest { bhs, opcode } => {
                 out.push(Action::Log(Event::DataDigest { opcode }));
                 reject(reject::DIGEST_ERROR, raw, &mut out);
@@ -1230,7 +1245,9 @@ mod tests {
         assert!(matches!(sends(&a)[0].header, Header::Reject(r) if r.reason == reject::DIGEST_ERROR));
         raw[n - 1] ^= 1;
         raw[BHS_LEN] ^= 1;
-        assert!(matches!(c.on_frame(raw.freeze())[..], [Action::Close(CloseReason::HeaderDigest)]));
+        assert!(matches!(c.on_frame(raw.clone().freeze())[..], [Action::Close(CloseReason::HeaderDigest)]));
+        assert!(c.on_frame(raw.freeze()).is_empty(), "nothing more once closed");
+        assert!(c.on_tick(Instant::now() + 60 * S).is_empty());
     }
 
     fn cfg_digests() -> Digests {
