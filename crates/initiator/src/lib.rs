@@ -74,6 +74,9 @@ pub enum Error {
     /// A command finished with a SCSI status other than GOOD.
     #[error("SCSI command {opcode:#04x} failed: status {status:#04x}{}", sense_text(sense.as_ref()))]
     Scsi { opcode: u8, status: u8, sense: Option<stics_sam::Sense> },
+    /// Another initiator holds the LUN's persistent reservation under this key.
+    #[error("the LUN is reserved by another writer under reservation key {holder:#018x}")]
+    Reserved { holder: u64 },
     /// The LUN is not a direct-access block device.
     #[error("LUN {lun} is a {device_type}, not a disk")]
     NotADisk { lun: u64, device_type: &'static str },

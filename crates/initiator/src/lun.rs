@@ -1,16 +1,17 @@
 //! A remote LUN as a [`BlockDev`]: READ(16)/WRITE(16)/SYNCHRONIZE CACHE over one or several
-//! sessions (commands spread round-robin), with retries of unit attentions and busy statuses.
+//! sessions (commands spread round-robin), with retries of unit attentions and busy statuses,
+//! and the one-writer claim as a persistent reservation (see [`Lun`]'s `claim`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use stics_block::{blocks_in, write_zeros_by_writes, BlockDev, BlockError, Geometry};
+use stics_block::{blocks_in, write_zeros_by_writes, BlockDev, BlockError, Claim, Geometry};
 
 use crate::core::{Data, Request};
 use crate::counters::{Counters, Snapshot};
-use stics_sam::op::{mode_page, vpd};
+use stics_sam::op::{mode_page, pr_in, pr_out, pr_type, vpd};
 use stics_sam::sense::key as sense_key;
 use stics_sam::{cdb, data, status};
 
@@ -92,6 +93,13 @@ pub struct Lun {
     /// UNMAP limits when the LUN is thin-provisioned, accepts UNMAP and reads unmapped blocks as
     /// zeros (what `discard` promises); `None` otherwise.
     unmap: Option<UnmapLimits>,
+    /// The key this LUN was claimed under (0: not claimed).
+    claim_key: AtomicU64,
+    /// Sum of the sessions' logins when the claim was made: a change means a session was
+    /// reinstated since, and the claim is made again before the next write.
+    claim_logins: AtomicU64,
+    /// One claim at a time.
+    claim_lock: tokio::sync::Mutex<()>,
 }
 
 /// How much one UNMAP may carry.
@@ -164,6 +172,9 @@ impl Lun {
             write_same_ok: AtomicBool::new(true),
             unmap,
             device_id,
+            claim_key: AtomicU64::new(0),
+            claim_logins: AtomicU64::new(0),
+            claim_lock: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -203,8 +214,109 @@ impl Lun {
     fn io_err(lba: u64, e: Error) -> BlockError {
         match e {
             Error::Task(crate::core::TaskError::Unreachable(m)) => BlockError::Unreachable(m),
+            Error::Scsi { status: status::RESERVATION_CONFLICT, .. } => BlockError::Reserved { holder: None },
             other => BlockError::Io { lba, source: std::io::Error::other(other.to_string()) },
         }
+    }
+}
+
+impl Lun {
+    fn logins(&self) -> u64 {
+        self.sessions.iter().map(Session::logins).sum()
+    }
+
+    async fn pr_out(&self, s: &Session, sa: u8, ptype: u8, key: u64, sa_key: u64) -> Result<(), Error> {
+        let params = Bytes::from(data::pr_out_parameters(key, sa_key));
+        let req = Request { lun: self.lun, cdb: cdb::pr_out(sa, ptype), data: Data::Write(params) };
+        execute_retrying(s, req, s.counters_ref()).await.map(|_| ())
+    }
+
+    async fn read_reservation(&self, s: &Session) -> Result<Option<data::PrReservation>, Error> {
+        let req = Request { lun: self.lun, cdb: cdb::pr_in(pr_in::READ_RESERVATION, 24), data: Data::Read(24) };
+        let o = execute_retrying(s, req, s.counters_ref()).await?;
+        let (_, r) = data::parse_read_reservation(&o.data)
+            .ok_or_else(|| Error::Protocol("short READ RESERVATION data".into()))?;
+        Ok(r)
+    }
+
+    /// The claim itself (the caller holds `claim_lock`). SPC-4 5.9: registrations and the
+    /// reservation belong to an I_T nexus (initiator name and ISID), so each session registers
+    /// `key`; the first session reserves. With one session the type is Write Exclusive; with
+    /// several, Write Exclusive – Registrants Only, so that every session (each registered under
+    /// `key`) may write, while initiators that did not register may not.
+    async fn claim_now(&self, key: u64) -> Result<Claim, Error> {
+        let logins = self.logins();
+        let ptype = if self.sessions.len() == 1 { pr_type::WRITE_EXCLUSIVE } else { pr_type::WRITE_EXCLUSIVE_RO };
+        let first = &self.sessions[0];
+        self.pr_out(first, pr_out::REGISTER_AND_IGNORE, 0, 0, key).await?;
+        let conflict = |e: &Error| matches!(e, Error::Scsi { status: status::RESERVATION_CONFLICT, .. });
+        let mut claim = None;
+        // Twice at most: a RESERVE can lose a race with another writer's between our read and it.
+        for _ in 0..2 {
+            let held = self.read_reservation(first).await?;
+            if let Some(r) = held.filter(|r| r.key != key) {
+                // Leave no registration behind on a LUN someone else holds.
+                let _ = self.pr_out(first, pr_out::REGISTER_AND_IGNORE, 0, 0, 0).await;
+                return Err(Error::Reserved { holder: r.key });
+            }
+            match self.pr_out(first, pr_out::RESERVE, ptype, key, 0).await {
+                Ok(()) => {
+                    claim = Some(Claim::Held);
+                    break;
+                }
+                Err(e) if conflict(&e) && held.is_some() => {
+                    // Our key holds it through another nexus: an earlier process of this writer
+                    // (a new ISID after a restart), or another type. PREEMPT naming our own key
+                    // moves the reservation to this nexus and drops the other registrations of
+                    // the key (SPC-4 5.9.11.4.3); this nexus keeps its own.
+                    self.pr_out(first, pr_out::PREEMPT, ptype, key, key).await?;
+                    claim = Some(Claim::TakenOver);
+                    break;
+                }
+                Err(e) if conflict(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let Some(claim) = claim else {
+            let holder = self.read_reservation(first).await?.map_or(0, |r| r.key);
+            return Err(Error::Reserved { holder });
+        };
+        // After any PREEMPT, which would have dropped them.
+        for s in &self.sessions[1..] {
+            self.pr_out(s, pr_out::REGISTER_AND_IGNORE, 0, 0, key).await?;
+        }
+        self.claim_key.store(key, SeqCst);
+        self.claim_logins.store(logins, SeqCst);
+        Ok(claim)
+    }
+
+    /// Makes the claim again when a session was reinstated since it was made. A target keeps
+    /// registrations across the reinstatement of a session with the same ISID (SPC-4: the
+    /// nexus is the same), but one that restarted lost them; commands reissued by the session
+    /// itself before this runs still go out under whatever the target holds, so they never
+    /// write behind another holder's back (it refuses them with RESERVATION CONFLICT).
+    async fn keep_claim(&self) -> Result<(), BlockError> {
+        let key = self.claim_key.load(SeqCst);
+        if key == 0 || self.logins() == self.claim_logins.load(SeqCst) {
+            return Ok(());
+        }
+        let _one = self.claim_lock.lock().await;
+        if self.logins() == self.claim_logins.load(SeqCst) {
+            return Ok(());
+        }
+        tracing::info!(
+            lun = self.lun,
+            key = format_args!("{key:#018x}"),
+            "a session was reinstated: claiming the LUN again"
+        );
+        self.claim_now(key).await.map(|_| ()).map_err(claim_err)
+    }
+}
+
+fn claim_err(e: Error) -> BlockError {
+    match e {
+        Error::Reserved { holder } => BlockError::Reserved { holder: Some(holder) },
+        other => Lun::io_err(0, other),
     }
 }
 
@@ -230,6 +342,23 @@ impl BlockDev for Lun {
 
     fn device_id(&self) -> Option<String> {
         self.device_id.clone()
+    }
+
+    /// PERSISTENT RESERVE OUT: register `key` on every session, then reserve (or take back from
+    /// a stale nexus of the same key); see `claim_now`. A target that does not implement
+    /// persistent reservations gives [`Claim::Unsupported`].
+    async fn claim(&self, key: u64) -> Result<Claim, BlockError> {
+        if key == 0 {
+            return Err(BlockError::Unsupported("a claim under reservation key 0"));
+        }
+        let _one = self.claim_lock.lock().await;
+        match self.claim_now(key).await {
+            Err(Error::Scsi { sense: Some(s), .. }) if s.key == sense_key::ILLEGAL_REQUEST => {
+                tracing::warn!(lun = self.lun, "the target has no persistent reservations: the LUN is not claimed");
+                Ok(Claim::Unsupported)
+            }
+            other => other.map_err(claim_err),
+        }
     }
 
     async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
@@ -263,6 +392,7 @@ impl BlockDev for Lun {
         let bs = self.geometry.block_size;
         let blocks = blocks_in(&data, bs)?;
         self.geometry.check_range(lba, blocks)?;
+        self.keep_claim().await?;
         let mut done = 0u64;
         while done < blocks {
             let n = (blocks - done).min(u64::from(self.max_blocks)) as u32;
@@ -285,6 +415,7 @@ impl BlockDev for Lun {
         let Some(lim) = self.unmap else {
             return Err(BlockError::Unsupported("discard: the target does not unmap blocks to zeros"));
         };
+        self.keep_claim().await?;
         let mut ranges = Vec::new();
         let (mut at, end) = (lba, lba + blocks);
         while at < end {
@@ -304,6 +435,7 @@ impl BlockDev for Lun {
 
     async fn write_zeros(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
         self.geometry.check_range(lba, blocks)?;
+        self.keep_claim().await?;
         // One WRITE SAME carries a single block however large the range: over a long path that
         // is one round trip instead of one per megabyte.
         let zero = Bytes::from(vec![0u8; self.geometry.block_size as usize]);

@@ -3,7 +3,7 @@
 //! actions into socket writes, completions and reconnections.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -76,6 +76,8 @@ pub struct Session {
     counters: Arc<Counters>,
     params: Arc<Mutex<Params>>,
     info: Arc<SessionInfo>,
+    /// Successful logins: 1 after connect, one more for each reinstatement.
+    logins: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Session {
@@ -119,6 +121,7 @@ impl Session {
             target_alias: outcome.target_alias.clone(),
         });
         let params = Arc::new(Mutex::new(outcome.params.clone()));
+        let logins = Arc::new(AtomicU64::new(1));
         let (tx, rx) = mpsc::unbounded_channel();
         let (events, events_rx) = mpsc::unbounded_channel();
         let driver = Driver {
@@ -133,9 +136,10 @@ impl Session {
             digests: Digests::default(),
             events,
             logout_waiter: None,
+            logins: logins.clone(),
         };
         tokio::spawn(driver.run(rx, events_rx, conn, outcome));
-        Ok(Session { tx, counters, params, info })
+        Ok(Session { tx, counters, params, info, logins })
     }
 
     /// Runs one SCSI command; it is reissued after reconnections until it finishes or the
@@ -165,6 +169,12 @@ impl Session {
 
     pub fn counters(&self) -> Snapshot {
         self.counters.snapshot()
+    }
+
+    /// Successful logins so far: 1 after [`Session::connect`], one more after each reinstatement
+    /// (what a caller watches to redo per-nexus state, such as a reservation, after a reconnect).
+    pub fn logins(&self) -> u64 {
+        self.logins.load(Relaxed)
     }
 
     pub(crate) fn counters_ref(&self) -> &Arc<Counters> {
@@ -202,6 +212,7 @@ struct Driver {
     digests: Digests,
     events: mpsc::UnboundedSender<Event>,
     logout_waiter: Option<oneshot::Sender<()>>,
+    logins: Arc<AtomicU64>,
 }
 
 async fn next_pdu(r: Option<&mut conn::PduReader>) -> Result<Pdu, Error> {
@@ -358,6 +369,7 @@ impl Driver {
                     if core.current_gen() == Some(gen) && !core.is_up() {
                         tracing::info!(target = %self.info.target, "session reinstated");
                         self.attach(gen, conn, &outcome);
+                        self.logins.fetch_add(1, Relaxed);
                     }
                     core.on_login_ok(gen, &outcome, now)
                 }

@@ -1,6 +1,7 @@
 //! `stics gateway` as a process in front of a `stics target` process: libiscsi's conformance
-//! suite through it in `log` and `immediate` modes, `qemu-img convert` in and out, and SIGKILL at
-//! random moments of a verified write workload with restarts on the same log.
+//! suite through it in `log` and `immediate` modes, `qemu-img convert` in and out, SIGKILL at
+//! random moments of a verified write workload with restarts on the same log, and one writer per
+//! remote LUN (a second gateway and stray initiators are kept out).
 
 use std::path::Path;
 use std::process::Command;
@@ -198,4 +199,54 @@ fn stics_mount_with_a_cache_log_keeps_written_data_across_a_restart() {
         assert!(m.wait_exit(Duration::from_secs(20)).is_some(), "stics mount stops on SIGTERM");
         assert!(wait_mounted(&file, false, Duration::from_secs(5)));
     }
+}
+
+#[test]
+fn one_gateway_per_remote_lun_keeps_out_a_second_gateway_and_stray_writers() {
+    use stics_block::BlockError;
+    let remote = SticsTarget::with_file_lun(Path::new(BIN), 64, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let log_a = dir.path().join("log-a");
+    let (mut gw, port) = gateway(&remote.url(0), &log_a, "log", &dir.path().join("a.log"));
+    let (rt, lun) = open(port);
+    let data = Bytes::from(vec![0x5a; 8192]);
+    rt.block_on(lun.write(0, data.clone(), true)).unwrap();
+
+    // (a) A second gateway, with its own log, on the same remote: refused at start.
+    let b_err = dir.path().join("b.log");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["gateway", "--listen", &format!("127.0.0.1:{}", free_port()), "--iqn", GATEWAY_IQN]).args([
+        "--remote",
+        &remote.url(0),
+        "--log",
+        &format!("{}:256MiB", dir.path().join("log-b").display()),
+        "--ram",
+        "8MiB",
+    ]);
+    let mut b = spawn(&mut cmd, Some(&b_err));
+    let status = b.wait_exit(Duration::from_secs(20)).expect("the second gateway exits");
+    assert!(!status.success(), "the second gateway must fail");
+    let stderr = std::fs::read_to_string(&b_err).unwrap();
+    assert!(stderr.contains("another writer holds the remote LUN: reservation key 0x"), "{stderr}");
+
+    // (b) A plain initiator on the remote reads, but its writes end in RESERVATION CONFLICT.
+    let stray = rt.block_on(Lun::open(&IscsiUrl::parse(&remote.url(0)).unwrap(), &LunOptions::default())).unwrap();
+    assert_eq!(rt.block_on(stray.read(1000, 1)).unwrap().len(), 512);
+    let e = rt.block_on(stray.write(1000, Bytes::from(vec![1u8; 512]), false)).unwrap_err();
+    assert!(matches!(e, BlockError::Reserved { holder: None }), "{e:?}");
+
+    // (c) Gateway A killed and started again on its log: it takes the remote back and serves.
+    gw.kill();
+    drop(lun);
+    let (_gw, port) = gateway(&remote.url(0), &log_a, "log", &dir.path().join("a2.log"));
+    let u = IscsiUrl::parse(&url(port)).unwrap();
+    let lun = rt.block_on(Lun::open(&u, &LunOptions::default())).unwrap();
+    assert_eq!(rt.block_on(lun.read(0, 16)).unwrap(), data, "what was acknowledged before the kill");
+    let more = Bytes::from(vec![0xa5; 4096]);
+    rt.block_on(lun.write(64, more.clone(), true)).unwrap();
+    assert_eq!(rt.block_on(lun.read(64, 8)).unwrap(), more);
+    let a2 = std::fs::read_to_string(dir.path().join("a2.log")).unwrap();
+    assert!(a2.contains("took the remote back"), "{a2}");
+    let e = rt.block_on(stray.write(1000, Bytes::from(vec![1u8; 512]), false)).unwrap_err();
+    assert!(matches!(e, BlockError::Reserved { holder: None }), "still kept out: {e:?}");
 }

@@ -118,3 +118,10 @@ async fn discard_unmaps_blocks_of_a_stics_file_lun_and_they_read_zero() {
     assert!(after + 8000 <= allocated, "space freed: {allocated} → {after} sectors");
     lun.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_writer_claims_the_lun_with_a_persistent_reservation() {
+    let mut t = start(16, &[]);
+    let url = t.url(0);
+    stics_testkit::workload::one_writer_claim(&url, || t.restart()).await;
+}

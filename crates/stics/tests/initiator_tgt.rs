@@ -202,3 +202,10 @@ async fn tgt_without_thin_provisioning_refuses_discard_cleanly() {
     assert!(e.to_string().contains("does not unmap"), "{e}");
     lun.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_writer_claims_the_lun_with_a_persistent_reservation() {
+    let mut tgt = Tgt::start(16);
+    let url = tgt.url();
+    stics_testkit::workload::one_writer_claim(&url, || tgt.restart()).await;
+}

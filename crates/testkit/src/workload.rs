@@ -112,3 +112,62 @@ pub async fn zeroing_reads_back_zeros(url: &str) -> u64 {
     lun.close().await;
     used
 }
+
+/// The one-writer claim (a persistent reservation) against the LUN at `url`: a writer claims it;
+/// a plain initiator still reads but its writes are refused; another key is refused with the
+/// holder's key; the same key from a new connection (a restarted writer, another ISID) takes it
+/// over; several sessions under one key all write; after `restart` (the target forgets its
+/// reservations) the writer's reinstated sessions claim the LUN again before their next write.
+pub async fn one_writer_claim(url: &str, restart: impl FnOnce()) {
+    use stics_block::{BlockError, Claim};
+    const K1: u64 = 0x5717_c5ca_c4e0_0001;
+    const K2: u64 = 0x5717_c5ca_c4e0_0002;
+    let url = IscsiUrl::parse(url).unwrap();
+    let open = |sessions: usize| {
+        let mut o = fault_options();
+        o.sessions = sessions;
+        let url = url.clone();
+        async move { Lun::open(&url, &o).await.unwrap() }
+    };
+    let block = |v: u8| Bytes::from(vec![v; 4096]);
+    let refused = |r: Result<(), BlockError>, who: &str| {
+        assert!(matches!(r, Err(BlockError::Reserved { holder: None })), "{who}: {r:?}");
+    };
+    let a = open(1).await;
+    assert_eq!(a.claim(K1).await.unwrap(), Claim::Held);
+    assert_eq!(a.claim(K1).await.unwrap(), Claim::Held, "claiming again is a no-op");
+    a.write(0, block(1), false).await.unwrap();
+
+    let stray = open(1).await;
+    assert_eq!(stray.read(0, 8).await.unwrap(), block(1), "others still read");
+    refused(stray.write(8, block(2), false).await, "a plain initiator");
+
+    let b = open(1).await;
+    let e = b.claim(K2).await.unwrap_err();
+    assert!(matches!(e, BlockError::Reserved { holder: Some(K1) }), "another key: {e:?}");
+    assert!(e.to_string().contains(&format!("{K1:#018x}")), "{e}");
+    refused(b.write(8, block(2), false).await, "the refused writer");
+
+    // The writer restarted: a new connection (ISID) under the same key takes the LUN back, and
+    // the old connection may no longer write.
+    let a2 = open(2).await;
+    assert_eq!(a2.claim(K1).await.unwrap(), Claim::TakenOver);
+    for i in 0..4u64 {
+        a2.write(16 + 8 * i, block(3), false).await.unwrap();
+    }
+    refused(a.write(0, block(4), false).await, "the writer's old connection");
+    refused(stray.write(8, block(2), false).await, "a plain initiator after the take-over");
+
+    restart();
+    // The first writes reinstate the sessions (the target lost every registration); the next
+    // ones find the logins changed and claim again.
+    for i in 0..6u64 {
+        a2.write(64 + 8 * i, block(5), false).await.unwrap();
+    }
+    assert!(a2.sessions().iter().all(|s| s.logins() > 1), "every session was reinstated");
+    refused(stray.write(8, block(2), false).await, "a plain initiator after the target restarted");
+    assert_eq!(stray.read(64, 8).await.unwrap(), block(5));
+    for l in [a, a2, b, stray] {
+        l.close().await;
+    }
+}

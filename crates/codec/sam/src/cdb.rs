@@ -552,6 +552,25 @@ pub fn mode_sense6(page: u8, alloc: u8) -> [u8; 16] {
     c
 }
 
+/// PERSISTENT RESERVE IN with service action `sa` (see [`op::pr_in`]).
+pub fn pr_in(sa: u8, alloc: u16) -> [u8; 16] {
+    let mut c = cdb16(op::PR_IN);
+    c[1] = sa & 0x1f;
+    c[7..9].copy_from_slice(&alloc.to_be_bytes());
+    c
+}
+
+/// PERSISTENT RESERVE OUT with service action `sa` (see [`op::pr_out`]), reservation type
+/// `ptype` (see [`op::pr_type`]; scope LU), carrying the 24-byte basic parameter list
+/// ([`crate::data::pr_out_parameters`]).
+pub fn pr_out(sa: u8, ptype: u8) -> [u8; 16] {
+    let mut c = cdb16(op::PR_OUT);
+    c[1] = sa & 0x1f;
+    c[2] = ptype & 0x0f;
+    c[5..9].copy_from_slice(&crate::data::PR_OUT_PARAMETERS_LEN.to_be_bytes());
+    c
+}
+
 /// TEST UNIT READY.
 pub fn test_unit_ready() -> [u8; 16] {
     cdb16(op::TEST_UNIT_READY)
@@ -663,6 +682,18 @@ mod tests {
         assert_eq!(&v[..5], &[0x12, 1, 0xb0, 0, 64]);
         let c = unmap(2);
         assert_eq!((c[0], c[7], c[8]), (0x42, 0, 40));
+    }
+
+    #[test]
+    fn persistent_reserve_builders_layout_and_decode() {
+        let c = pr_in(op::pr_in::READ_RESERVATION, 24);
+        assert_eq!(&c[..10], &[0x5e, 0x01, 0, 0, 0, 0, 0, 0, 24, 0]);
+        assert_eq!(decode_cdb(&c), Ok(Cdb::PrIn { sa: 1, alloc: 24 }));
+        let c = pr_out(op::pr_out::PREEMPT, op::pr_type::WRITE_EXCLUSIVE);
+        assert_eq!(&c[..10], &[0x5f, 0x04, 0x01, 0, 0, 0, 0, 0, 24, 0]);
+        assert_eq!(decode_cdb(&c), Ok(Cdb::PrOut { sa: 4, scope: 0, ptype: 1, param_len: 24 }));
+        let c = pr_out(op::pr_out::REGISTER_AND_IGNORE, 0);
+        assert_eq!(decode_cdb(&c), Ok(Cdb::PrOut { sa: 6, scope: 0, ptype: 0, param_len: 24 }));
     }
 
     #[test]

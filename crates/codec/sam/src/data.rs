@@ -1,6 +1,7 @@
 //! Parameter data an initiator reads and writes: parsers of the data-in of READ CAPACITY,
 //! INQUIRY and its Block Limits and Logical Block Provisioning VPD pages, REPORT LUNS and
-//! MODE SENSE, and the UNMAP parameter list it sends.
+//! MODE SENSE and PERSISTENT RESERVE IN, and the UNMAP and PERSISTENT RESERVE OUT parameter
+//! lists it sends.
 
 use crate::op::{mode_page, vpd};
 
@@ -178,6 +179,52 @@ pub fn parse_device_identification(d: &[u8]) -> Option<String> {
     best.map(|(_, n)| n)
 }
 
+/// Length of the basic PERSISTENT RESERVE OUT parameter list.
+pub const PR_OUT_PARAMETERS_LEN: u32 = 24;
+
+/// The basic PERSISTENT RESERVE OUT parameter list (SPC-4 6.16.3): this nexus's reservation
+/// key and the service action reservation key, with SPEC_I_PT, ALL_TG_PT and APTPL clear.
+pub fn pr_out_parameters(key: u64, sa_key: u64) -> Vec<u8> {
+    let mut p = vec![0u8; PR_OUT_PARAMETERS_LEN as usize];
+    p[..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    p
+}
+
+/// A persistent reservation as READ RESERVATION reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrReservation {
+    /// The holder's reservation key (0 for all-registrants types).
+    pub key: u64,
+    /// Reservation type (see [`crate::op::pr_type`]).
+    pub ptype: u8,
+    /// Scope (0: the logical unit).
+    pub scope: u8,
+}
+
+/// Parses READ RESERVATION data (SPC-4 6.15.3): the PR generation and the reservation, if any.
+pub fn parse_read_reservation(d: &[u8]) -> Option<(u32, Option<PrReservation>)> {
+    let generation = u32::from_be_bytes(d.get(..4)?.try_into().ok()?);
+    let len = u32::from_be_bytes(d.get(4..8)?.try_into().ok()?);
+    if len == 0 {
+        return Some((generation, None));
+    }
+    let key = u64::from_be_bytes(d.get(8..16)?.try_into().ok()?);
+    let st = *d.get(21)?;
+    Some((generation, Some(PrReservation { key, ptype: st & 0x0f, scope: st >> 4 })))
+}
+
+/// Parses READ KEYS data (SPC-4 6.15.2): the PR generation and every registered key (as many
+/// as the data holds when the allocation length cut the list).
+pub fn parse_read_keys(d: &[u8]) -> Option<(u32, Vec<u64>)> {
+    let generation = u32::from_be_bytes(d.get(..4)?.try_into().ok()?);
+    let len = u32::from_be_bytes(d.get(4..8)?.try_into().ok()?) as usize;
+    let list = d.get(8..).unwrap_or_default();
+    let list = &list[..list.len().min(len)];
+    let keys = list.chunks_exact(8).filter_map(|k| k.try_into().ok()).map(u64::from_be_bytes).collect();
+    Some((generation, keys))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -198,6 +245,42 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn pr_out_parameter_list_layout() {
+        // SPC-4 table 225: key, service action key, obsolete, flags, reserved, obsolete.
+        let p = pr_out_parameters(0x0102_0304_0506_0708, 0x1112_1314_1516_1718);
+        assert_eq!(p.len(), 24);
+        assert_eq!(&p[..8], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(&p[8..16], &[0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18]);
+        assert_eq!(&p[16..], &[0; 8]);
+    }
+
+    #[test]
+    fn read_reservation_with_and_without_a_reservation() {
+        let none = [0, 0, 0, 7, 0, 0, 0, 0];
+        assert_eq!(parse_read_reservation(&none), Some((7, None)));
+        let mut d = vec![0, 0, 0, 9, 0, 0, 0, 16];
+        d.extend_from_slice(&[0xab, 0xcd, 0, 0, 0, 0, 0x12, 0x34]);
+        d.extend_from_slice(&[0, 0, 0, 0, 0, 0x01, 0, 0]);
+        let want = PrReservation { key: 0xabcd_0000_0000_1234, ptype: 1, scope: 0 };
+        assert_eq!(parse_read_reservation(&d), Some((9, Some(want))));
+        assert_eq!(parse_read_reservation(&d[..20]), None);
+        assert_eq!(parse_read_reservation(&d[..6]), None);
+    }
+
+    #[test]
+    fn read_keys_lists_each_key_and_stops_at_the_data() {
+        let mut d = vec![0, 0, 0, 3, 0, 0, 0, 24];
+        d.extend_from_slice(&1u64.to_be_bytes());
+        d.extend_from_slice(&0xffu64.to_be_bytes());
+        assert_eq!(parse_read_keys(&d), Some((3, vec![1, 0xff])));
+        d.extend_from_slice(&[5; 8]);
+        d.extend_from_slice(&[6; 8]);
+        assert_eq!(parse_read_keys(&d), Some((3, vec![1, 0xff, 0x0505_0505_0505_0505])));
+        assert_eq!(parse_read_keys(&[0, 0, 0, 1, 0, 0, 0, 0]), Some((1, vec![])));
+        assert_eq!(parse_read_keys(&[0, 0, 0]), None);
+    }
 
     #[test]
     fn capacity_parsers() {

@@ -77,6 +77,22 @@ pub enum BlockError {
     /// A remote device could not be reached within its time limit.
     #[error("device unreachable: {0}")]
     Unreachable(String),
+    /// Another writer holds the device (a SCSI persistent reservation): a claim under another
+    /// key fails with the holder's key, and the device refuses writes (RESERVATION CONFLICT).
+    #[error("the device is reserved by another writer{}", holder.map(|k| format!(" (reservation key {k:#018x})")).unwrap_or_default())]
+    Reserved { holder: Option<u64> },
+}
+
+/// What [`BlockDev::claim`] established.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// The device has no other writers to keep out (a local medium): nothing was claimed.
+    Unsupported,
+    /// This writer now holds the device under its key (it may already have).
+    Held,
+    /// The key held the device from another connection (a previous run of the same writer, or
+    /// a connection since lost); that hold was taken over.
+    TakenOver,
 }
 
 /// A device that reads and writes ranges of logical blocks.
@@ -101,6 +117,16 @@ pub trait BlockDev: Send + Sync + 'static {
     /// True when [`BlockDev::discard`] frees space (thin provisioning).
     fn supports_discard(&self) -> bool {
         false
+    }
+
+    /// Claims the device for this writer alone, under `key` (non-zero, stable across restarts of
+    /// the same writer): afterwards others may read but not write, and a claim under another key
+    /// fails with [`BlockError::Reserved`] naming the holder's key. A claim under the key that
+    /// already holds the device (a restart of the same writer) takes it over. The default claims
+    /// nothing ([`Claim::Unsupported`]): local devices have no other writers.
+    async fn claim(&self, key: u64) -> Result<Claim, BlockError> {
+        let _ = key;
+        Ok(Claim::Unsupported)
     }
 
     /// Reads `blocks` blocks from `lba`.

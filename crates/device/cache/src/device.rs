@@ -2,6 +2,11 @@
 //! driver around [`crate::core::Core`]. Host requests go through the core under a short lock;
 //! one task writes log records (group commit: every write waiting in RAM, one log write and one
 //! flush), another destages epochs to the remote with many writes in flight.
+//!
+//! One writer per remote: opening claims the remote ([`BlockDev::claim`], a persistent
+//! reservation on a remote LUN) under a key derived from the log's UUID, in every mode, and
+//! refuses to start when another key holds it. Closing keeps the claim: the log may still hold
+//! data the remote lacks, and the next open of the same log takes the claim back.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -9,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use stics_block::{BlockDev, BlockError, Geometry};
+use stics_block::{BlockDev, BlockError, Claim, Geometry};
 use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinSet;
 
@@ -119,6 +124,21 @@ pub enum CacheError {
     /// The log device's size does not match the log written on it.
     #[error("the log was formatted for {formatted} bytes but the device has {device}")]
     LogSize { formatted: u64, device: u64 },
+    /// Another writer (another cache, or any initiator) holds the remote.
+    #[error(
+        "another writer holds the remote LUN: reservation key {holder:#018x}; stop it, or, if it is gone for good, \
+         preempt or clear its reservation on the remote (a restart on that writer's own log takes it back)"
+    )]
+    Claimed { holder: u64 },
+}
+
+/// The key a log claims its remote under: its UUID folded to 64 bits, never zero (zero means
+/// "no key" to persistent reservations).
+pub fn claim_key(log_uuid: &[u8; 16]) -> u64 {
+    let (a, b) = log_uuid.split_at(8);
+    let fold =
+        u64::from_be_bytes(a.try_into().unwrap_or_default()) ^ u64::from_be_bytes(b.try_into().unwrap_or_default());
+    fold.max(1)
 }
 
 fn show_id(id: &[u8]) -> String {
@@ -330,6 +350,21 @@ impl Cache {
             read_ahead_blocks: opts.read_ahead_bytes / u64::from(geometry.block_size),
         };
         cfg.validate()?;
+        // Once the settings are known to work and before recovery destages anything: nobody else
+        // may write behind this log's back.
+        let key = claim_key(&sb.log_uuid);
+        match remote.claim(key).await {
+            Ok(Claim::Held) => tracing::info!(key = format_args!("{key:#018x}"), "claimed the remote"),
+            Ok(Claim::TakenOver) => {
+                tracing::info!(
+                    key = format_args!("{key:#018x}"),
+                    "took the remote back from an earlier run of this log"
+                );
+            }
+            Ok(Claim::Unsupported) => {}
+            Err(BlockError::Reserved { holder }) => return Err(CacheError::Claimed { holder: holder.unwrap_or(0) }),
+            Err(e) => return Err(CacheError::Remote(e)),
+        }
         let scanned = scan::scan(&mut &log, &sb).await?;
         if let Some(t) = &scanned.torn_tail {
             tracing::info!(seq = t.seq, offset = t.offset, "dropped a torn record that was never acknowledged");
@@ -922,6 +957,78 @@ mod tests {
             assert_eq!(remote.read(133, 3).await.expect("remote read"), pattern(133, 3, 19), "{mode:?}");
             cache.close().await;
         }
+    }
+
+    /// A remote that keeps one holder's key, as a reserved LUN does.
+    struct Claimable {
+        dev: MemDev,
+        holder: Mutex<Option<u64>>,
+    }
+
+    #[async_trait]
+    impl BlockDev for Claimable {
+        fn geometry(&self) -> Geometry {
+            self.dev.geometry()
+        }
+        fn volatile_cache(&self) -> bool {
+            false
+        }
+        async fn claim(&self, key: u64) -> Result<Claim, BlockError> {
+            let mut h = lock(&self.holder);
+            match *h {
+                Some(k) if k != key => Err(BlockError::Reserved { holder: Some(k) }),
+                Some(_) => Ok(Claim::TakenOver),
+                None => {
+                    *h = Some(key);
+                    Ok(Claim::Held)
+                }
+            }
+        }
+        async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
+            self.dev.read(lba, blocks).await
+        }
+        async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
+            self.dev.write(lba, data, fua).await
+        }
+        async fn flush(&self) -> Result<(), BlockError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_second_log_is_refused_while_the_first_holds_the_remote_in_every_mode() {
+        for mode in [AckMode::Log, AckMode::Immediate, AckMode::WriteThrough] {
+            let remote = Arc::new(Claimable { dev: MemDev::new(512, 4096), holder: Mutex::new(None) });
+            let log_a: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 32 << 11));
+            let a = Cache::open(Arc::clone(&log_a), remote.clone(), b"lun", opts(mode)).await.expect("opens");
+            let key_a = lock(&remote.holder).expect("the first open claims the remote");
+            assert_eq!(key_a, claim_key(&lock(&a.inner.superblock).log_uuid));
+            let log_b: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 32 << 11));
+            let err = Cache::open(log_b, remote.clone(), b"lun", opts(mode)).await.err();
+            assert!(matches!(err, Some(CacheError::Claimed { holder }) if holder == key_a), "{mode:?}: {err:?}");
+            let text = err.map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                text.starts_with(&format!(
+                    "another writer holds the remote LUN: reservation key {key_a:#018x}; stop it"
+                )),
+                "{text}"
+            );
+            // The same log, opened again after a close, takes its claim back.
+            a.close().await;
+            drop(a);
+            let again = Cache::open(log_a, remote.clone(), b"lun", opts(mode)).await.expect("the same log reopens");
+            again.close().await;
+        }
+    }
+
+    #[test]
+    fn claim_keys_are_never_zero_and_differ_per_log() {
+        assert_eq!(claim_key(&[0; 16]), 1);
+        assert_eq!(claim_key(&[7; 16]), 1, "equal halves fold to zero");
+        let mut u = [0u8; 16];
+        u[0] = 0xab;
+        u[15] = 0x01;
+        assert_eq!(claim_key(&u), 0xab00_0000_0000_0001);
     }
 
     #[tokio::test]
