@@ -1,40 +1,82 @@
 //! `stics gateway` as a process in front of a `stics target` process: libiscsi's conformance
-//! suite through it in `log` and `immediate` modes, `qemu-img convert` in and out, SIGKILL at
-//! random moments of a verified write workload with restarts on the same log, and one writer per
-//! remote LUN (a second gateway and stray initiators are kept out).
+//! suite and `qemu-img convert` through it; SIGKILL at random moments, a remote killed and
+//! restarted, a cut WAN link and a lost log under verified writes; ext4 and PostMark on it; one
+//! writer per remote LUN (a second gateway and stray initiators are kept out).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use stics_block::BlockDev;
+use stics_block::{BlockDev, BlockError};
 use stics_initiator::{IscsiUrl, Lun, LunOptions};
-use stics_testkit::net::free_port;
-use stics_testkit::pattern::{check, stamp_run, Bad};
+use stics_testkit::net::{free_port, Proxy};
+use stics_testkit::pattern::{check_at, stamp_run};
 use stics_testkit::peers::SticsTarget;
-use stics_testkit::proc::{spawn, wait_port, Guard};
+use stics_testkit::proc::{run_ok, spawn, spawn_stics, wait_mounted, wait_port, Guard};
+use stics_testkit::IQN;
 
 const BIN: &str = env!("CARGO_BIN_EXE_stics");
 const GATEWAY_IQN: &str = "iqn.2024-01.org.stics.test:gateway";
 
 /// A gateway process on a free port, in front of `remote`, with its log at `log`.
 fn gateway(remote: &str, log: &Path, mode: &str, stderr: &Path) -> (Guard, u16) {
+    gateway_with(remote, log, mode, stderr, &[])
+}
+
+/// [`gateway`] with `extra` arguments (`--metrics`, ...).
+fn gateway_with(remote: &str, log: &Path, mode: &str, stderr: &Path, extra: &[&str]) -> (Guard, u16) {
     let port = free_port();
     let mut cmd = Command::new(BIN);
-    cmd.args(["gateway", "--listen", &format!("127.0.0.1:{port}"), "--iqn", GATEWAY_IQN, "--remote", remote]).args([
-        "--log",
-        &format!("{}:256MiB", log.display()),
-        "--mode",
-        mode,
-        "--ram",
-        "8MiB",
-    ]);
+    cmd.args(["gateway", "--listen", &format!("127.0.0.1:{port}"), "--iqn", GATEWAY_IQN, "--remote", remote])
+        .args(["--log", &format!("{}:256MiB", log.display()), "--mode", mode, "--ram", "8MiB"])
+        .args(extra);
     let g = spawn(&mut cmd, Some(stderr));
     assert!(wait_port(port, Duration::from_secs(20)), "the gateway did not listen; see {}", stderr.display());
     (g, port)
+}
+
+/// A gateway with its status endpoint: (process, iSCSI port, metrics port).
+fn gateway_with_metrics(remote: &str, log: &Path, mode: &str, stderr: &Path) -> (Guard, u16, u16) {
+    let metrics = free_port();
+    let (g, port) = gateway_with(remote, log, mode, stderr, &["--metrics", &format!("127.0.0.1:{metrics}")]);
+    assert!(wait_port(metrics, Duration::from_secs(20)), "no metrics endpoint; see {}", stderr.display());
+    (g, port, metrics)
+}
+
+/// One HTTP/1.0 request (`"GET /status"`) to the gateway's metrics port; the body of its 200
+/// answer.
+fn http(port: u16, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    s.write_all(format!("{request} HTTP/1.0\r\n\r\n").as_bytes()).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap_or_else(|e| panic!("{request}: {e}"));
+    assert!(answer.starts_with("HTTP/1.0 200"), "{request}: {answer}");
+    answer.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
+}
+
+/// The gateway's `stics_cache::Status` as JSON.
+fn status(port: u16) -> serde_json::Value {
+    serde_json::from_str(&http(port, "GET /status")).expect("status JSON")
+}
+
+/// Polls /status until no byte is dirty; how long that took. Fails after `limit`.
+fn wait_clean(port: u16, limit: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let s = status(port);
+        if s["dirty_bytes"] == 0 {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "still dirty after {limit:?}: {s}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 fn url(port: u16) -> String {
@@ -83,94 +125,510 @@ fn qemu_img_convert_in_and_out_through_the_gateway_keeps_every_byte() {
     assert_eq!(&first[..], &data[..4096]);
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
-}
-
 /// The gateway's LUN through the initiator, with the runtime its sessions run on.
 fn open(port: u16) -> (tokio::runtime::Runtime, Lun) {
-    let rt = runtime();
-    let u = IscsiUrl::parse(&url(port)).unwrap();
-    let lun = rt.block_on(Lun::open(&u, &LunOptions::default())).unwrap();
+    open_url(&url(port))
+}
+
+/// Any LUN through the initiator, with a runtime of two workers for its sessions.
+fn open_url(u: &str) -> (tokio::runtime::Runtime, Lun) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let u = IscsiUrl::parse(u).unwrap();
+    let lun = rt.block_on(Lun::open(&u, &LunOptions::default())).unwrap_or_else(|e| panic!("open {u:?}: {e}"));
     (rt, lun)
 }
 
-/// Versions of blocks 0..n (0: never written).
-fn versions(bytes: &[u8], n: u64) -> Vec<u64> {
-    (0..n)
-        .map(|b| match check(&bytes[b as usize * 512..(b as usize + 1) * 512]) {
-            Ok((lba, v)) if lba == b => v,
-            Err(Bad::Blank) => 0,
-            other => panic!("block {b} is {other:?}"),
-        })
-        .collect()
+/// What a client wrote to blocks `0..blocks` in stamped runs and which of it must survive: every
+/// version written to each block (a write never acknowledged may still land) and the newest
+/// durable one. In `log` mode an acknowledged write is durable; in `immediate` mode only once an
+/// acknowledged SYNCHRONIZE CACHE followed it.
+struct Ledger {
+    blocks: u64,
+    immediate: bool,
+    version: u64,
+    written: Vec<Vec<u64>>,
+    durable: Vec<u64>,
+    since_flush: Vec<(u64, u64, u64)>,
+    /// Writes acknowledged, readable while another thread runs the ledger.
+    acked: Arc<AtomicU64>,
+    flushes: u64,
 }
 
-#[test]
-fn sigkill_at_random_moments_loses_no_acknowledged_write() {
-    const BLOCKS: u64 = 2048;
-    let remote = SticsTarget::with_file_lun(Path::new(BIN), 64, &[]);
+/// How [`Ledger::run`] writes.
+#[derive(Clone, Copy)]
+struct Pace {
+    /// A pause after each write (keeps a long run within the log).
+    pause: Option<Duration>,
+    /// In `immediate` mode, one flush per this many writes on average.
+    flush_one_in: u32,
+}
+
+const FAST: Pace = Pace { pause: None, flush_one_in: 20 };
+
+impl Ledger {
+    fn new(blocks: u64, mode: &str) -> Ledger {
+        Ledger {
+            blocks,
+            immediate: mode == "immediate",
+            version: 0,
+            written: vec![Vec::new(); blocks as usize],
+            durable: vec![0; blocks as usize],
+            since_flush: Vec::new(),
+            acked: Arc::default(),
+            flushes: 0,
+        }
+    }
+
+    /// Random writes of 1 to 16 blocks (and flushes in `immediate` mode) until `stop` says so or
+    /// a command fails; that error, if one did.
+    async fn run(&mut self, lun: &Lun, rng: &mut StdRng, pace: Pace, stop: impl Fn() -> bool) -> Option<BlockError> {
+        while !stop() {
+            let blocks = rng.gen_range(1..=16);
+            let lba = rng.gen_range(0..=self.blocks - blocks);
+            self.version += 1;
+            let v = self.version;
+            for b in lba..lba + blocks {
+                self.written[b as usize].push(v);
+            }
+            if let Err(e) = lun.write(lba, Bytes::from(stamp_run(lba, blocks, v, 512)), false).await {
+                return Some(e);
+            }
+            self.acked.fetch_add(1, Ordering::Relaxed);
+            if self.immediate {
+                self.since_flush.push((lba, blocks, v));
+                if rng.gen_range(0..pace.flush_one_in) == 0 {
+                    if let Err(e) = lun.flush().await {
+                        return Some(e);
+                    }
+                    self.flushed();
+                }
+            } else {
+                self.durable[lba as usize..(lba + blocks) as usize].fill(v);
+            }
+            if let Some(p) = pace.pause {
+                tokio::time::sleep(p).await;
+            }
+        }
+        None
+    }
+
+    fn flushed(&mut self) {
+        self.flushes += 1;
+        for (lba, blocks, v) in self.since_flush.drain(..) {
+            self.durable[lba as usize..(lba + blocks) as usize].fill(v);
+        }
+    }
+
+    /// Checks an image of blocks `0..blocks`: each block blank or a whole stamp of its own LBA,
+    /// at a version written to it and no older than its durable one. Returns the versions seen.
+    fn check(&self, image: &[u8], what: &str) -> Vec<u64> {
+        (0..self.blocks)
+            .map(|b| {
+                let i = b as usize;
+                let buf = &image[i * 512..(i + 1) * 512];
+                let v = check_at(buf, b, self.durable[i]..=self.version)
+                    .unwrap_or_else(|e| panic!("{what}: block {b}: {e} (durable version {})", self.durable[i]));
+                assert!(
+                    v == 0 || self.written[i].contains(&v),
+                    "{what}: block {b} holds version {v}, never written to it"
+                );
+                v
+            })
+            .collect()
+    }
+
+    /// Checks `lun`'s image, and takes what it holds as durable from now on (it came back from
+    /// the log after a crash, or it is on the remote).
+    fn verify(&mut self, rt: &tokio::runtime::Runtime, lun: &Lun, what: &str) -> Vec<u64> {
+        let image = rt.block_on(lun.read(0, self.blocks as u32)).unwrap_or_else(|e| panic!("{what}: read: {e}"));
+        let seen = self.check(&image, what);
+        self.durable.clone_from(&seen);
+        self.since_flush.clear();
+        seen
+    }
+}
+
+/// SIGKILL of the gateway at `rounds` random moments of a random write workload, each restart
+/// on the same log: every durable write is still there, nothing torn or misplaced.
+fn sigkill_rounds(mode: &str, seed: u64, rounds: u32) {
+    const BLOCKS: u64 = 512;
+    let remote = SticsTarget::with_file_lun(Path::new(BIN), 16, &[]);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
-    let mut rng = StdRng::seed_from_u64(7);
-    // The newest acknowledged version of each block, and every version written since.
-    let mut acked = vec![0u64; BLOCKS as usize];
-    let mut version = 0u64;
-    for round in 0..12 {
-        let (mut gw, port) = gateway(&remote.url(0), &log, "log", &dir.path().join(format!("gw{round}.log")));
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let u = IscsiUrl::parse(&url(port)).unwrap();
-        let lun = rt.block_on(Lun::open(&u, &LunOptions::default())).unwrap();
-        // Everything acknowledged before the last kill reads back.
-        let seen = versions(&rt.block_on(lun.read(0, BLOCKS as u32)).unwrap(), BLOCKS);
-        for b in 0..BLOCKS as usize {
-            assert!(
-                seen[b] >= acked[b],
-                "round {round}: block {b} shows version {} after {} was acknowledged",
-                seen[b],
-                acked[b]
-            );
-        }
-        acked = seen;
-        // Writes until the kill, which comes at a random moment.
-        let kill_after = Duration::from_millis(rng.gen_range(50..600));
-        let started = std::time::Instant::now();
-        let mut seed = rng.gen::<u64>();
-        rt.block_on(async {
-            loop {
-                if started.elapsed() >= kill_after {
-                    break;
-                }
-                seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-                let blocks = 1 + (seed >> 40) % 16;
-                let lba = (seed >> 8) % (BLOCKS - blocks);
-                version += 1;
-                let data = Bytes::from(stamp_run(lba, blocks, version, 512));
-                if lun.write(lba, data, false).await.is_err() {
-                    break;
-                }
-                for b in lba..lba + blocks {
-                    acked[b as usize] = version;
-                }
-            }
-        });
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut ledger = Ledger::new(BLOCKS, mode);
+    let started = Instant::now();
+    for round in 0..rounds {
+        let stderr = dir.path().join("gw.log");
+        let (mut gw, port) = gateway(&remote.url(0), &log, mode, &stderr);
+        let (rt, lun) = open(port);
+        ledger.verify(&rt, &lun, &format!("{mode} seed {seed} round {round}"));
+        let kill_after = Duration::from_millis(rng.gen_range(20..300));
+        let t = Instant::now();
+        rt.block_on(ledger.run(&lun, &mut rng, FAST, || t.elapsed() >= kill_after));
         gw.kill();
         drop(lun);
         drop(rt);
     }
-    // A last start on the same log: every acknowledged write is still there.
-    let (_gw, port) = gateway(&remote.url(0), &log, "log", &dir.path().join("last.log"));
+    let (_gw, port) = gateway(&remote.url(0), &log, mode, &dir.path().join("last.log"));
     let (rt, lun) = open(port);
-    let seen = versions(&rt.block_on(lun.read(0, BLOCKS as u32)).unwrap(), BLOCKS);
-    for b in 0..BLOCKS as usize {
-        assert!(seen[b] >= acked[b], "block {b} shows version {} after {} was acknowledged", seen[b], acked[b]);
+    ledger.verify(&rt, &lun, &format!("{mode} seed {seed} after the last round"));
+    eprintln!(
+        "{mode}: {rounds} SIGKILLs in {:?}, {} writes acknowledged, {} flushes acknowledged",
+        started.elapsed(),
+        ledger.acked.load(Ordering::Relaxed),
+        ledger.flushes
+    );
+}
+
+#[test]
+fn sigkill_at_random_moments_loses_no_acknowledged_write_in_log_mode() {
+    sigkill_rounds("log", 7, 100);
+}
+
+#[test]
+fn sigkill_at_random_moments_loses_no_flushed_write_in_immediate_mode() {
+    sigkill_rounds("immediate", 11, 100);
+}
+
+/// A client writing through the gateway at `port` on a thread of its own until `stop` is set:
+/// the ledger and the error that stopped it, if one did.
+fn writer(
+    port: u16,
+    mut ledger: Ledger,
+    seed: u64,
+    pace: Pace,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(Ledger, Option<BlockError>)> {
+    std::thread::spawn(move || {
+        let (rt, lun) = open(port);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let err = rt.block_on(ledger.run(&lun, &mut rng, pace, || stop.load(Ordering::Relaxed)));
+        (ledger, err)
+    })
+}
+
+fn sleep_ms(rng: &mut StdRng, range: std::ops::Range<u64>) {
+    std::thread::sleep(Duration::from_millis(rng.gen_range(range)));
+}
+
+#[test]
+fn remote_killed_and_restarted_under_writes_then_drained_holds_every_acknowledged_write() {
+    const BLOCKS: u64 = 4096;
+    let seed = 23;
+    let mut remote = SticsTarget::with_file_lun(Path::new(BIN), 16, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let started = Instant::now();
+    let (mut gw, port, metrics) = gateway_with_metrics(&remote.url(0), &log, "log", &dir.path().join("gw.log"));
+    let ledger = Ledger::new(BLOCKS, "log");
+    let acked = Arc::clone(&ledger.acked);
+    let stop = Arc::new(AtomicBool::new(false));
+    let pace = Pace { pause: Some(Duration::from_micros(300)), flush_one_in: 1 };
+    let w = writer(port, ledger, seed, pace, Arc::clone(&stop));
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+    let mut while_down = 0;
+    for _ in 0..6 {
+        sleep_ms(&mut rng, 200..1500);
+        remote.kill();
+        let before = acked.load(Ordering::Relaxed);
+        sleep_ms(&mut rng, 300..2500);
+        while_down += acked.load(Ordering::Relaxed) - before;
+        remote.restart();
     }
+    sleep_ms(&mut rng, 300..1000);
+    stop.store(true, Ordering::Relaxed);
+    let (mut ledger, err) = w.join().unwrap();
+    assert!(err.is_none(), "seed {seed}: a write through the gateway failed: {err:?}");
+    assert!(while_down > 0, "seed {seed}: the log took writes while the remote was down");
+    let t = Instant::now();
+    let drained: serde_json::Value = serde_json::from_str(&http(metrics, "POST /drain")).unwrap();
+    assert_eq!(drained["dirty_bytes"], 0, "after POST /drain: {drained}");
+    let drain_took = t.elapsed();
+    gw.kill();
+    let (rt, lun) = open_url(&remote.url(0));
+    let on_remote = ledger.verify(&rt, &lun, &format!("seed {seed}: the remote alone after POST /drain"));
+    drop(lun);
+    drop(rt);
+    let (_gw, port) = gateway(&remote.url(0), &log, "log", &dir.path().join("gw2.log"));
+    let (rt, lun) = open(port);
+    let through = ledger.verify(&rt, &lun, &format!("seed {seed}: the gateway restarted on its log"));
+    assert!(through == on_remote, "the drained log adds nothing to the remote");
+    eprintln!(
+        "remote down 6 times: {} writes acknowledged, {while_down} while it was down; drain took {drain_took:?}; \
+         {:?} in all",
+        acked.load(Ordering::Relaxed),
+        started.elapsed()
+    );
+}
+
+#[test]
+fn wan_cut_for_30_s_keeps_writes_acknowledged_and_destage_resumes_by_itself() {
+    const BLOCKS: u64 = 4096;
+    const CUT: Duration = Duration::from_secs(30);
+    let seed = 31;
+    let remote = SticsTarget::with_file_lun(Path::new(BIN), 64, &[]);
+    let proxy = Proxy::start(remote.port);
+    let via = format!("iscsi://127.0.0.1:{}/{IQN}/0", proxy.port);
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let (mut gw, port, metrics) =
+        gateway_with_metrics(&via, &dir.path().join("log"), "log", &dir.path().join("gw.log"));
+    let ledger = Ledger::new(BLOCKS, "log");
+    let acked = Arc::clone(&ledger.acked);
+    let stop = Arc::new(AtomicBool::new(false));
+    let pace = Pace { pause: Some(Duration::from_millis(2)), flush_one_in: 1 };
+    let w = writer(port, ledger, seed, pace, Arc::clone(&stop));
+    std::thread::sleep(Duration::from_secs(2));
+    // The link goes silent and its connections drop; new ones reach nothing.
+    proxy.freeze(true);
+    proxy.cut();
+    let cut = Instant::now();
+    let before = acked.load(Ordering::Relaxed);
+    // A read the cache cannot answer: never written, never read.
+    let (rt, lun) = open(port);
+    let far = BLOCKS * 8;
+    let read = rt.spawn(async move {
+        let r = lun.read(far, 8).await;
+        (r, Instant::now())
+    });
+    std::thread::sleep(CUT.saturating_sub(cut.elapsed()));
+    let during = acked.load(Ordering::Relaxed) - before;
+    let dirty_during = status(metrics)["dirty_bytes"].as_u64().unwrap();
+    let read_ended_while_cut = read.is_finished();
+    proxy.freeze(false);
+    let restored = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    let (mut ledger, err) = w.join().unwrap();
+    assert!(err.is_none(), "seed {seed}: a write through the gateway failed: {err:?}");
+    assert!(during > 100, "seed {seed}: only {during} writes acknowledged while the link was cut");
+    assert!(dirty_during > 0, "what was written while cut is dirty");
+    // The read waits for the link (the remote's initiator reconnects) rather than failing.
+    assert!(!read_ended_while_cut, "a read the cache cannot answer ended while the link was cut");
+    let (r, at) = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(120), read).await })
+        .expect("a read of an uncached block still waits 120 s after the link came back")
+        .unwrap();
+    let data = r.unwrap_or_else(|e| panic!("the uncached read, once the link was back: {e}"));
+    assert!(data.iter().all(|&b| b == 0), "a block never written reads as zeros");
+    eprintln!(
+        "uncached read while cut: answered {:?} after the cut, {:?} after the link came back",
+        at - cut,
+        at - restored
+    );
+    let clean_after = wait_clean(metrics, Duration::from_secs(120));
+    gw.kill();
+    let (rt2, lun) = open_url(&remote.url(0));
+    ledger.verify(&rt2, &lun, &format!("seed {seed}: the remote alone after the cut"));
+    eprintln!(
+        "cut {CUT:?}: {during} writes acknowledged while cut ({dirty_during} bytes dirty), {} in all; \
+         clean {clean_after:?} after the link came back + 2 s; {:?} in all",
+        acked.load(Ordering::Relaxed),
+        started.elapsed()
+    );
+}
+
+/// The ext4 tests run one at a time: each drives FUSE exports, loop devices and the kernel's
+/// ext4 code, and together they overload a 2-core machine.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `stics mount` of a LUN at `dir/NAME`, with ext4 on it loop-mounted at `dir/NAME.fs` when asked;
+/// on drop both are unmounted (lazily: the LUN may be gone) and the export killed.
+struct Export {
+    proc: Guard,
+    file: PathBuf,
+    fs: PathBuf,
+    fs_mounted: bool,
+    /// Its stderr.
+    log: PathBuf,
+}
+
+impl Export {
+    fn start(lun: &str, dir: &Path, name: &str) -> Export {
+        let file = dir.join(name);
+        let fs = dir.join(format!("{name}.fs"));
+        std::fs::File::create(&file).unwrap();
+        std::fs::create_dir(&fs).unwrap();
+        let args = ["mount", lun, file.to_str().unwrap()];
+        let log = dir.join(format!("{name}.log"));
+        let proc = spawn_stics(Path::new(BIN), &args, &[("RUST_LOG", "info")], Some(&log));
+        assert!(wait_mounted(&file, true, Duration::from_secs(20)), "stics mount did not mount {lun}");
+        Export { proc, file, fs, fs_mounted: false, log }
+    }
+
+    fn mkfs(&self) {
+        // Inode tables and journal written now, not by a background thread while the test runs.
+        let lazy = "lazy_itable_init=0,lazy_journal_init=0";
+        run_ok(Command::new("mkfs.ext4").args(["-F", "-q", "-E", lazy]).arg(&self.file));
+    }
+
+    /// Loop-mounts the ext4 on the LUN with `options` besides `loop`.
+    fn mount_fs(&mut self, options: &str) {
+        let options = format!("loop{options}");
+        run_ok(Command::new("mount").args(["-o", &options]).arg(&self.file).arg(&self.fs));
+        self.fs_mounted = true;
+    }
+
+    /// Writes everything back while mounted, then unmounts.
+    fn umount_fs(&mut self) {
+        run_ok(Command::new("sync").arg("-f").arg(&self.fs));
+        run_ok(Command::new("umount").arg(&self.fs));
+        self.fs_mounted = false;
+        // The loop device lets go of the export's file only when its last opener (udev's probe,
+        // say) closes it; until then stopping the export would only detach it lazily.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let held = run_ok(Command::new("losetup").arg("-j").arg(&self.file));
+            let Some(dev) = held.split(':').next().filter(|d| !d.trim().is_empty()) else { return };
+            if Instant::now() > deadline {
+                let users = Command::new("fuser").arg("-v").arg(dev.trim()).output();
+                let users = users.map(|o| String::from_utf8_lossy(&[o.stdout, o.stderr].concat()).into_owned());
+                panic!("a loop device still holds {} 30 s after umount: {held}{users:?}", self.file.display());
+            }
+            let _ = Command::new("losetup").arg("-d").arg(dev.trim()).status();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `e2fsck -fn` of the unmounted file system must find nothing.
+    fn fsck_clean(&self, what: &str) {
+        let out = Command::new("e2fsck").arg("-fn").arg(&self.file).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{what}: e2fsck -fn exits {}: {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// SIGTERM: the export stops and unmounts.
+    fn stop(&mut self) {
+        assert!(self.proc.signal("TERM"));
+        if self.proc.wait_exit(Duration::from_secs(20)).is_none() {
+            let loops = Command::new("losetup").arg("-a").output().map(|o| o.stdout).unwrap_or_default();
+            panic!(
+                "stics mount did not stop within 20 s of SIGTERM; it said:\n{}\nloop devices:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default(),
+                String::from_utf8_lossy(&loops)
+            );
+        }
+        assert!(wait_mounted(&self.file, false, Duration::from_secs(5)));
+    }
+}
+
+impl Drop for Export {
+    fn drop(&mut self) {
+        // The export goes first: unmounting ext4 writes to the LUN, and with the LUN gone each of
+        // those writes would wait out the export's recovery timeout.
+        let export = self.proc.pid() != 0;
+        self.proc.kill();
+        if self.fs_mounted {
+            let _ = Command::new("umount").arg("-l").arg(&self.fs).status();
+        }
+        if export {
+            let _ = Command::new("umount").arg("-l").arg(&self.file).status();
+        }
+    }
+}
+
+/// The contents of file `i` of the disaster test.
+fn file_data(i: u64) -> Vec<u8> {
+    stics_testkit::pattern::noise(i, 1000 + (i as usize * 7919) % 60_000)
+}
+
+#[test]
+fn log_thrown_away_after_sigkill_leaves_a_remote_ext4_that_replays_and_fscks_clean() {
+    let _serial = serial();
+    let remote = SticsTarget::with_file_lun(Path::new(BIN), 256, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let (mut gw, port, metrics) = gateway_with_metrics(&remote.url(0), &log, "log", &dir.path().join("gw.log"));
+    let mut e = Export::start(&url(port), dir.path(), "gw");
+    e.mkfs();
+    e.mount_fs("");
+    for d in 0..10 {
+        std::fs::create_dir(e.fs.join(format!("d{d}"))).unwrap();
+    }
+    let path = |fs: &Path, i: u64| fs.join(format!("d{}/f{i}", i % 10));
+    // A first batch synced and destaged: the remote must keep it whole.
+    for i in 0..300 {
+        std::fs::write(path(&e.fs, i), file_data(i)).unwrap();
+    }
+    run_ok(Command::new("sync").arg("-f").arg(&e.fs));
+    wait_clean(metrics, Duration::from_secs(120));
+    // A second batch synced but only partly destaged, and a few files not even synced.
+    for i in 300..600 {
+        std::fs::write(path(&e.fs, i), file_data(i)).unwrap();
+    }
+    run_ok(Command::new("sync").arg("-f").arg(&e.fs));
+    for i in 600..610 {
+        std::fs::write(path(&e.fs, i), file_data(i)).unwrap();
+    }
+    let at_kill = status(metrics);
+    gw.kill();
+    // The export and the file system on it lose their LUN; then the log is lost too.
+    drop(e);
+    std::fs::remove_file(&log).unwrap();
+    let mut r = Export::start(&remote.url(0), dir.path(), "remote");
+    r.mount_fs("");
+    // ext4 orders data before the metadata that makes it reachable: a file the replayed journal
+    // shows holds what was written to it, or nothing yet.
+    let (mut whole, mut empty) = (0, 0);
+    for i in 0..610 {
+        match std::fs::read(path(&r.fs, i)) {
+            Ok(d) if d.is_empty() => empty += 1,
+            Ok(d) => {
+                assert!(d == file_data(i), "file {i} holds {} bytes of something else", d.len());
+                whole += 1;
+            }
+            Err(e) if i >= 300 && e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("file {i} of the destaged batch: {e}"),
+        }
+    }
+    assert!(whole >= 300, "the destaged batch is whole on the remote: {whole} files whole, {empty} empty");
+    r.umount_fs();
+    r.fsck_clean("the remote alone, after a SIGKILL and without the log");
+    r.stop();
+    eprintln!(
+        "at the kill {} bytes dirty (destaged epoch {} of {}); on the remote alone {whole} of 610 files whole, \
+         {empty} empty",
+        at_kill["dirty_bytes"], at_kill["destaged_epoch"], at_kill["epoch"]
+    );
+}
+
+#[test]
+fn ext4_on_the_gateway_runs_postmark_and_fscks_clean() {
+    let _serial = serial();
+    let remote = SticsTarget::with_file_lun(Path::new(BIN), 256, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let (_gw, port, metrics) =
+        gateway_with_metrics(&remote.url(0), &dir.path().join("log"), "log", &dir.path().join("gw.log"));
+    let mut e = Export::start(&url(port), dir.path(), "gw");
+    e.mkfs();
+    // Mounted -o sync, so that PostMark's operations reach the gateway as they happen.
+    e.mount_fs(",sync");
+    let cfg = dir.path().join("postmark.cfg");
+    let script = format!("set location {}\nset number 500\nset transactions 2000\nrun\nquit\n", e.fs.display());
+    std::fs::write(&cfg, script).unwrap();
+    let out = run_ok(Command::new("postmark").arg(&cfg));
+    assert!(out.contains("Time:"), "{out}");
+    e.umount_fs();
+    e.fsck_clean("ext4 after PostMark through the gateway");
+    e.stop();
+    let s = status(metrics);
+    let time = out.lines().find(|l| l.contains("seconds total")).unwrap_or_default();
+    eprintln!("PostMark: {time}; gateway: {} log records, {} blocks destaged", s["records"], s["blocks_destaged"]);
 }
 
 #[test]
 fn stics_mount_with_a_cache_log_keeps_written_data_across_a_restart() {
     use std::io::{Read, Seek, SeekFrom, Write};
-    use stics_testkit::proc::{spawn_stics, wait_mounted};
     let remote = SticsTarget::with_file_lun(Path::new(BIN), 64, &[]);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("lun");
