@@ -545,7 +545,7 @@ fn file_data(i: u64) -> Vec<u8> {
 #[test]
 fn log_thrown_away_after_sigkill_leaves_a_remote_ext4_that_replays_and_fscks_clean() {
     let _serial = serial();
-    let remote = SticsTarget::with_file_lun(Path::new(BIN), 256, &[]);
+    let mut remote = SticsTarget::with_file_lun(Path::new(BIN), 256, &[]);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let (mut gw, port, metrics) = gateway_with_metrics(&remote.url(0), &log, "log", &dir.path().join("gw.log"));
@@ -575,6 +575,10 @@ fn log_thrown_away_after_sigkill_leaves_a_remote_ext4_that_replays_and_fscks_cle
     // The export and the file system on it lose their LUN; then the log is lost too.
     drop(e);
     std::fs::remove_file(&log).unwrap();
+    // The dead gateway still holds its persistent reservation, and with its log gone nothing can
+    // take it back; `stics target` keeps reservations in memory, so restarting it releases it,
+    // as preempting the dead holder's key would on any target.
+    remote.restart();
     let mut r = Export::start(&remote.url(0), dir.path(), "remote");
     r.mount_fs("");
     // ext4 orders data before the metadata that makes it reachable: a file the replayed journal
