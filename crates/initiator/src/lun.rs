@@ -290,6 +290,26 @@ impl Lun {
         Ok(claim)
     }
 
+    /// Breaks the persistent reservation `holder` holds on this LUN, for a writer that is gone
+    /// for good (a gateway whose log was lost): registers a key of its own, PREEMPTs `holder`
+    /// (SPC-4 5.9.11.4: the holder's registrations go and the reservation passes to this nexus),
+    /// then releases and unregisters, leaving the LUN free. Refused when `holder` is not the one
+    /// holding it, so that a live writer named by mistake is never preempted.
+    pub async fn release_holder(&self, holder: u64) -> Result<(), Error> {
+        let s = &self.sessions[0];
+        let held = self.read_reservation(s).await?;
+        let Some(r) = held else { return Ok(()) };
+        if r.key != holder {
+            return Err(Error::Reserved { holder: r.key });
+        }
+        // Any key other than the holder's will do; never zero (that would unregister).
+        let own = !holder | 1;
+        self.pr_out(s, pr_out::REGISTER_AND_IGNORE, 0, 0, own).await?;
+        self.pr_out(s, pr_out::PREEMPT, r.ptype, own, holder).await?;
+        self.pr_out(s, pr_out::RELEASE, r.ptype, own, 0).await?;
+        self.pr_out(s, pr_out::REGISTER_AND_IGNORE, 0, 0, 0).await
+    }
+
     /// Makes the claim again when a session was reinstated since it was made. A target keeps
     /// registrations across the reinstatement of a session with the same ISID (SPC-4: the
     /// nexus is the same), but one that restarted lost them; commands reissued by the session

@@ -25,6 +25,8 @@ enum Command {
     Ls(cmd::ls::Args),
     /// Expose a remote LUN as a regular file through FUSE.
     Mount(cmd::mount::Args),
+    /// Break the persistent reservation a writer gone for good (a gateway whose log was lost) holds on a LUN.
+    Release(cmd::release::Args),
     /// Analytical and queueing models of iSCSI over TCP (seeds 000 and 003).
     Model(cmd::model::Args),
     /// Emulate a WAN (delay, loss, rate, background load) between two network namespaces.
@@ -38,6 +40,7 @@ fn main() -> std::process::ExitCode {
         Command::Gateway(a) => cmd::gateway::run(a),
         Command::Ls(a) => cmd::ls::run(a),
         Command::Mount(a) => cmd::mount::run(a),
+        Command::Release(a) => cmd::release::run(a),
         Command::Model(a) => cmd::model::run(a),
         Command::Wan(a) => cmd::wan::run(a),
     };

@@ -545,7 +545,7 @@ fn file_data(i: u64) -> Vec<u8> {
 #[test]
 fn log_thrown_away_after_sigkill_leaves_a_remote_ext4_that_replays_and_fscks_clean() {
     let _serial = serial();
-    let mut remote = SticsTarget::with_file_lun(Path::new(BIN), 256, &[]);
+    let remote = SticsTarget::with_file_lun(Path::new(BIN), 256, &[]);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let (mut gw, port, metrics) = gateway_with_metrics(&remote.url(0), &log, "log", &dir.path().join("gw.log"));
@@ -576,9 +576,28 @@ fn log_thrown_away_after_sigkill_leaves_a_remote_ext4_that_replays_and_fscks_cle
     drop(e);
     std::fs::remove_file(&log).unwrap();
     // The dead gateway still holds its persistent reservation, and with its log gone nothing can
-    // take it back; `stics target` keeps reservations in memory, so restarting it releases it,
-    // as preempting the dead holder's key would on any target.
-    remote.restart();
+    // take it back: the operator breaks it, naming the key a new gateway's refusal reports.
+    let mut cmd = Command::new(BIN);
+    cmd.args(["gateway", "--listen", &format!("127.0.0.1:{}", free_port()), "--remote", &remote.url(0)]).args([
+        "--log",
+        &format!("{}:256MiB", dir.path().join("log2").display()),
+        "--ram",
+        "8MiB",
+    ]);
+    let mut second = spawn(&mut cmd, Some(&dir.path().join("gw2.log")));
+    assert!(second.wait_exit(Duration::from_secs(20)).is_some_and(|s| !s.success()), "a second gateway is refused");
+    let refused = std::fs::read_to_string(dir.path().join("gw2.log")).unwrap_or_default();
+    let holder = refused
+        .split("reservation key ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_alphanumeric()).next())
+        .unwrap_or_else(|| panic!("a second gateway names the holder's key: {refused}"))
+        .to_owned();
+    // Another key is refused, the holder's is released.
+    let other = Command::new(BIN).args(["release", &remote.url(0), "--holder", "0x1234"]).output().unwrap();
+    assert!(!other.status.success(), "a key that holds nothing is not preempted");
+    let out = Command::new(BIN).args(["release", &remote.url(0), "--holder", &holder]).output().unwrap();
+    assert!(out.status.success(), "stics release: {}", String::from_utf8_lossy(&out.stderr));
     let mut r = Export::start(&remote.url(0), dir.path(), "remote");
     r.mount_fs("");
     // ext4 orders data before the metadata that makes it reachable: a file the replayed journal

@@ -5,6 +5,7 @@ pub mod logging;
 pub mod ls;
 pub mod model;
 pub mod mount;
+pub mod release;
 pub mod target;
 pub mod wan;
 
