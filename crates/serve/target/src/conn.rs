@@ -519,9 +519,7 @@ impl Session {
             let deadline = lock(&self.handle.live).core.deadline().map(Instant::from_std);
             tokio::select! {
                 biased;
-                () = self.ctl.killed() => return "replaced or reset",
-                () = self.shared.stopping.killed() => return "target shutting down",
-                () = seq.writer_gone.killed() => return "connection error",
+                reason = self.ended() => return reason,
                 () = sleep_until_some(deadline) => {
                     let actions = self.handle.run(|l| l.core.on_tick(std::time::Instant::now()));
                     if let Some(reason) = self.perform(actions).await {
@@ -548,9 +546,7 @@ impl Session {
             let deadline = lock(&self.handle.live).core.deadline().map(Instant::from_std);
             tokio::select! {
                 biased;
-                () = self.ctl.killed() => return Err("replaced or reset"),
-                () = self.shared.stopping.killed() => return Err("target shutting down"),
-                () = seq.writer_gone.killed() => return Err("connection error"),
+                reason = self.ended() => return Err(reason),
                 r = &mut fut => return Ok(r),
                 () = sleep_until_some(deadline) => {
                     let now = std::time::Instant::now();
@@ -571,6 +567,32 @@ impl Session {
                 },
             }
         }
+    }
+
+    /// Resolves, saying why, when the session must end whatever it waits for: it was replaced
+    /// or reset, the target is stopping, or the writer found the connection gone.
+    async fn ended(&self) -> &'static str {
+        tokio::select! {
+            biased;
+            () = self.ctl.killed() => "replaced or reset",
+            () = self.shared.stopping.killed() => "target shutting down",
+            () = self.handle.out.seq.writer_gone.killed() => "connection error",
+        }
+    }
+
+    /// Takes `units` from `sem`, waiting (and saying so, as `kind`) while it has too few.
+    async fn acquire(
+        &mut self,
+        sem: Arc<Semaphore>,
+        units: u32,
+        kind: &'static str,
+    ) -> Result<OwnedSemaphorePermit, &'static str> {
+        if let Ok(p) = Arc::clone(&sem).try_acquire_many_owned(units) {
+            return Ok(p);
+        }
+        self.warn_bound(kind);
+        // The semaphores are never closed while a session runs.
+        self.watch(sem.acquire_many_owned(units)).await?.map_err(|_| "target shutting down")
     }
 
     /// Logs (rate-limited) that this peer holds the session or target at its output bound.
@@ -649,29 +671,9 @@ impl Session {
         };
         // Whole units, at least one; a read larger than the budget takes the whole budget.
         let units = u32::try_from(bytes.div_ceil(OUTPUT_UNIT)).unwrap_or(u32::MAX).clamp(1, self.output_units);
-        let session = match Arc::clone(&self.output).try_acquire_many_owned(units) {
-            Ok(p) => p,
-            Err(_) => {
-                self.warn_bound("session output bound");
-                let sem = Arc::clone(&self.output);
-                match self.watch(sem.acquire_many_owned(units)).await? {
-                    Ok(p) => p,
-                    Err(_) => return Err("target shutting down"),
-                }
-            }
-        };
+        let session = self.acquire(Arc::clone(&self.output), units, "session output bound").await?;
         let target_units = units.min(self.shared.output_units);
-        let target = match Arc::clone(&self.shared.output).try_acquire_many_owned(target_units) {
-            Ok(p) => p,
-            Err(_) => {
-                self.warn_bound("target output bound");
-                let sem = Arc::clone(&self.shared.output);
-                match self.watch(sem.acquire_many_owned(target_units)).await? {
-                    Ok(p) => p,
-                    Err(_) => return Err("target shutting down"),
-                }
-            }
-        };
+        let target = self.acquire(Arc::clone(&self.shared.output), target_units, "target output bound").await?;
         if !lock(&self.handle.live).core.runs(itt, task) {
             return Ok(None);
         }
@@ -733,7 +735,6 @@ impl Session {
         let handle = Arc::clone(&self.handle);
         // Held across the spawn so that the task's completion finds its handle registered.
         let mut live = lock(&self.handle.live);
-        let task_no = task;
         let join = tokio::spawn(async move {
             let resp = fut.await;
             let _ = handle.run(|l| {
@@ -745,8 +746,8 @@ impl Session {
             });
             handle.out.push(Out::Release(reservation));
         });
-        if live.core.runs(itt, task_no) {
-            live.handles.insert(itt, (task_no, join.abort_handle()));
+        if live.core.runs(itt, task) {
+            live.handles.insert(itt, (task, join.abort_handle()));
         } else {
             // Aborted by another session's reset before it could be registered.
             join.abort();
