@@ -256,6 +256,11 @@ struct Counters {
 }
 
 impl Counters {
+    /// Drops the start times of epochs now fully on the remote.
+    fn forget_epochs_up_to(&mut self, destaged: u64) {
+        self.epoch_started = self.epoch_started.split_off(&destaged.saturating_add(1));
+    }
+
     fn remote_write(&mut self, bytes: u64, took: Duration) {
         self.remote_write_bytes += bytes;
         self.remote_write_secs = ewma(self.remote_write_secs, took);
@@ -408,7 +413,7 @@ impl Cache {
         let (epoch, destaged_epoch) = c.epochs();
         let cfg = c.config();
         let now = Instant::now();
-        n.epoch_started.retain(|e, _| *e > destaged_epoch);
+        n.forget_epochs_up_to(destaged_epoch);
         let lag = match n.epoch_started.values().next() {
             Some(t) if c.dirty_blocks() > 0 => now.saturating_duration_since(*t).as_secs_f64(),
             _ => 0.0,
@@ -841,16 +846,18 @@ impl BlockDev for Cache {
         }
         let (arrived, len) = (Instant::now(), data.len() as u64);
         self.admit(len).await;
-        let mut epoch = 0;
+        let mut epochs = (0, 0);
         self.submit(|c| {
             let r = c.write(lba, data, fua);
-            epoch = c.epochs().0;
+            epochs = c.epochs();
             r
         })
         .await?;
         let mut n = lock(&self.inner.counters);
         n.host_write_bytes += len;
-        n.epoch_started.entry(epoch).or_insert(arrived);
+        // Kept here too, not only when scraped: a gateway nobody scrapes must not collect them.
+        n.forget_epochs_up_to(epochs.1);
+        n.epoch_started.entry(epochs.0).or_insert(arrived);
         Ok(())
     }
 
