@@ -54,6 +54,21 @@ pub struct Request {
     pub lun: u64,
     pub cdb: [u8; 16],
     pub data: Data,
+    /// SAM task attribute (`stics_wire::attr`): SIMPLE unless the caller needs ordering.
+    pub attr: u8,
+}
+
+impl Request {
+    /// A SIMPLE command.
+    pub fn new(lun: u64, cdb: [u8; 16], data: Data) -> Request {
+        Request { lun, cdb, data, attr: attr::SIMPLE }
+    }
+
+    /// The same command as an ORDERED task: the target starts it once every older task ended,
+    /// and newer ones once it ended.
+    pub fn ordered(self) -> Request {
+        Request { attr: attr::ORDERED, ..self }
+    }
 }
 
 /// Why a command did not produce a SCSI status.
@@ -257,7 +272,7 @@ impl Core {
             final_: unsolicited_end == imm,
             read,
             write,
-            attr: attr::SIMPLE,
+            attr: task.req.attr,
             lun: lun_field,
             itt,
             expected_len,
@@ -737,7 +752,7 @@ mod tests {
     }
 
     fn read_req(n: u32) -> Request {
-        Request { lun: 1, cdb: stics_sam::cdb::read16(0, n / 512), data: Data::Read(n) }
+        Request::new(1, stics_sam::cdb::read16(0, n / 512), Data::Read(n))
     }
 
     #[test]
@@ -838,7 +853,7 @@ mod tests {
         let t0 = Instant::now();
         let mut c = Core::new(Timers::default(), &outcome(true, false, 65536, 8192), 1, t0);
         let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
-        let a = c.submit(1, Request { lun: 1, cdb: [0; 16], data: Data::Write(Bytes::from(data)) }, t0);
+        let a = c.submit(1, Request::new(1, [0; 16], Data::Write(Bytes::from(data))), t0);
         let s = sends(&a);
         assert_eq!(s.len(), 8, "command + 7 unsolicited Data-Out");
         let Header::ScsiCommand(cmd) = s[0].header else { panic!() };
@@ -854,7 +869,7 @@ mod tests {
         let t0 = Instant::now();
         let mut c = Core::new(Timers::default(), &outcome(true, true, 65536, 8192), 1, t0);
         let data = Bytes::from(vec![3u8; 40_000]);
-        c.submit(1, Request { lun: 1, cdb: [0; 16], data: Data::Write(data) }, t0);
+        c.submit(1, Request::new(1, [0; 16], Data::Write(data)), t0);
         let r2t = R2t {
             itt: 1,
             ttt: 0x77,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use stics_block::{blocks_in, write_zeros_by_writes, BlockDev, BlockError, Claim, Geometry};
+use stics_block::{blocks_in, write_zeros_by_writes, BlockDev, BlockError, Claim, Geometry, OrderedQueue, Queued};
 
 use crate::core::{Data, Request};
 use crate::counters::{Counters, Snapshot};
@@ -100,6 +100,9 @@ pub struct Lun {
     claim_logins: AtomicU64,
     /// One claim at a time.
     claim_lock: tokio::sync::Mutex<()>,
+    /// The target honours ORDERED tasks (ORDSUP in its Extended INQUIRY Data page) and there
+    /// is one session, so that the order commands are queued in is the order they arrive in.
+    ordered: bool,
 }
 
 /// How much one UNMAP may carry.
@@ -116,22 +119,18 @@ impl Lun {
         let (_, lun) = url.require_lun()?;
         let first = Session::connect(url, &opts.config, random_isid(0)).await?;
         let c = first.counters_ref().clone();
-        let inq = execute_retrying(&first, Request { lun, cdb: cdb::inquiry(96), data: Data::Read(96) }, &c).await?;
+        let inq = execute_retrying(&first, Request::new(lun, cdb::inquiry(96), Data::Read(96)), &c).await?;
         let inq = data::parse_inquiry(&inq.data).ok_or_else(|| Error::Protocol("short INQUIRY data".into()))?;
         if inq.qualifier != 0 || inq.device_type != data::DIRECT_ACCESS {
             return Err(Error::NotADisk { lun, device_type: data::device_type_name(inq.device_type) });
         }
         let cap = read_capacity(&first, lun, &c).await?;
-        let ms = execute_retrying(
-            &first,
-            Request { lun, cdb: cdb::mode_sense6(mode_page::CACHING, 64), data: Data::Read(64) },
-            &c,
-        )
-        .await;
+        let ms =
+            execute_retrying(&first, Request::new(lun, cdb::mode_sense6(mode_page::CACHING, 64), Data::Read(64)), &c)
+                .await;
         // Assume a volatile cache when the target does not say: flushes are then never skipped.
         let wce = ms.ok().and_then(|o| data::parse_wce(&o.data)).unwrap_or(true);
-        let vpd =
-            |page| execute_retrying(&first, Request { lun, cdb: cdb::inquiry_vpd(page, 64), data: Data::Read(64) }, &c);
+        let vpd = |page| execute_retrying(&first, Request::new(lun, cdb::inquiry_vpd(page, 64), Data::Read(64)), &c);
         let limits =
             vpd(vpd::BLOCK_LIMITS).await.ok().and_then(|o| data::parse_block_limits(&o.data)).unwrap_or_default();
         // A zero count means the target does not implement UNMAP.
@@ -150,7 +149,8 @@ impl Lun {
         } else {
             None
         };
-        let id_page = Request { lun, cdb: cdb::inquiry_vpd(vpd::DEVICE_IDENTIFICATION, 1024), data: Data::Read(1024) };
+        let ordsup = vpd(vpd::EXTENDED_INQUIRY_DATA).await.ok().is_some_and(|o| data::parse_ordsup(&o.data));
+        let id_page = Request::new(lun, cdb::inquiry_vpd(vpd::DEVICE_IDENTIFICATION, 1024), Data::Read(1024));
         let device_id =
             execute_retrying(&first, id_page, &c).await.ok().and_then(|o| data::parse_device_identification(&o.data));
         let mut sessions = vec![first];
@@ -175,6 +175,7 @@ impl Lun {
             claim_key: AtomicU64::new(0),
             claim_logins: AtomicU64::new(0),
             claim_lock: tokio::sync::Mutex::new(()),
+            ordered: ordsup && opts.sessions <= 1,
         })
     }
 
@@ -186,7 +187,7 @@ impl Lun {
     /// Runs a command on the next session, with retries of transient statuses.
     pub async fn execute(&self, cdb: [u8; 16], data: Data) -> Result<ScsiOutcome, Error> {
         let s = self.pick();
-        execute_retrying(s, Request { lun: self.lun, cdb, data }, s.counters_ref()).await
+        execute_retrying(s, Request::new(self.lun, cdb, data), s.counters_ref()).await
     }
 
     /// Counters summed over all sessions.
@@ -227,12 +228,12 @@ impl Lun {
 
     async fn pr_out(&self, s: &Session, sa: u8, ptype: u8, key: u64, sa_key: u64) -> Result<(), Error> {
         let params = Bytes::from(data::pr_out_parameters(key, sa_key));
-        let req = Request { lun: self.lun, cdb: cdb::pr_out(sa, ptype), data: Data::Write(params) };
+        let req = Request::new(self.lun, cdb::pr_out(sa, ptype), Data::Write(params));
         execute_retrying(s, req, s.counters_ref()).await.map(|_| ())
     }
 
     async fn read_reservation(&self, s: &Session) -> Result<Option<data::PrReservation>, Error> {
-        let req = Request { lun: self.lun, cdb: cdb::pr_in(pr_in::READ_RESERVATION, 24), data: Data::Read(24) };
+        let req = Request::new(self.lun, cdb::pr_in(pr_in::READ_RESERVATION, 24), Data::Read(24));
         let o = execute_retrying(s, req, s.counters_ref()).await?;
         let (_, r) = data::parse_read_reservation(&o.data)
             .ok_or_else(|| Error::Protocol("short READ RESERVATION data".into()))?;
@@ -333,6 +334,101 @@ impl Lun {
     }
 }
 
+/// Waits for queued commands, in order; the first failure is the answer.
+fn queued(
+    lba: u64,
+    op: u8,
+    cmds: Vec<impl std::future::Future<Output = Result<ScsiOutcome, Error>> + Send + 'static>,
+) -> Queued {
+    Box::pin(async move {
+        for c in cmds {
+            let out = c.await.map_err(|e| Lun::io_err(lba, e))?;
+            if out.status != status::GOOD {
+                return Err(Lun::io_err(lba, Error::scsi(op, &out)));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Commands go out on the one session, never retried here: a failure must reach the caller,
+/// which knows what else it had queued behind it.
+#[async_trait]
+impl OrderedQueue for Lun {
+    async fn prepare(&self) -> Result<(), BlockError> {
+        self.keep_claim().await
+    }
+
+    fn queue_write(&self, lba: u64, data: Bytes) -> Queued {
+        let bs = self.geometry.block_size;
+        let blocks = match blocks_in(&data, bs).and_then(|n| self.geometry.check_range(lba, n).map(|()| n)) {
+            Ok(n) => n,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        let s = &self.sessions[0];
+        let mut cmds = Vec::new();
+        let mut done = 0u64;
+        while done < blocks {
+            let n = (blocks - done).min(u64::from(self.max_blocks)) as u32;
+            let off = (done * u64::from(bs)) as usize;
+            let chunk = data.slice(off..off + (n * bs) as usize);
+            cmds.push(s.submit(Request::new(self.lun, cdb::write16(lba + done, n, false), Data::Write(chunk))));
+            done += u64::from(n);
+        }
+        self.write_gen.fetch_add(1, SeqCst);
+        queued(lba, stics_sam::op::WRITE_16, cmds)
+    }
+
+    fn queue_zeros(&self, lba: u64, blocks: u64, discard: bool) -> Queued {
+        if let Err(e) = self.geometry.check_range(lba, blocks) {
+            return Box::pin(async move { Err(e) });
+        }
+        let s = &self.sessions[0];
+        let bs = self.geometry.block_size;
+        let mut cmds = Vec::new();
+        let (mut at, end) = (lba, lba + blocks);
+        let op;
+        if let (true, Some(lim)) = (discard, self.unmap) {
+            op = stics_sam::op::UNMAP;
+            let mut ranges = Vec::new();
+            while at < end {
+                let n = (end - at).min(u64::from(lim.blocks_per_descriptor)) as u32;
+                ranges.push((at, n));
+                at += u64::from(n);
+            }
+            for group in ranges.chunks(lim.descriptors) {
+                let params = Bytes::from(data::unmap_parameters(group));
+                cmds.push(s.submit(Request::new(self.lun, cdb::unmap(group.len()), Data::Write(params))));
+            }
+        } else if self.write_same_max > 0 && self.write_same_ok.load(Relaxed) {
+            op = stics_sam::op::WRITE_SAME_16;
+            let zero = Bytes::from(vec![0u8; bs as usize]);
+            while at < end {
+                let n = (end - at).min(self.write_same_max) as u32;
+                cmds.push(s.submit(Request::new(self.lun, cdb::write_same16(at, n), Data::Write(zero.clone()))));
+                at += u64::from(n);
+            }
+        } else {
+            op = stics_sam::op::WRITE_16;
+            let per = u64::from(self.max_blocks);
+            let zero = Bytes::from(vec![0u8; (per.min(blocks) * u64::from(bs)) as usize]);
+            while at < end {
+                let n = (end - at).min(per);
+                let chunk = zero.slice(..(n * u64::from(bs)) as usize);
+                cmds.push(s.submit(Request::new(self.lun, cdb::write16(at, n as u32, false), Data::Write(chunk))));
+                at += n;
+            }
+        }
+        self.write_gen.fetch_add(1, SeqCst);
+        queued(lba, op, cmds)
+    }
+
+    fn queue_barrier(&self) -> Queued {
+        let req = Request::new(self.lun, cdb::synchronize_cache10(), Data::None).ordered();
+        queued(0, stics_sam::op::SYNC_CACHE_10, vec![self.sessions[0].submit(req)])
+    }
+}
+
 fn claim_err(e: Error) -> BlockError {
     match e {
         Error::Reserved { holder } => BlockError::Reserved { holder: Some(holder) },
@@ -342,11 +438,11 @@ fn claim_err(e: Error) -> BlockError {
 
 /// READ CAPACITY(16), or (10) when the target does not know (16).
 pub async fn read_capacity(s: &Session, lun: u64, c: &Counters) -> Result<data::Capacity, Error> {
-    let r16 = execute_retrying(s, Request { lun, cdb: cdb::read_capacity16(32), data: Data::Read(32) }, c).await;
+    let r16 = execute_retrying(s, Request::new(lun, cdb::read_capacity16(32), Data::Read(32)), c).await;
     if let Some(cap) = r16.as_ref().ok().and_then(|o| data::parse_capacity16(&o.data)) {
         return Ok(cap);
     }
-    let r10 = execute_retrying(s, Request { lun, cdb: cdb::read_capacity10(), data: Data::Read(8) }, c).await?;
+    let r10 = execute_retrying(s, Request::new(lun, cdb::read_capacity10(), Data::Read(8)), c).await?;
     data::parse_capacity10(&r10.data).ok_or_else(|| Error::Protocol("short READ CAPACITY data".into()))
 }
 
@@ -362,6 +458,14 @@ impl BlockDev for Lun {
 
     fn device_id(&self) -> Option<String> {
         self.device_id.clone()
+    }
+
+    fn ordered_queue(&self) -> Option<&dyn OrderedQueue> {
+        if self.ordered {
+            Some(self)
+        } else {
+            None
+        }
     }
 
     /// PERSISTENT RESERVE OUT: register `key` on every session, then reserve (or take back from
@@ -490,13 +594,9 @@ impl BlockDev for Lun {
         }
         // Every session's writes must be durable: SYNCHRONIZE CACHE on each.
         for s in &self.sessions {
-            execute_retrying(
-                s,
-                Request { lun: self.lun, cdb: cdb::synchronize_cache10(), data: Data::None },
-                s.counters_ref(),
-            )
-            .await
-            .map_err(|e| Self::io_err(0, e))?;
+            execute_retrying(s, Request::new(self.lun, cdb::synchronize_cache10(), Data::None), s.counters_ref())
+                .await
+                .map_err(|e| Self::io_err(0, e))?;
         }
         self.flushed_gen.fetch_max(gen, SeqCst);
         Ok(())

@@ -33,10 +33,10 @@ pub struct TargetInfo {
 
 /// Lists the LUNs of one logged-in target.
 pub async fn luns(s: &Session, c: &Counters) -> Result<Vec<LunInfo>, Error> {
-    let rl = execute_retrying(s, Request { lun: 0, cdb: cdb::report_luns(16384), data: Data::Read(16384) }, c).await?;
+    let rl = execute_retrying(s, Request::new(0, cdb::report_luns(16384), Data::Read(16384)), c).await?;
     let mut out = Vec::new();
     for lun in data::parse_report_luns(&rl.data) {
-        let inq = execute_retrying(s, Request { lun, cdb: cdb::inquiry(96), data: Data::Read(96) }, c).await?;
+        let inq = execute_retrying(s, Request::new(lun, cdb::inquiry(96), Data::Read(96)), c).await?;
         let Some(inq) = data::parse_inquiry(&inq.data) else { continue };
         let capacity = if inq.device_type == data::DIRECT_ACCESS { read_capacity(s, lun, c).await.ok() } else { None };
         out.push(LunInfo { lun, device_type: inq.device_type, vendor: inq.vendor, product: inq.product, capacity });

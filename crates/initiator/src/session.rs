@@ -145,9 +145,22 @@ impl Session {
     /// Runs one SCSI command; it is reissued after reconnections until it finishes or the
     /// recovery window closes.
     pub async fn execute(&self, req: Request) -> Result<ScsiOutcome, Error> {
+        self.submit(req).await
+    }
+
+    /// Queues one SCSI command now (commands leave in the order of these calls, which is what
+    /// ORDERED task attributes need) and returns the wait for its outcome; like
+    /// [`Session::execute`] it is reissued after reconnections.
+    pub fn submit(
+        &self,
+        req: Request,
+    ) -> impl std::future::Future<Output = Result<ScsiOutcome, Error>> + Send + 'static {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(UserMsg::Submit(req, tx)).map_err(|_| Error::Task(TaskError::Closed))?;
-        rx.await.map_err(|_| Error::Task(TaskError::Closed))?.map_err(Error::Task)
+        let sent = self.tx.send(UserMsg::Submit(req, tx)).map_err(|_| Error::Task(TaskError::Closed));
+        async move {
+            sent?;
+            rx.await.map_err(|_| Error::Task(TaskError::Closed))?.map_err(Error::Task)
+        }
     }
 
     /// Logs out (waits at most two seconds for the target's answer).

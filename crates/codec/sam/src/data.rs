@@ -98,6 +98,11 @@ pub struct Inquiry {
 }
 
 /// Parses standard INQUIRY data.
+/// ORDSUP of an Extended INQUIRY Data VPD page: the unit honours the ORDERED task attribute.
+pub fn parse_ordsup(d: &[u8]) -> bool {
+    d.len() > 5 && d[1] == 0x86 && d[5] & 0x02 != 0
+}
+
 pub fn parse_inquiry(d: &[u8]) -> Option<Inquiry> {
     let b0 = *d.first()?;
     let text =

@@ -93,6 +93,8 @@ pub mod vpd {
     pub const UNIT_SERIAL_NUMBER: u8 = 0x80;
     /// Device Identification.
     pub const DEVICE_IDENTIFICATION: u8 = 0x83;
+    /// Extended INQUIRY Data (which task attributes the unit honours).
+    pub const EXTENDED_INQUIRY_DATA: u8 = 0x86;
     /// Block Limits.
     pub const BLOCK_LIMITS: u8 = 0xb0;
     /// Block Device Characteristics.

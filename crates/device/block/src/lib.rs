@@ -7,6 +7,9 @@
 //! ([`BlockDev::volatile_cache`]); a write with `fua`, and every write completed before a
 //! [`BlockDev::flush`] that has completed, is durable.
 
+use std::future::Future;
+use std::pin::Pin;
+
 use async_trait::async_trait;
 use bytes::Bytes;
 
@@ -95,6 +98,29 @@ pub enum Claim {
     TakenOver,
 }
 
+/// A command already handed to the device; awaiting it gives its outcome.
+pub type Queued = Pin<Box<dyn Future<Output = Result<(), BlockError>> + Send + 'static>>;
+
+/// A device that keeps the order of what it is given around barriers (SCSI's ORDERED task
+/// attribute): commands are queued when the method is called, not when the result is awaited;
+/// a barrier runs after everything queued before it, and everything queued after it runs after
+/// it. Over a long path this turns "write, wait, flush, wait, write" into one send.
+#[async_trait]
+pub trait OrderedQueue: Send + Sync {
+    /// Redoes what a lost connection undid (a claim), before queuing more after a failure.
+    async fn prepare(&self) -> Result<(), BlockError>;
+
+    /// Queues a write of `data` (whole blocks) at `lba`.
+    fn queue_write(&self, lba: u64, data: Bytes) -> Queued;
+
+    /// Queues zeroing (or, with `discard` and when the device supports it, deallocating)
+    /// `blocks` blocks from `lba`.
+    fn queue_zeros(&self, lba: u64, blocks: u64, discard: bool) -> Queued;
+
+    /// Queues a flush as a barrier: once it completes, everything queued before it is durable.
+    fn queue_barrier(&self) -> Queued;
+}
+
 /// A device that reads and writes ranges of logical blocks.
 ///
 /// Buffers are owned (`Bytes`) so that implementations may hand them to threads or sockets
@@ -148,6 +174,11 @@ pub trait BlockDev: Send + Sync + 'static {
     async fn discard(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
         let _ = (lba, blocks);
         Err(BlockError::Unsupported("discard"))
+    }
+
+    /// The device's ordered queue, when it has one that keeps order (see [`OrderedQueue`]).
+    fn ordered_queue(&self) -> Option<&dyn OrderedQueue> {
+        None
     }
 
     /// Provisioning state at `lba` and how many blocks from there share it.

@@ -48,6 +48,10 @@ pub struct Config {
     pub destage_io_bytes: u64,
     /// Most remote writes destage keeps in flight.
     pub destage_inflight: usize,
+    /// The remote keeps the order of commands around an ORDERED SYNCHRONIZE CACHE: destage then
+    /// queues an epoch's writes, its flush and the next epoch's writes at once, instead of
+    /// waiting a round trip for each (see [`DestageIo::Sync`]).
+    pub ordered_remote: bool,
     /// An epoch ends after this many host writes, so that no epoch outgrows the log (destage
     /// frees space one whole epoch at a time) and destage never waits long for one to end.
     pub epoch_max_writes: u64,
@@ -193,8 +197,10 @@ pub enum DestageIo {
     Write { id: u64, lba: u64, blocks: u32, sources: Vec<Piece> },
     /// Zero or discard `blocks` blocks at `lba`.
     Zero { id: u64, lba: u64, blocks: u32, discard: bool },
-    /// Synchronise the remote's cache: every write of `epoch` has completed.
-    Sync { epoch: u64 },
+    /// Synchronise the remote's cache after the writes of `epoch`. Without `barrier` they have
+    /// all completed; with it (an ordered remote) some may still be in flight, and the flush
+    /// must go out now as an ORDERED task, before anything destage hands out later.
+    Sync { epoch: u64, barrier: bool },
 }
 
 /// Why a request is refused.
@@ -221,15 +227,57 @@ pub struct Stats {
     pub epochs_destaged: u64,
 }
 
-/// Destage in progress: one epoch at a time.
-#[derive(Debug, Default)]
-struct Destage {
-    epoch: Option<u64>,
+/// Where an epoch's flush of the remote stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SyncState {
+    Unsent,
+    Sent,
+    Done,
+}
+
+/// One epoch on its way to the remote.
+#[derive(Debug)]
+struct EpochDestage {
+    epoch: u64,
     /// Remote operations not yet handed out, in LBA order.
     queue: VecDeque<DestageIo>,
     /// Handed out, not yet completed.
     inflight: BTreeMap<u64, DestageIo>,
-    sync_sent: bool,
+    sync: SyncState,
+    /// A write of this epoch failed: its flush proves nothing.
+    failed: bool,
+}
+
+/// Destage in progress: one epoch at a time, or two in a row on an ordered remote.
+///
+/// Two is the most a crash allows. Recovery destages again every epoch after the durable
+/// checkpoint, oldest first, and replaying epoch `k` over a remote that already holds some of
+/// epoch `k + 1` only moves it back inside `k + 1`, a state it may be in anyway; over one that
+/// holds some of `k + 2` it would mix `k` with `k + 2`, a state the host never saw.
+#[derive(Debug, Default)]
+struct Destage {
+    active: VecDeque<EpochDestage>,
+    /// Epochs synchronised whose checkpoint is not durable yet (they count towards the two).
+    undurable: VecDeque<u64>,
+    /// Something failed while epochs were pipelined: the remote may have run later commands
+    /// past the failure. Nothing more goes out until everything in flight has ended; then
+    /// destage starts again, whole, from the oldest epoch not synchronised.
+    failed: bool,
+}
+
+impl Destage {
+    fn inflight(&self) -> usize {
+        self.active.iter().map(|e| e.inflight.len()).sum()
+    }
+
+    /// True when no answer is outstanding.
+    fn quiet(&self) -> bool {
+        self.active.iter().all(|e| e.inflight.is_empty() && e.sync != SyncState::Sent)
+    }
+
+    fn epoch_of(&mut self, id: u64) -> Option<&mut EpochDestage> {
+        self.active.iter_mut().find(|e| e.inflight.contains_key(&id))
+    }
 }
 
 /// The cache's state.
@@ -819,33 +867,58 @@ impl Core {
 
     /// The next remote operations of destage, up to the in-flight limit. Destage takes the
     /// oldest epoch whose writes are all durable in the log; when that is the open epoch, the
-    /// epoch is closed first (an extra boundary is always safe).
+    /// epoch is closed first (an extra boundary is always safe). On an ordered remote the next
+    /// epoch follows as soon as the previous one's flush is handed out.
     pub fn next_destage(&mut self) -> Vec<DestageIo> {
-        if self.destage.epoch.is_none() && !self.start_epoch() {
-            return Vec::new();
-        }
         let mut out = Vec::new();
-        while self.destage.inflight.len() < self.cfg.destage_inflight.max(1) {
-            let Some(io) = self.destage.queue.pop_front() else { break };
-            if let DestageIo::Write { id, .. } | DestageIo::Zero { id, .. } = &io {
-                self.destage.inflight.insert(*id, io.clone());
+        if self.destage.failed {
+            if !self.destage.quiet() {
+                return out;
             }
-            out.push(io);
+            // Everything ended: start over from the oldest epoch not synchronised.
+            self.destage.active.clear();
+            self.destage.failed = false;
         }
-        if self.destage.queue.is_empty() && self.destage.inflight.is_empty() && !self.destage.sync_sent {
-            if let Some(epoch) = self.destage.epoch {
-                self.destage.sync_sent = true;
-                out.push(DestageIo::Sync { epoch });
+        let ordered = self.cfg.ordered_remote;
+        let limit = self.cfg.destage_inflight.max(1);
+        let mut inflight = self.destage.inflight();
+        let mut i = 0;
+        loop {
+            if i == self.destage.active.len() {
+                let may_start = if ordered {
+                    self.destage.active.len() + self.destage.undurable.len() < 2
+                } else {
+                    self.destage.active.is_empty() && self.durable_destaged_epoch >= self.destaged_epoch
+                };
+                if !may_start || !self.start_epoch() {
+                    break;
+                }
             }
+            let e = &mut self.destage.active[i];
+            while inflight < limit {
+                let Some(io) = e.queue.pop_front() else { break };
+                if let DestageIo::Write { id, .. } | DestageIo::Zero { id, .. } = &io {
+                    e.inflight.insert(*id, io.clone());
+                }
+                inflight += 1;
+                out.push(io);
+            }
+            if e.queue.is_empty() && e.sync == SyncState::Unsent && (ordered || e.inflight.is_empty()) {
+                e.sync = SyncState::Sent;
+                out.push(DestageIo::Sync { epoch: e.epoch, barrier: ordered });
+            }
+            if e.sync == SyncState::Unsent {
+                // Nothing of a later epoch may go out before this one's flush.
+                break;
+            }
+            i += 1;
         }
         out
     }
 
     fn start_epoch(&mut self) -> bool {
-        if self.durable_destaged_epoch < self.destaged_epoch {
-            return false;
-        }
-        let Some((&epoch, _)) = self.epochs.iter().next() else { return false };
+        let after = self.destage.active.back().map_or(0, |e| e.epoch + 1);
+        let Some((&epoch, _)) = self.epochs.range(after..).next() else { return false };
         // Only writes that are durable in the log are destaged.
         let first_unlogged = self.durable_write();
         let not_durable =
@@ -897,40 +970,86 @@ impl Core {
             }
         }
         flush_run(&mut run, &mut self.next_io);
-        self.destage = Destage { epoch: Some(epoch), queue, inflight: BTreeMap::new(), sync_sent: false };
+        self.destage.active.push_back(EpochDestage {
+            epoch,
+            queue,
+            inflight: BTreeMap::new(),
+            sync: SyncState::Unsent,
+            failed: false,
+        });
         true
     }
 
-    /// A destage write (or zeroing) completed on the remote.
-    pub fn destage_done(&mut self, id: u64) {
-        if let Some(DestageIo::Write { blocks, .. } | DestageIo::Zero { blocks, .. }) =
-            self.destage.inflight.remove(&id)
-        {
-            self.stats.blocks_destaged += u64::from(blocks);
+    /// A destage write (or zeroing) completed on the remote. Its epoch's flush may have been
+    /// reported first (answers are not taken in the order they came); then the epoch is on the
+    /// remote now, and this returns true, as [`Core::synced`] does.
+    pub fn destage_done(&mut self, id: u64) -> bool {
+        if let Some(e) = self.destage.epoch_of(id) {
+            if let Some(DestageIo::Write { blocks, .. } | DestageIo::Zero { blocks, .. }) = e.inflight.remove(&id) {
+                self.stats.blocks_destaged += u64::from(blocks);
+            }
         }
+        self.retire()
     }
 
-    /// A destage write failed (the remote is unreachable or refused it): it is tried again.
+    /// A destage write failed (the remote is unreachable or refused it): it is tried again; on
+    /// an ordered remote, with everything after it.
     pub fn destage_failed(&mut self, id: u64) {
-        if let Some(io) = self.destage.inflight.remove(&id) {
-            self.destage.queue.push_front(io);
+        let ordered = self.cfg.ordered_remote;
+        let Some(e) = self.destage.epoch_of(id) else { return };
+        if let Some(io) = e.inflight.remove(&id) {
+            if ordered {
+                e.failed = true;
+                self.destage.failed = true;
+            } else {
+                e.queue.push_front(io);
+            }
         }
     }
 
-    /// The SYNCHRONIZE CACHE after epoch `epoch` failed: it is sent again.
+    /// The SYNCHRONIZE CACHE after epoch `epoch` failed: it is sent again (on an ordered
+    /// remote, after everything from that epoch on).
     pub fn sync_failed(&mut self, epoch: u64) {
-        if self.destage.epoch == Some(epoch) {
-            self.destage.sync_sent = false;
+        let ordered = self.cfg.ordered_remote;
+        if let Some(e) = self.destage.active.iter_mut().find(|e| e.epoch == epoch && e.sync == SyncState::Sent) {
+            e.sync = SyncState::Unsent;
+            if ordered {
+                e.failed = true;
+                self.destage.failed = true;
+            }
         }
     }
 
-    /// The remote synchronised epoch `epoch`: its blocks leave the dirty index and the records
-    /// that held only destaged epochs are freed. Returns true when the checkpoint moved.
+    /// The remote synchronised epoch `epoch`. Once it and every epoch before it are on the
+    /// remote, their blocks leave the dirty index and the records that held only destaged
+    /// epochs are freed. Returns true when the checkpoint moved.
     pub fn synced(&mut self, epoch: u64) -> bool {
-        if self.destage.epoch != Some(epoch) || !self.destage.sync_sent {
+        let Some(e) = self.destage.active.iter_mut().find(|e| e.epoch == epoch && e.sync == SyncState::Sent) else {
             return false;
+        };
+        e.sync = SyncState::Done;
+        self.retire()
+    }
+
+    /// Takes the epochs at the front that are wholly on the remote off the dirty index; true if
+    /// there were any.
+    fn retire(&mut self) -> bool {
+        let mut moved = false;
+        while let Some(front) = self.destage.active.front() {
+            let complete =
+                front.sync == SyncState::Done && !front.failed && front.queue.is_empty() && front.inflight.is_empty();
+            if !complete {
+                break;
+            }
+            let epoch = front.epoch;
+            self.destage.active.pop_front();
+            self.epoch_on_remote(epoch);
+            moved = true;
         }
-        self.destage = Destage::default();
+        moved
+    }
+
+    fn epoch_on_remote(&mut self, epoch: u64) {
         if let Some(blocks) = self.epochs.remove(&epoch) {
             for (lba, v) in blocks {
                 if self.newest.get(&lba).is_some_and(|n| n.write_seq == v.write_seq) {
@@ -942,6 +1061,7 @@ impl Core {
         }
         self.invalidations += 1;
         self.destaged_epoch = epoch;
+        self.destage.undurable.push_back(epoch);
         self.stats.epochs_destaged += 1;
         for r in &mut self.records {
             if r.max_epoch <= epoch {
@@ -949,7 +1069,6 @@ impl Core {
             }
         }
         // The record in flight (if any) holds newer writes, so it is never freed here.
-        true
     }
 
     /// The checkpoint to write to the superblock (then flush the log and report it with
@@ -976,6 +1095,9 @@ impl Core {
     pub fn checkpoint_durable(&mut self, cp: Checkpoint) {
         self.durable_head_seq = self.durable_head_seq.max(cp.head_seq);
         self.durable_destaged_epoch = self.durable_destaged_epoch.max(cp.destaged_epoch);
+        while self.destage.undurable.front().is_some_and(|&e| e <= self.durable_destaged_epoch) {
+            self.destage.undurable.pop_front();
+        }
         self.release_freed();
     }
 
@@ -1001,6 +1123,7 @@ mod tests {
             max_record_bytes: 1 << 20,
             destage_io_bytes: 4096,
             destage_inflight: 4,
+            ordered_remote: false,
             epoch_max_writes: 1000,
             epoch_max_bytes: 8 << 20,
             read_cache_blocks: 64,
@@ -1041,7 +1164,7 @@ mod tests {
                         writes.push((lba, blocks));
                         c.destage_done(id);
                     }
-                    DestageIo::Sync { epoch } => sync = Some(epoch),
+                    DestageIo::Sync { epoch, .. } => sync = Some(epoch),
                 }
             }
             if sync.is_some() {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use stics_block::{BlockDev, BlockError, Claim, Geometry};
+use stics_block::{BlockDev, BlockError, Claim, Geometry, OrderedQueue};
 use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinSet;
 
@@ -60,6 +60,8 @@ pub struct CacheOptions {
     pub destage_io_bytes: u64,
     /// Remote writes destage keeps in flight.
     pub destage_inflight: usize,
+    /// Pipeline epochs when the remote keeps command order (see [`Config::ordered_remote`]).
+    pub ordered_destage: bool,
     /// Epoch limits (see [`Config`]).
     pub epoch_max_writes: u64,
     /// Epoch limits (see [`Config`]).
@@ -83,7 +85,10 @@ impl Default for CacheOptions {
             ram_bytes: 64 << 20,
             max_record_bytes: 4 << 20,
             destage_io_bytes: 1 << 20,
-            destage_inflight: 16,
+            // A long path needs many writes in flight: at 16 ms round trip, 64 4 KiB writes
+            // are 16 MB/s.
+            destage_inflight: 64,
+            ordered_destage: true,
             epoch_max_writes: 4096,
             epoch_max_bytes: 64 << 20,
             throttle_from: 0.75,
@@ -348,6 +353,7 @@ impl Cache {
             max_record_bytes: opts.max_record_bytes,
             destage_io_bytes: opts.destage_io_bytes,
             destage_inflight: opts.destage_inflight,
+            ordered_remote: opts.ordered_destage && remote.ordered_queue().is_some(),
             epoch_max_writes: opts.epoch_max_writes,
             epoch_max_bytes: opts.epoch_max_bytes,
             read_cache_blocks: (opts.read_cache_bytes / u64::from(geometry.block_size)) as usize,
@@ -684,100 +690,195 @@ async fn log_writer(inner: Arc<Inner>) {
     }
 }
 
+/// What a destage task reports.
+enum Ended {
+    /// A write or zeroing.
+    Io(u64, Result<(), BlockError>),
+    /// The flush after an epoch, and when it was sent.
+    Sync(u64, Result<(), BlockError>, Instant),
+}
+
 /// Destage: epochs in order, many remote writes in flight, a flush of the remote at the end of
-/// each, then a durable checkpoint before the next.
+/// each, a durable checkpoint after it. On an ordered remote the flush is a barrier queued right
+/// behind the epoch's writes, and the next epoch's writes right behind it.
 async fn destager(inner: Arc<Inner>) {
-    let mut running: JoinSet<(u64, Result<(), BlockError>)> = JoinSet::new();
+    let mut running: JoinSet<Ended> = JoinSet::new();
+    let ordered = lock(&inner.core).config().ordered_remote;
     loop {
         if inner.stopping.load(std::sync::atomic::Ordering::Acquire) {
             running.abort_all();
             return;
         }
         let notified = inner.destager.notified();
+        if let (true, Some(q)) = (ordered, inner.remote.ordered_queue()) {
+            // Cheap unless the session was reinstated: then the claim is made again first.
+            if let Err(e) = q.prepare().await {
+                tracing::warn!("remote not ready for destage, retrying: {e}");
+                tokio::time::sleep(inner.opts.retry_delay).await;
+                continue;
+            }
+        }
         let ios = lock(&inner.core).next_destage();
         let mut progressed = !ios.is_empty();
-        for io in ios {
-            match io {
-                DestageIo::Write { id, lba, sources, .. } => {
-                    let inner = Arc::clone(&inner);
-                    running.spawn(async move {
-                        let r = async {
-                            let (data, _) = resolve(&inner, sources).await?;
-                            let (len, started) = (data.len() as u64, Instant::now());
-                            inner.remote.write(lba, data, false).await?;
-                            lock(&inner.counters).remote_write(len, started.elapsed());
-                            Ok(())
-                        }
-                        .await;
-                        (id, r)
-                    });
+        match inner.remote.ordered_queue() {
+            Some(q) if ordered => queue_in_order(&inner, q, ios, &mut running).await,
+            _ => {
+                for io in ios {
+                    spawn_destage(&inner, io, &mut running);
                 }
-                DestageIo::Zero { id, lba, blocks, discard } => {
-                    let inner = Arc::clone(&inner);
-                    running.spawn(async move {
-                        let remote = &inner.remote;
-                        let r = if discard && remote.supports_discard() {
-                            remote.discard(lba, u64::from(blocks)).await
-                        } else {
-                            remote.write_zeros(lba, u64::from(blocks)).await
-                        };
-                        (id, r)
-                    });
-                }
-                DestageIo::Sync { epoch } => sync_epoch(&inner, epoch).await,
             }
         }
         // Collect what finished; wait for the first if nothing else can happen.
+        let mut failed = false;
         while let Some(joined) = if progressed { running.try_join_next() } else { running.join_next().await } {
             progressed = true;
-            let Ok((id, r)) = joined else { continue };
-            let mut c = lock(&inner.core);
-            match r {
-                Ok(()) => c.destage_done(id),
-                Err(e) => {
-                    drop(c);
-                    tracing::warn!("destage write failed, retrying: {e}");
-                    lock(&inner.counters).destage_retries += 1;
-                    tokio::time::sleep(inner.opts.retry_delay).await;
-                    lock(&inner.core).destage_failed(id);
-                }
-            }
+            let Ok(ended) = joined else { continue };
+            failed |= destage_ended(&inner, ended).await;
         }
-        if !progressed {
+        if failed {
+            // Whatever failed is handed out again: not at once.
+            tokio::time::sleep(inner.opts.retry_delay).await;
+        } else if !progressed {
             let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
         }
     }
 }
 
-/// Flushes the remote for `epoch`, then makes the new checkpoint durable.
-async fn sync_epoch(inner: &Arc<Inner>, epoch: u64) {
-    loop {
-        if inner.stopping.load(std::sync::atomic::Ordering::Acquire) {
-            return;
+/// Runs destage operations each in its own task (a remote that does not keep order: the core
+/// hands out a flush only once the epoch's writes completed).
+fn spawn_destage(inner: &Arc<Inner>, io: DestageIo, running: &mut JoinSet<Ended>) {
+    let inner = Arc::clone(inner);
+    match io {
+        DestageIo::Write { id, lba, sources, .. } => {
+            running.spawn(async move {
+                let r = async {
+                    let (data, _) = resolve(&inner, sources).await?;
+                    let (len, started) = (data.len() as u64, Instant::now());
+                    inner.remote.write(lba, data, false).await?;
+                    lock(&inner.counters).remote_write(len, started.elapsed());
+                    Ok(())
+                }
+                .await;
+                Ended::Io(id, r)
+            });
         }
-        let started = Instant::now();
-        match inner.remote.flush().await {
-            Ok(()) => {
+        DestageIo::Zero { id, lba, blocks, discard } => {
+            running.spawn(async move {
+                let remote = &inner.remote;
+                let r = if discard && remote.supports_discard() {
+                    remote.discard(lba, u64::from(blocks)).await
+                } else {
+                    remote.write_zeros(lba, u64::from(blocks)).await
+                };
+                Ended::Io(id, r)
+            });
+        }
+        DestageIo::Sync { epoch, .. } => {
+            running.spawn(async move {
+                let started = Instant::now();
+                Ended::Sync(epoch, inner.remote.flush().await, started)
+            });
+        }
+    }
+}
+
+/// Queues destage operations on an ordered remote, in the order the core gave them. If the data
+/// of one cannot be read from the log, it and everything after it fail unsent: nothing may
+/// overtake it.
+async fn queue_in_order(inner: &Arc<Inner>, q: &dyn OrderedQueue, ios: Vec<DestageIo>, running: &mut JoinSet<Ended>) {
+    let mut ios = ios.into_iter();
+    while let Some(io) = ios.next() {
+        let queued = match io {
+            DestageIo::Write { id, lba, sources, .. } => match resolve(inner, sources).await {
+                Ok((data, _)) => {
+                    let len = data.len() as u64;
+                    let (fut, started) = (q.queue_write(lba, data), Instant::now());
+                    let inner = Arc::clone(inner);
+                    running.spawn(async move {
+                        let r = fut.await;
+                        if r.is_ok() {
+                            lock(&inner.counters).remote_write(len, started.elapsed());
+                        }
+                        Ended::Io(id, r)
+                    });
+                    true
+                }
+                Err(e) => {
+                    tracing::error!("destage could not read the log: {e}");
+                    lock(&inner.core).destage_failed(id);
+                    false
+                }
+            },
+            DestageIo::Zero { id, lba, blocks, discard } => {
+                let fut = q.queue_zeros(lba, u64::from(blocks), discard && inner.remote.supports_discard());
+                running.spawn(async move { Ended::Io(id, fut.await) });
+                true
+            }
+            DestageIo::Sync { epoch, .. } => {
+                let (fut, started) = (q.queue_barrier(), Instant::now());
+                running.spawn(async move { Ended::Sync(epoch, fut.await, started) });
+                true
+            }
+        };
+        if !queued {
+            let mut c = lock(&inner.core);
+            for io in ios.by_ref() {
+                match io {
+                    DestageIo::Write { id, .. } | DestageIo::Zero { id, .. } => c.destage_failed(id),
+                    DestageIo::Sync { epoch, .. } => c.sync_failed(epoch),
+                }
+            }
+        }
+    }
+}
+
+/// Books a finished destage operation; after a flush, makes the new checkpoint durable.
+/// True when it failed.
+async fn destage_ended(inner: &Arc<Inner>, ended: Ended) -> bool {
+    match ended {
+        Ended::Io(id, Ok(())) => {
+            let cp = {
+                let mut c = lock(&inner.core);
+                if c.destage_done(id) {
+                    c.take_checkpoint()
+                } else {
+                    None
+                }
+            };
+            if let Some(cp) = cp {
+                write_checkpoint(inner, cp).await;
+                inner.space.notify_waiters();
+            }
+        }
+        Ended::Io(id, Err(e)) => {
+            tracing::warn!("destage write failed, retrying: {e}");
+            lock(&inner.counters).destage_retries += 1;
+            lock(&inner.core).destage_failed(id);
+            return true;
+        }
+        Ended::Sync(epoch, Ok(()), started) => {
+            {
                 let mut n = lock(&inner.counters);
                 n.remote_sync_secs = ewma(n.remote_sync_secs, started.elapsed());
-                break;
             }
-            Err(e) => {
-                tracing::warn!(epoch, "remote flush failed, retrying: {e}");
-                lock(&inner.counters).destage_retries += 1;
-                tokio::time::sleep(inner.opts.retry_delay).await;
+            let cp = {
+                let mut c = lock(&inner.core);
+                c.synced(epoch);
+                c.take_checkpoint()
+            };
+            if let Some(cp) = cp {
+                write_checkpoint(inner, cp).await;
             }
+            inner.space.notify_waiters();
+        }
+        Ended::Sync(epoch, Err(e), _) => {
+            tracing::warn!(epoch, "remote flush failed, retrying: {e}");
+            lock(&inner.counters).destage_retries += 1;
+            lock(&inner.core).sync_failed(epoch);
+            return true;
         }
     }
-    let cp = {
-        let mut c = lock(&inner.core);
-        c.synced(epoch);
-        c.take_checkpoint()
-    };
-    if let Some(cp) = cp {
-        write_checkpoint(inner, cp).await;
-    }
-    inner.space.notify_waiters();
+    false
 }
 
 async fn write_checkpoint(inner: &Arc<Inner>, cp: Checkpoint) {
@@ -928,6 +1029,7 @@ mod tests {
             max_record_bytes: 256 << 10,
             destage_io_bytes: 64 << 10,
             destage_inflight: 4,
+            ordered_destage: true,
             epoch_max_writes: 64,
             epoch_max_bytes: 1 << 20,
             throttle_from: 0.75,

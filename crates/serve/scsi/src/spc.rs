@@ -56,10 +56,11 @@ pub fn missing_lun_inquiry() -> Vec<u8> {
 }
 
 /// VPD pages we serve, ascending.
-pub const VPD_PAGES: [u8; 6] = [
+pub const VPD_PAGES: [u8; 7] = [
     page::SUPPORTED_PAGES,
     page::UNIT_SERIAL_NUMBER,
     page::DEVICE_IDENTIFICATION,
+    page::EXTENDED_INQUIRY_DATA,
     page::BLOCK_LIMITS,
     page::BLOCK_DEVICE_CHARACTERISTICS,
     page::LOGICAL_BLOCK_PROVISIONING,
@@ -111,6 +112,12 @@ pub fn vpd_page(lu: &LogicalUnit, nexus: &Nexus, code: u8) -> Option<Vec<u8>> {
                 body.extend(designator(0x53, 0xa8, &scsi_name(&nexus.target_name)));
             }
             vpd(code, body)
+        }
+        page::EXTENDED_INQUIRY_DATA => {
+            let mut b = vec![0u8; 0x3c];
+            // HEADSUP, ORDSUP, SIMPSUP: the session layer honours every task attribute.
+            b[1] = 0x07;
+            vpd(code, b)
         }
         page::BLOCK_LIMITS => {
             let mut b = vec![0u8; 0x3c];
@@ -207,6 +214,7 @@ pub fn mode_page(lu: &LogicalUnit, page: u8, pc: u8) -> Option<Vec<u8>> {
             p[0] = 0x0a;
             p[1] = 0x0a;
             if !changeable {
+                p[2] = 0x20; // TST 001b: a task set per I_T nexus, as task attributes are kept
                 p[3] = 0x10; // unrestricted reordering allowed
                 p[8..10].copy_from_slice(&0xffffu16.to_be_bytes()); // busy timeout: unlimited
             }

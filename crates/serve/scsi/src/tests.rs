@@ -267,7 +267,11 @@ async fn inquiry_standard_vpd_and_missing_lun() {
     assert_eq!(r.residual, Residual::Underflow(255 - b.len() as u32));
     assert!(b[58..74].chunks(2).any(|c| c == [0x04, 0x60]));
     let r = run(&d, &n, &[0x12, 1, 0, 0, 255, 0], 255, &[]).await;
-    assert_eq!(&r.data_in[4..], &[0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2]);
+    assert_eq!(&r.data_in[4..], &[0x00, 0x80, 0x83, 0x86, 0xb0, 0xb1, 0xb2]);
+    // Extended INQUIRY Data: HEADSUP, ORDSUP, SIMPSUP.
+    let r = run(&d, &n, &[0x12, 1, 0x86, 0, 255, 0], 255, &[]).await;
+    assert_eq!((r.data_in.len(), r.data_in[3], r.data_in[5]), (64, 0x3c, 0x07));
+    assert!(stics_sam::data::parse_ordsup(&r.data_in));
     let r = run(&d, &n, &[0x12, 1, 0xb0, 0, 255, 0], 255, &[]).await;
     assert_eq!((r.data_in.len(), r.data_in[3]), (64, 0x3c));
     let r = run(&d, &n, &[0x12, 1, 0xb2, 0, 255, 0], 255, &[]).await;

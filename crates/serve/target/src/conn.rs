@@ -292,6 +292,9 @@ pub(crate) struct SessionHandle {
     target: Option<usize>,
     live: Mutex<Live>,
     out: Outbox,
+    /// Actions decided outside the reader (commands whose task attribute let them start when
+    /// another ended), for the reader to carry out.
+    deferred: mpsc::UnboundedSender<Vec<Action>>,
 }
 
 impl SessionHandle {
@@ -334,9 +337,17 @@ impl SessionHandle {
     }
 
     /// Another session's reset aborts this session's tasks on `lun` (`None`: all).
+    /// Like [`SessionHandle::run`], from outside the reader (a command's completion, another
+    /// session's reset): what is left goes to the reader.
+    fn run_elsewhere(&self, f: impl FnOnce(&mut Live) -> Vec<Action>) {
+        let rest = self.run(f);
+        if !rest.is_empty() {
+            let _ = self.deferred.send(rest);
+        }
+    }
+
     fn abort_from_elsewhere(&self, lun: Option<u64>) {
-        // Only sends and aborts come back, and `run` has carried them out.
-        let _ = self.run(|l| l.core.on_abort_request(lun));
+        self.run_elsewhere(|l| l.core.on_abort_request(lun));
     }
 }
 
@@ -431,10 +442,12 @@ async fn full_feature(
     let (rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::unbounded_channel();
     let mut writer = tokio::spawn(writer(wr, rx, Arc::clone(&seq), o.next_stat_sn, digests));
+    let (deferred, deferred_rx) = mpsc::unbounded_channel();
     let handle = Arc::new(SessionHandle {
         target: o.target,
         live: Mutex::new(Live { core, handles: HashMap::new() }),
         out: Outbox { tx, seq },
+        deferred,
     });
     shared.task_sets().insert(nexus.id, Arc::clone(&handle));
     let output_units = u32::try_from(budget / OUTPUT_UNIT).unwrap_or(u32::MAX).max(1);
@@ -450,7 +463,7 @@ async fn full_feature(
         shared: Arc::clone(&shared),
     };
     let max_recv = p.max_recv_data_segment_length;
-    let reason = s.read_loop(rd, &mut buf, digests, max_recv).await;
+    let reason = s.read_loop(rd, &mut buf, digests, max_recv, deferred_rx).await;
     // Tasks of an ended session are aborted (ERL 0: nothing survives the connection).
     shared.task_sets().remove(&nexus.id);
     for (_, (_, h)) in lock(&handle.live).handles.drain() {
@@ -477,6 +490,7 @@ impl Session {
         buf: &mut BytesMut,
         digests: Digests,
         max_recv: u32,
+        mut deferred: mpsc::UnboundedReceiver<Vec<Action>>,
     ) -> &'static str {
         let seq = Arc::clone(&self.handle.out.seq);
         loop {
@@ -522,6 +536,11 @@ impl Session {
                 reason = self.ended() => return reason,
                 () = sleep_until_some(deadline) => {
                     let actions = self.handle.run(|l| l.core.on_tick(std::time::Instant::now()));
+                    if let Some(reason) = self.perform(actions).await {
+                        return reason;
+                    }
+                },
+                Some(actions) = deferred.recv() => {
                     if let Some(reason) = self.perform(actions).await {
                         return reason;
                     }
@@ -728,7 +747,7 @@ impl Session {
         // Most commands (memory, page-cached files) finish on the first poll: answer at once
         // and spare a task. The rest continue in their own task.
         if let Poll::Ready(resp) = fut.as_mut().poll(&mut Context::from_waker(&self.noop)) {
-            let _ = self.handle.run(|l| l.core.on_command_done(itt, task, &resp));
+            self.handle.run_elsewhere(|l| l.core.on_command_done(itt, task, &resp));
             self.handle.out.push(Out::Release(reservation));
             return;
         }
@@ -737,7 +756,7 @@ impl Session {
         let mut live = lock(&self.handle.live);
         let join = tokio::spawn(async move {
             let resp = fut.await;
-            let _ = handle.run(|l| {
+            handle.run_elsewhere(|l| {
                 // A new command may have taken the ITT since this one was aborted.
                 if l.handles.get(&itt).is_some_and(|(t, _)| *t == task) {
                     l.handles.remove(&itt);

@@ -3,7 +3,7 @@
 //! Protocol decisions live in pure state machines that take inputs and return actions:
 //! [`login`] (security and operational negotiation, CHAP), [`session`] (the full-feature
 //! session core: task table, task management, logout, NOP, keep-alive, StatSN stamping rules)
-//! over [`cmdsn`] (the command window), [`dataout`] (R2T and Data-Out tracking), [`datain`]
+//! over [`cmdsn`] (the command window), [`order`] (task attributes), [`dataout`] (R2T and Data-Out tracking), [`datain`]
 //! (responses as Data-In and SCSI Response PDUs) and [`textreq`] (SendTargets and text
 //! continuation), and [`registry`] (TSIH and session reinstatement). Only `conn` touches
 //! sockets: one reader and one writer task per connection, SCSI commands executed concurrently,
@@ -21,6 +21,7 @@ mod conn;
 pub mod datain;
 pub mod dataout;
 pub mod login;
+pub mod order;
 pub mod registry;
 mod server;
 pub mod session;

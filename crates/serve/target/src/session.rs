@@ -21,6 +21,7 @@ use stics_wire::serial;
 use crate::cmdsn::{Verdict, Window};
 use crate::datain::{self, Shape};
 use crate::dataout::{Burst, DataError, R2tReq, WriteTask, Writes};
+use crate::order::{Kind, TaskOrder};
 use crate::textreq::{Context as TextContext, Listing, TextError, TextState};
 
 /// What a session is, fixed at login.
@@ -140,6 +141,8 @@ struct PendingWrite {
     h: ScsiCommand,
     cdb: Bytes,
     counted: bool,
+    /// Its place in the task set.
+    arrival: u64,
     /// Some of its data was lost to a digest error: once the initiator has sent the rest, the
     /// command ends with CHECK CONDITION instead of being executed (RFC 7143 §7.8, option b).
     lost: bool,
@@ -152,6 +155,17 @@ struct Running {
     lun: u64,
     r2ts: u32,
     counted: bool,
+    arrival: u64,
+}
+
+/// A command with all its data, held until its task attribute lets it start.
+#[derive(Debug)]
+struct Ready {
+    h: ScsiCommand,
+    cdb: Bytes,
+    data: Bytes,
+    counted: bool,
+    r2ts: u32,
 }
 
 /// A task management function waiting for the device's reset.
@@ -171,6 +185,10 @@ pub struct SessionCore {
     writes: Writes,
     pending: HashMap<u32, PendingWrite>,
     running: HashMap<u32, Running>,
+    /// Every task from its arrival to its end, for the task attributes; commands whose turn
+    /// has not come wait in it (`held`: ITT to arrival).
+    order: TaskOrder<Ready>,
+    held: HashMap<u32, u64>,
     resets: HashMap<u32, PendingReset>,
     text: TextState,
     shape: Shape,
@@ -190,6 +208,8 @@ impl SessionCore {
             writes: Writes::new(cfg.burst, cfg.write_buffer),
             pending: HashMap::new(),
             running: HashMap::new(),
+            order: TaskOrder::default(),
+            held: HashMap::new(),
             resets: HashMap::new(),
             text: TextState::default(),
             shape: cfg.shape,
@@ -321,6 +341,7 @@ impl SessionCore {
             Header::DataOut(h) => {
                 let h = *h;
                 self.data_out(h, pdu.data, lost, &mut out);
+                self.start_ready(&mut out);
                 return out;
             }
             // ERL 0 has no SNACK; anything else has no place here.
@@ -346,6 +367,7 @@ impl SessionCore {
                 out.push(Action::Log(Event::OutsideWindow { cmd_sn, exp, max }));
             }
         }
+        self.start_ready(&mut out);
         out
     }
 
@@ -355,7 +377,9 @@ impl SessionCore {
         let mut out = Vec::new();
         if self.runs(itt, task) {
             if let Some(r) = self.running.remove(&itt) {
+                self.order.end(r.arrival);
                 self.respond(itt, r.lun, r.r2ts, r.counted, resp, &mut out);
+                self.start_ready(&mut out);
             }
         }
         out
@@ -384,6 +408,7 @@ impl SessionCore {
     pub fn on_abort_request(&mut self, lun: Option<u64>) -> Vec<Action> {
         let mut out = Vec::new();
         self.abort_where(|field| lun.is_none_or(|l| wire_lun::decode(field) == Some(l)), &mut out);
+        self.start_ready(&mut out);
         out
     }
 
@@ -432,7 +457,7 @@ impl SessionCore {
 
     fn scsi_command(&mut self, h: ScsiCommand, a: Arrived, counted: bool, out: &mut Vec<Action>) {
         let Arrived { pdu: Pdu { ahs, data, .. }, raw, lost } = a;
-        if self.pending.contains_key(&h.itt) || self.running.contains_key(&h.itt) {
+        if self.pending.contains_key(&h.itt) || self.running.contains_key(&h.itt) || self.held.contains_key(&h.itt) {
             self.release(counted);
             reject(reject::TASK_IN_PROGRESS, &raw, out);
             return;
@@ -440,7 +465,8 @@ impl SessionCore {
         let cdb = cdb_of(&h, &ahs);
         if !(h.write && h.expected_len > 0) {
             // Data on a command without W is ignored, as SAM asks of unexpected data.
-            self.execute(h, cdb, Bytes::new(), counted, 0, out);
+            let arrival = self.arrive(&h);
+            self.execute(h, cdb, Bytes::new(), counted, 0, arrival, out);
             return;
         }
         if h.expected_len > self.cfg.max_command_bytes {
@@ -459,10 +485,12 @@ impl SessionCore {
             }
             Ok(mut t) if t.complete() => {
                 let d = t.take_data();
-                self.execute(h, cdb, d, counted, 0, out);
+                let arrival = self.arrive(&h);
+                self.execute(h, cdb, d, counted, 0, arrival, out);
             }
             Ok(t) => {
-                self.pending.insert(h.itt, PendingWrite { h, cdb, counted, lost });
+                let arrival = self.arrive(&h);
+                self.pending.insert(h.itt, PendingWrite { h, cdb, counted, arrival, lost });
                 let r2ts = self.writes.add(t);
                 send_r2ts(r2ts, out);
             }
@@ -483,11 +511,15 @@ impl SessionCore {
                     send_r2ts(more, out);
                     match (task, self.pending.remove(&itt)) {
                         (Some(_), Some(pw)) if pw.lost => {
+                            self.order.end(pw.arrival);
                             self.fail(pw.h.itt, pw.h.lun, pw.counted, Sense::protocol_crc_error(), out);
                         }
                         (Some(mut t), Some(pw)) => {
                             let d = t.take_data();
-                            self.execute(pw.h, pw.cdb, d, pw.counted, t.r2t_count(), out);
+                            self.execute(pw.h, pw.cdb, d, pw.counted, t.r2t_count(), pw.arrival, out);
+                        }
+                        (None, Some(pw)) => {
+                            self.order.end(pw.arrival);
                         }
                         _ => {}
                     }
@@ -498,6 +530,7 @@ impl SessionCore {
                 send_r2ts(more, out);
                 match self.pending.remove(&h.itt) {
                     Some(pw) => {
+                        self.order.end(pw.arrival);
                         out.push(Action::Log(Event::DataOutRefused { itt: h.itt, error }));
                         self.fail(pw.h.itt, pw.h.lun, pw.counted, Sense::data_phase_error(), out);
                     }
@@ -521,15 +554,46 @@ impl SessionCore {
         self.respond(itt, lun, 0, counted, &resp, out);
     }
 
+    /// Places a command in the task set.
+    fn arrive(&mut self, h: &ScsiCommand) -> u64 {
+        let kind = match h.attr {
+            attr::ORDERED => Kind::Ordered,
+            attr::HEAD_OF_QUEUE => Kind::HeadOfQueue,
+            _ => Kind::Simple,
+        };
+        self.order.arrive(h.lun, kind)
+    }
+
+    /// Starts a command whose data is all in, or holds it until its task attribute allows.
+    #[expect(clippy::too_many_arguments, reason = "the parts of a command on its way to the device")]
     fn execute(
         &mut self,
         h: ScsiCommand,
         cdb: Bytes,
-        data_out: Bytes,
+        data: Bytes,
         counted: bool,
         r2ts: u32,
+        arrival: u64,
         out: &mut Vec<Action>,
     ) {
+        if self.order.may_start(arrival) {
+            self.start(arrival, Ready { h, cdb, data, counted, r2ts }, out);
+        } else {
+            self.held.insert(h.itt, arrival);
+            self.order.hold(arrival, Ready { h, cdb, data, counted, r2ts });
+        }
+    }
+
+    /// Starts the held commands whose turn came.
+    fn start_ready(&mut self, out: &mut Vec<Action>) {
+        for (arrival, ready) in self.order.startable() {
+            self.held.remove(&ready.h.itt);
+            self.start(arrival, ready, out);
+        }
+    }
+
+    fn start(&mut self, arrival: u64, ready: Ready, out: &mut Vec<Action>) {
+        let Ready { h, cdb, data: data_out, counted, r2ts } = ready;
         let command = Command {
             lun: wire_lun::decode(h.lun).unwrap_or(u64::MAX),
             cdb,
@@ -551,7 +615,7 @@ impl SessionCore {
         };
         let task = self.next_task;
         self.next_task += 1;
-        self.running.insert(h.itt, Running { task, lun: h.lun, r2ts, counted });
+        self.running.insert(h.itt, Running { task, lun: h.lun, r2ts, counted, arrival });
         out.push(Action::Execute { itt: h.itt, task, command });
     }
 
@@ -560,12 +624,20 @@ impl SessionCore {
         if let Some(pw) = self.pending.remove(&itt) {
             let (_, more) = self.writes.take(itt);
             send_r2ts(more, out);
+            self.order.end(pw.arrival);
             self.release(pw.counted);
             return true;
         }
         if let Some(r) = self.running.remove(&itt) {
             out.push(Action::Abort(itt));
+            self.order.end(r.arrival);
             self.release(r.counted);
+            return true;
+        }
+        if let Some(arrival) = self.held.remove(&itt) {
+            if let Some(ready) = self.order.end(arrival) {
+                self.release(ready.counted);
+            }
             return true;
         }
         false
@@ -604,10 +676,15 @@ impl SessionCore {
         let pending: Vec<u32> = self.pending.iter().filter(|(_, p)| matches(p.h.lun)).map(|(i, _)| *i).collect();
         for itt in &pending {
             if let Some(pw) = self.pending.remove(itt) {
+                self.order.end(pw.arrival);
                 self.release(pw.counted);
             }
         }
         send_r2ts(self.writes.take_all(&pending), out);
+        let held: Vec<u32> = self.order.held().filter(|(_, r)| matches(r.h.lun)).map(|(_, r)| r.h.itt).collect();
+        for itt in held {
+            self.abort_task(itt, out);
+        }
         let running: Vec<u32> = self.running.iter().filter(|(_, r)| matches(r.lun)).map(|(i, _)| *i).collect();
         for itt in running {
             self.abort_task(itt, out);
@@ -926,6 +1003,64 @@ mod tests {
         assert_eq!(&cdb[16..], &[0xaa, 0xbb, 0xcc, 0xdd]);
         assert_eq!(cdb_of(&h, &Bytes::new()).len(), 16);
         assert_eq!(cdb_of(&h, &Bytes::from_static(&[0xff, 0xff, 1, 0])).len(), 16);
+    }
+
+    fn with_attr(mut p: Pdu, a: u8) -> Pdu {
+        if let Header::ScsiCommand(h) = &mut p.header {
+            h.attr = a;
+        }
+        p
+    }
+
+    #[test]
+    fn an_ordered_command_waits_for_older_ones_and_holds_back_newer_ones() {
+        let (mut c, _) = core();
+        assert_eq!(executed(&feed(&mut c, read(1, 100, 0))), vec![1]);
+        // ORDERED: held while command 1 runs.
+        assert!(executed(&feed(&mut c, with_attr(read(2, 101, 0), attr::ORDERED))).is_empty());
+        // SIMPLE after it: held; on another LUN: runs.
+        assert!(executed(&feed(&mut c, read(3, 102, 0))).is_empty());
+        assert_eq!(executed(&feed(&mut c, read(4, 103, 1))), vec![4]);
+        assert_eq!(executed(&done(&mut c, 1, &good())), vec![2]);
+        assert!(executed(&done(&mut c, 4, &good())).is_empty());
+        assert_eq!(executed(&done(&mut c, 2, &good())), vec![3]);
+        let a = done(&mut c, 3, &good());
+        assert_eq!(sends(&a).len(), 1, "every command was answered");
+    }
+
+    #[test]
+    fn aborting_a_held_command_frees_its_slot_and_the_ones_behind_it() {
+        let (mut c, _) = core();
+        feed(&mut c, read(1, 100, 0));
+        feed(&mut c, with_attr(read(2, 101, 0), attr::ORDERED));
+        feed(&mut c, read(3, 102, 0));
+        let max = c.max_cmd_sn();
+        let a = feed(&mut c, tmf(tmf::ABORT_TASK, 9, 103, 0, 2));
+        assert_eq!(executed(&a), vec![3], "the barrier went with the aborted task");
+        assert_eq!(c.max_cmd_sn(), max.wrapping_add(1), "its slot is free (the TMF was immediate)");
+        // A new command may reuse the aborted ITT.
+        assert_eq!(executed(&feed(&mut c, read(2, 103, 0))), vec![2]);
+        // A LUN reset drops held ones too: nothing starts after it.
+        feed(&mut c, with_attr(read(5, 104, 0), attr::ORDERED));
+        feed(&mut c, read(6, 105, 0));
+        let a = feed(&mut c, tmf(tmf::ABORT_TASK_SET, 10, 106, 0, 0));
+        assert!(executed(&a).is_empty());
+        assert!(c.held.is_empty() && c.running.is_empty());
+    }
+
+    #[test]
+    fn a_write_waiting_for_data_blocks_an_ordered_command_behind_it() {
+        let (mut c, _) = core();
+        let a = feed(&mut c, write(1, 100, 0, 4096));
+        assert!(executed(&a).is_empty() && !sends(&a).is_empty(), "an R2T goes out");
+        assert!(executed(&feed(&mut c, with_attr(read(2, 101, 0), attr::ORDERED))).is_empty());
+        let mut h = DataOut { final_: true, lun: wire_lun::encode(0), itt: 1, ..Default::default() };
+        h.ttt = match sends(&a)[0].header {
+            Header::R2t(r) => r.ttt,
+            _ => panic!("an R2T"),
+        };
+        assert_eq!(executed(&feed(&mut c, Pdu::new(h, Bytes::from(vec![7u8; 4096])))), vec![1]);
+        assert_eq!(executed(&done(&mut c, 1, &good())), vec![2]);
     }
 
     #[test]
