@@ -13,7 +13,12 @@
 #     over a region written beforehand: plain against the gateway's read-ahead, MB/s and latency;
 #  3. (WORKLOADS containing 3) random 4 KiB writes at depth 32 through the gateway in log mode and
 #     in write-through mode, 3x the log's size written at W3_DELAY: throughput ratio (goal >= 0.9x)
-#     and each second's p99 latency as CSV.
+#     and each second's p99 latency as CSV;
+#  4. (WORKLOADS containing 4) seed 004's EMC-tel-like open-loop trace (crates/stics/examples/
+#     openloop.rs: Poisson arrivals at 333 requests/s, 4 blocks of 512 bytes, 89 % writes, over
+#     900 MB, seed 4) at W4_DELAY, plain iSCSI against the gateway in log and immediate modes:
+#     mean, p99 and worst response, a histogram PNG per path in PLOTS; goals: mean >= 6x better
+#     than plain, p99 < 5 ms in log mode, none over 50 ms.
 # Absolute numbers move with the machine's load; ratios within one run are what to read.
 #
 # Environment: DELAYS (one-way delays, "2ms 8ms"), WORKLOADS ("1 2"), NUMBER (PostMark files,
@@ -21,7 +26,8 @@
 # 1024), LOG_SIZE (gateway write log, 512MiB; it must hold two epochs and a record, about 5x
 # RAM), RAM (gateway --ram, 64MiB), READ_MIB (region read sequentially, 512),
 # READ_SECONDS (per sequential run at most, 10), W3_LOG (256MiB), W3_RAM (16MiB), W3_MIB (written, 768),
-# W3_DELAY (8ms), W3_SECONDS (at most, per mode, 300), STICS (binary; else the release build in
+# W3_DELAY (8ms), W3_SECONDS (at most, per mode, 300), W4_REQUESTS (20000), W4_DELAY (8ms),
+# PLOTS (where histograms go, /tmp/stics-bench-gateway), STICS (binary; else the release build in
 # CARGO_TARGET_DIR, built here with examples/qd).
 # Needs root, iproute2 and iptables (stics wan), fuse3, e2fsprogs, util-linux (nsenter, mount),
 # postmark, curl and python3 (scripts/deps.sh installs them). Takes about 25 minutes by default
@@ -46,12 +52,17 @@ W3_RAM=${W3_RAM:-16MiB}
 W3_MIB=${W3_MIB:-768}
 W3_DELAY=${W3_DELAY:-8ms}
 W3_SECONDS=${W3_SECONDS:-300}
+W4_REQUESTS=${W4_REQUESTS:-20000}
+W4_DELAY=${W4_DELAY:-8ms}
+PLOTS=${PLOTS:-/tmp/stics-bench-gateway}
 
 [[ $(id -u) -eq 0 ]] || die "needs root (stics wan, mount)"
 need postmark mkfs.ext4 e2fsck nsenter curl python3 fusermount3
 STICS=$(stics_bin)
 (cd "$STICS_ROOT" && cargo build --quiet --release -p stics-initiator --example qd) || die "cargo build failed"
 QD=$(dirname "$STICS")/examples/qd
+(cd "$STICS_ROOT" && cargo build --quiet --release -p stics --example openloop) || die "cargo build failed"
+OPENLOOP=$(dirname "$STICS")/examples/openloop
 
 NAME=gwbench$$
 IQN=iqn.2024-01.org.stics.bench:remote
@@ -61,6 +72,7 @@ IMG=$WORK/lun.img
 MNTNS=/proc/$$/ns/mnt
 EXPORT_PID=""
 GW_PID=""
+GW_MODE=""
 
 bench_cleanup() {
     mountpoint -q "$WORK/fs" 2>/dev/null && umount -l "$WORK/fs"
@@ -105,15 +117,21 @@ start_gateway() {
     "${IN_HOST[@]}" "$STICS" gateway --listen 127.0.0.1:3260 --iqn "$GW_IQN" --remote "$REMOTE" \
         --log "$WORK/gw.log:$2" --ram "$3" --mode "$1" --metrics 127.0.0.1:9100 >>"$WORK/gateway-$1.out" 2>&1 &
     GW_PID=$!
+    GW_MODE=$1
     PIDS+=("$GW_PID")
     wait_in host 127.0.0.1 3260 "$GW_PID" "$WORK/gateway-$1.out"
     wait_in host 127.0.0.1 9100 "$GW_PID" "$WORK/gateway-$1.out"
 }
 
+# stop_gateway: stops it and throws its log away; its claim on the remote goes too, so that the
+# next gateway, on a fresh log, may take the LUN.
 stop_gateway() {
+    local key
     stop_pid "$GW_PID" TERM
     GW_PID=""
     rm -f "$WORK/gw.log"
+    key=$(grep -o 'key=0x[0-9a-f]*' "$WORK/gateway-$GW_MODE.out" | tail -1 | cut -d= -f2)
+    [[ -n $key ]] && in_host "$STICS" release "$REMOTE" --holder "$key" >/dev/null
 }
 
 # gw_status FIELD: one number from the gateway's /status; gw_drain: destages everything.
@@ -284,4 +302,27 @@ if [[ " $WORKLOADS " == *" 3 "* ]]; then
     done
     r=$(ratio "${W3[log]}" "${W3[write-through]}")
     echo "IOPS log ${W3[log]}, write-through ${W3[write-through]}: ratio ${r}x (goal >= 0.9x: $(verdict "$r >= 0.9"))"
+fi
+
+if [[ " $WORKLOADS " == *" 4 "* ]]; then
+    wan set --delay "$W4_DELAY" >/dev/null
+    mkdir -p "$PLOTS"
+    echo
+    echo "4. EMC-tel-like open loop: $W4_REQUESTS requests at 333/s, 4 x 512 B, 89 % writes, over 900 MB, seed 4; delay $W4_DELAY; gateway log $LOG_SIZE"
+    declare -A W4M W4P W4X
+    for path in plain log immediate; do
+        url=$GW_URL
+        if [[ $path == plain ]]; then url=$REMOTE; else start_gateway "$path" "$LOG_SIZE" "$RAM"; fi
+        in_host "$OPENLOOP" "$url" --requests "$W4_REQUESTS" --png "$PLOTS/openloop-$path.png" \
+            --title "open loop at $W4_DELAY one-way: $path" >"$WORK/w4-$path.out"
+        [[ $path == plain ]] || stop_gateway
+        read -r _ _ mean _ _ p99 _ max _ < <(awk 'NR == 2' "$WORK/w4-$path.out")
+        W4M[$path]=$mean W4P[$path]=$p99 W4X[$path]=$max
+        echo "-- $path"
+        cat "$WORK/w4-$path.out"
+    done
+    for m in log immediate; do
+        r=$(ratio "${W4M[plain]}" "${W4M[$m]}")
+        echo "$m: mean ${W4M[$m]} ms against plain ${W4M[plain]} ms: ${r}x better (goal >= 6x: $(verdict "$r >= 6")); p99 ${W4P[$m]} ms (goal < 5 ms in log mode: $(verdict "${W4P[$m]} < 5")); worst ${W4X[$m]} ms (goal <= 50 ms: $(verdict "${W4X[$m]} <= 50"))"
+    done
 fi
