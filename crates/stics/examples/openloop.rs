@@ -84,6 +84,7 @@ async fn main() -> anyhow::Result<()> {
     let start = Instant::now() + Duration::from_millis(100);
     let mut at = 0.0f64;
     let mut set = tokio::task::JoinSet::new();
+    let mut lat: Vec<(bool, Duration)> = Vec::with_capacity(a.requests as usize);
     for _ in 0..a.requests {
         at += -rng.unit().ln() / a.rate;
         let lba = (rng.next() % slots) * per_req;
@@ -102,10 +103,9 @@ async fn main() -> anyhow::Result<()> {
         });
         // Collect as we go so that the set stays small.
         while let Some(done) = set.try_join_next() {
-            done??;
+            lat.push(done??);
         }
     }
-    let mut lat: Vec<(bool, Duration)> = Vec::with_capacity(a.requests as usize);
     while let Some(done) = set.join_next().await {
         lat.push(done??);
     }
