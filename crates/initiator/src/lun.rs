@@ -112,6 +112,20 @@ struct UnmapLimits {
     descriptors: usize,
 }
 
+impl UnmapLimits {
+    /// `blocks` blocks from `lba` as descriptors, in groups of what one UNMAP carries.
+    fn commands(&self, lba: u64, blocks: u64) -> Vec<Vec<(u64, u32)>> {
+        let mut ranges = Vec::new();
+        let (mut at, end) = (lba, lba + blocks);
+        while at < end {
+            let n = (end - at).min(u64::from(self.blocks_per_descriptor)) as u32;
+            ranges.push((at, n));
+            at += u64::from(n);
+        }
+        ranges.chunks(self.descriptors).map(<[_]>::to_vec).collect()
+    }
+}
+
 impl Lun {
     /// Logs in (as many sessions as asked), checks that the LUN is a disk and reads its geometry
     /// and write-cache setting.
@@ -177,6 +191,20 @@ impl Lun {
             claim_lock: tokio::sync::Mutex::new(()),
             ordered: ordsup && opts.sessions <= 1,
         })
+    }
+
+    /// `data` for `lba` in pieces of at most one command each: (lba, blocks, bytes).
+    fn pieces(&self, lba: u64, data: &Bytes, blocks: u64) -> Vec<(u64, u32, Bytes)> {
+        let bs = self.geometry.block_size;
+        let mut out = Vec::new();
+        let mut done = 0u64;
+        while done < blocks {
+            let n = (blocks - done).min(u64::from(self.max_blocks)) as u32;
+            let off = (done * u64::from(bs)) as usize;
+            out.push((lba + done, n, data.slice(off..off + (n * bs) as usize)));
+            done += u64::from(n);
+        }
+        out
     }
 
     fn pick(&self) -> &Session {
@@ -366,15 +394,11 @@ impl OrderedQueue for Lun {
             Err(e) => return Box::pin(async move { Err(e) }),
         };
         let s = &self.sessions[0];
-        let mut cmds = Vec::new();
-        let mut done = 0u64;
-        while done < blocks {
-            let n = (blocks - done).min(u64::from(self.max_blocks)) as u32;
-            let off = (done * u64::from(bs)) as usize;
-            let chunk = data.slice(off..off + (n * bs) as usize);
-            cmds.push(s.submit(Request::new(self.lun, cdb::write16(lba + done, n, false), Data::Write(chunk))));
-            done += u64::from(n);
-        }
+        let cmds: Vec<_> = self
+            .pieces(lba, &data, blocks)
+            .into_iter()
+            .map(|(at, n, chunk)| s.submit(Request::new(self.lun, cdb::write16(at, n, false), Data::Write(chunk))))
+            .collect();
         self.write_gen.fetch_add(1, SeqCst);
         queued(lba, stics_sam::op::WRITE_16, cmds)
     }
@@ -390,14 +414,8 @@ impl OrderedQueue for Lun {
         let op;
         if let (true, Some(lim)) = (discard, self.unmap) {
             op = stics_sam::op::UNMAP;
-            let mut ranges = Vec::new();
-            while at < end {
-                let n = (end - at).min(u64::from(lim.blocks_per_descriptor)) as u32;
-                ranges.push((at, n));
-                at += u64::from(n);
-            }
-            for group in ranges.chunks(lim.descriptors) {
-                let params = Bytes::from(data::unmap_parameters(group));
+            for group in lim.commands(lba, blocks) {
+                let params = Bytes::from(data::unmap_parameters(&group));
                 cmds.push(s.submit(Request::new(self.lun, cdb::unmap(group.len()), Data::Write(params))));
             }
         } else if self.write_same_max > 0 && self.write_same_ok.load(Relaxed) {
@@ -517,14 +535,8 @@ impl BlockDev for Lun {
         let blocks = blocks_in(&data, bs)?;
         self.geometry.check_range(lba, blocks)?;
         self.keep_claim().await?;
-        let mut done = 0u64;
-        while done < blocks {
-            let n = (blocks - done).min(u64::from(self.max_blocks)) as u32;
-            let at = lba + done;
-            let off = (done * u64::from(bs)) as usize;
-            let chunk = data.slice(off..off + (n * bs) as usize);
+        for (at, n, chunk) in self.pieces(lba, &data, blocks) {
             self.execute(cdb::write16(at, n, fua), Data::Write(chunk)).await.map_err(|e| Self::io_err(at, e))?;
-            done += u64::from(n);
         }
         self.write_gen.fetch_add(1, SeqCst);
         Ok(())
@@ -540,15 +552,8 @@ impl BlockDev for Lun {
             return Err(BlockError::Unsupported("discard: the target does not unmap blocks to zeros"));
         };
         self.keep_claim().await?;
-        let mut ranges = Vec::new();
-        let (mut at, end) = (lba, lba + blocks);
-        while at < end {
-            let n = (end - at).min(u64::from(lim.blocks_per_descriptor)) as u32;
-            ranges.push((at, n));
-            at += u64::from(n);
-        }
-        for group in ranges.chunks(lim.descriptors) {
-            let params = Bytes::from(data::unmap_parameters(group));
+        for group in lim.commands(lba, blocks) {
+            let params = Bytes::from(data::unmap_parameters(&group));
             self.execute(cdb::unmap(group.len()), Data::Write(params))
                 .await
                 .map_err(|e| Self::io_err(group[0].0, e))?;

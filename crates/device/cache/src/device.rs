@@ -836,20 +836,7 @@ async fn queue_in_order(inner: &Arc<Inner>, q: &dyn OrderedQueue, ios: Vec<Desta
 /// True when it failed.
 async fn destage_ended(inner: &Arc<Inner>, ended: Ended) -> bool {
     match ended {
-        Ended::Io(id, Ok(())) => {
-            let cp = {
-                let mut c = lock(&inner.core);
-                if c.destage_done(id) {
-                    c.take_checkpoint()
-                } else {
-                    None
-                }
-            };
-            if let Some(cp) = cp {
-                write_checkpoint(inner, cp).await;
-                inner.space.notify_waiters();
-            }
-        }
+        Ended::Io(id, Ok(())) => checkpoint_after(inner, |c| c.destage_done(id)).await,
         Ended::Io(id, Err(e)) => {
             tracing::warn!("destage write failed, retrying: {e}");
             lock(&inner.counters).destage_retries += 1;
@@ -861,15 +848,7 @@ async fn destage_ended(inner: &Arc<Inner>, ended: Ended) -> bool {
                 let mut n = lock(&inner.counters);
                 n.remote_sync_secs = ewma(n.remote_sync_secs, started.elapsed());
             }
-            let cp = {
-                let mut c = lock(&inner.core);
-                c.synced(epoch);
-                c.take_checkpoint()
-            };
-            if let Some(cp) = cp {
-                write_checkpoint(inner, cp).await;
-            }
-            inner.space.notify_waiters();
+            checkpoint_after(inner, |c| c.synced(epoch)).await;
         }
         Ended::Sync(epoch, Err(e), _) => {
             tracing::warn!(epoch, "remote flush failed, retrying: {e}");
@@ -879,6 +858,23 @@ async fn destage_ended(inner: &Arc<Inner>, ended: Ended) -> bool {
         }
     }
     false
+}
+
+/// Books a destage answer with `retire`; when epochs left the dirty index, makes the new
+/// checkpoint durable and wakes the writers waiting for the log space it frees.
+async fn checkpoint_after(inner: &Arc<Inner>, retire: impl FnOnce(&mut Core) -> bool) {
+    let cp = {
+        let mut c = lock(&inner.core);
+        if retire(&mut c) {
+            c.take_checkpoint()
+        } else {
+            None
+        }
+    };
+    if let Some(cp) = cp {
+        write_checkpoint(inner, cp).await;
+        inner.space.notify_waiters();
+    }
 }
 
 async fn write_checkpoint(inner: &Arc<Inner>, cp: Checkpoint) {

@@ -466,7 +466,7 @@ impl SessionCore {
         if !(h.write && h.expected_len > 0) {
             // Data on a command without W is ignored, as SAM asks of unexpected data.
             let arrival = self.arrive(&h);
-            self.execute(h, cdb, Bytes::new(), counted, 0, arrival, out);
+            self.execute(arrival, Ready { h, cdb, data: Bytes::new(), counted, r2ts: 0 }, out);
             return;
         }
         if h.expected_len > self.cfg.max_command_bytes {
@@ -486,7 +486,7 @@ impl SessionCore {
             Ok(mut t) if t.complete() => {
                 let d = t.take_data();
                 let arrival = self.arrive(&h);
-                self.execute(h, cdb, d, counted, 0, arrival, out);
+                self.execute(arrival, Ready { h, cdb, data: d, counted, r2ts: 0 }, out);
             }
             Ok(t) => {
                 let arrival = self.arrive(&h);
@@ -516,7 +516,9 @@ impl SessionCore {
                         }
                         (Some(mut t), Some(pw)) => {
                             let d = t.take_data();
-                            self.execute(pw.h, pw.cdb, d, pw.counted, t.r2t_count(), pw.arrival, out);
+                            let ready =
+                                Ready { h: pw.h, cdb: pw.cdb, data: d, counted: pw.counted, r2ts: t.r2t_count() };
+                            self.execute(pw.arrival, ready, out);
                         }
                         (None, Some(pw)) => {
                             self.order.end(pw.arrival);
@@ -565,22 +567,12 @@ impl SessionCore {
     }
 
     /// Starts a command whose data is all in, or holds it until its task attribute allows.
-    #[expect(clippy::too_many_arguments, reason = "the parts of a command on its way to the device")]
-    fn execute(
-        &mut self,
-        h: ScsiCommand,
-        cdb: Bytes,
-        data: Bytes,
-        counted: bool,
-        r2ts: u32,
-        arrival: u64,
-        out: &mut Vec<Action>,
-    ) {
+    fn execute(&mut self, arrival: u64, ready: Ready, out: &mut Vec<Action>) {
         if self.order.may_start(arrival) {
-            self.start(arrival, Ready { h, cdb, data, counted, r2ts }, out);
+            self.start(arrival, ready, out);
         } else {
-            self.held.insert(h.itt, arrival);
-            self.order.hold(arrival, Ready { h, cdb, data, counted, r2ts });
+            self.held.insert(ready.h.itt, arrival);
+            self.order.hold(arrival, ready);
         }
     }
 
