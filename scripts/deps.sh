@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
     libiscsi-bin tgt qemu-utils qemu-block-extra qemu-system-common postmark fio iperf3
     fuse3 e2fsprogs util-linux mount iproute2 iptables nftables iputils-ping procps python3 bc
-    fonts-dejavu-core pkg-config psmisc
+    fonts-dejavu-core pkg-config psmisc curl
 )
 
 missing=()
