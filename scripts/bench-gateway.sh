@@ -18,7 +18,11 @@
 #     openloop.rs: Poisson arrivals at 333 requests/s, 4 blocks of 512 bytes, 89 % writes, over
 #     900 MB, seed 4) at W4_DELAY, plain iSCSI against the gateway in log and immediate modes:
 #     mean, p99 and worst response, a histogram PNG per path in PLOTS; goals: mean >= 6x better
-#     than plain, p99 < 5 ms in log mode, none over 50 ms.
+#     than plain, p99 < 5 ms in log mode, none over 50 ms;
+#  5. (WORKLOADS containing 5) recovery: with the WAN cut (100 % loss), random 4 KiB writes at
+#     depth 32 fill a W5_LOG log (at most W5_SECONDS); the gateway is killed (SIGKILL), the WAN
+#     restored at W5_DELAY, and the restart timed until it serves; then the log is drained and
+#     the restart on the empty log timed the same way (recovery time follows the live log).
 # Absolute numbers move with the machine's load; ratios within one run are what to read.
 #
 # Environment: DELAYS (one-way delays, "2ms 8ms"), WORKLOADS ("1 2"), NUMBER (PostMark files,
@@ -27,6 +31,7 @@
 # RAM), RAM (gateway --ram, 64MiB), READ_MIB (region read sequentially, 512),
 # READ_SECONDS (per sequential run at most, 10), W3_LOG (256MiB), W3_RAM (16MiB), W3_MIB (written, 768),
 # W3_DELAY (8ms), W3_SECONDS (at most, per mode, 300), W4_REQUESTS (20000), W4_DELAY (8ms),
+# W5_LOG (1GiB), W5_DELAY (8ms), W5_SECONDS (90),
 # PLOTS (where histograms go, /tmp/stics-bench-gateway), STICS (binary; else the release build in
 # CARGO_TARGET_DIR, built here with examples/qd).
 # Needs root, iproute2 and iptables (stics wan), fuse3, e2fsprogs, util-linux (nsenter, mount),
@@ -54,6 +59,9 @@ W3_DELAY=${W3_DELAY:-8ms}
 W3_SECONDS=${W3_SECONDS:-300}
 W4_REQUESTS=${W4_REQUESTS:-20000}
 W4_DELAY=${W4_DELAY:-8ms}
+W5_LOG=${W5_LOG:-1GiB}
+W5_DELAY=${W5_DELAY:-8ms}
+W5_SECONDS=${W5_SECONDS:-90}
 PLOTS=${PLOTS:-/tmp/stics-bench-gateway}
 
 [[ $(id -u) -eq 0 ]] || die "needs root (stics wan, mount)"
@@ -325,4 +333,41 @@ if [[ " $WORKLOADS " == *" 4 "* ]]; then
         r=$(ratio "${W4M[plain]}" "${W4M[$m]}")
         echo "$m: mean ${W4M[$m]} ms against plain ${W4M[plain]} ms: ${r}x better (goal >= 6x: $(verdict "$r >= 6")); p99 ${W4P[$m]} ms (goal < 5 ms in log mode: $(verdict "${W4P[$m]} < 5")); worst ${W4X[$m]} ms (goal <= 50 ms: $(verdict "${W4X[$m]} <= 50"))"
     done
+fi
+
+if [[ " $WORKLOADS " == *" 5 "* ]]; then
+    echo
+    echo "5. recovery of a full $W5_LOG log (random 4 KiB writes at depth 32 with the WAN cut), then of the same log drained; delay $W5_DELAY"
+    wan set --delay "$W5_DELAY" --loss 0 >/dev/null
+    start_gateway log "$W5_LOG" "$RAM"
+    wan set --loss 1 >/dev/null
+    # Once the log is full, writes wait for destage, which cannot run: the client is stopped.
+    timeout -s KILL "$((W5_SECONDS + 5))" "${IN_HOST[@]}" "$QD" "$GW_URL" --write --depths 32 --bs 4096 \
+        --span-mib "$LUN_MIB" --seconds "$W5_SECONDS" >"$WORK/w5-fill.out" 2>&1 || true
+    fill=$(gw_status log_fill)
+    dirty=$(gw_status dirty_bytes)
+    stop_pid "$GW_PID" KILL
+    wan set --loss 0 >/dev/null
+    declare -A W5
+    for state in full empty; do
+        t0=$(now)
+        "${IN_HOST[@]}" "$STICS" gateway --listen 127.0.0.1:3260 --iqn "$GW_IQN" --remote "$REMOTE" \
+            --log "$WORK/gw.log:$W5_LOG" --ram "$RAM" --mode log --metrics 127.0.0.1:9100 >>"$WORK/gateway-log.out" 2>&1 &
+        GW_PID=$!
+        GW_MODE=log
+        PIDS+=("$GW_PID")
+        wait_in host 127.0.0.1 3260 "$GW_PID" "$WORK/gateway-log.out"
+        W5[$state]=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$t0" "$(now)")
+        if [[ $state == full ]]; then
+            echo "log fill at the kill $fill, dirty $((dirty >> 20)) MiB: serving again after ${W5[full]} s"
+            t0=$(now)
+            gw_drain
+            echo "drained in $(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$t0" "$(now)") s"
+            stop_pid "$GW_PID" TERM
+        else
+            echo "empty log: serving again after ${W5[empty]} s"
+            stop_gateway
+        fi
+    done
+    grep -E "recovered|read back" "$WORK/gateway-log.out" | tail -3 || true
 fi

@@ -3,9 +3,10 @@
 //! next destage batch writes to the remote and when log space is free again. No I/O, no clock
 //! reads, no tasks: a driver feeds it events and carries out what it returns.
 //!
-//! Epochs keep the remote crash-consistent. A host flush or FUA write ends an epoch; so does, in
-//! `log` mode (WCE=0, where a completed write is durable and the host may issue dependent writes
-//! without flushing), the first new write after any write of the epoch was acknowledged. Destage
+//! Epochs keep the remote crash-consistent. A host flush ends an epoch, and so does a FUA write
+//! in `immediate` mode; in `log` mode (WCE=0, where a completed write is durable and the host may
+//! issue dependent writes without flushing) the first new write after any write of the epoch
+//! was acknowledged does. Destage
 //! may merge and reorder writes inside an epoch, never across one: epoch `k + 1` reaches the
 //! remote only after every write of epoch `k` completed there and a SYNCHRONIZE CACHE after them
 //! did. Log records are freed only when all their epochs are on the remote.
@@ -26,6 +27,15 @@ pub enum Mode {
     /// for stable local storage.
     Immediate,
 }
+
+/// How many epochs past the durable checkpoint destage may have on an ordered remote at once.
+/// Single-write epochs (a `log`-mode host at depth one, or the host at steady state) need many
+/// in flight to keep a long path busy.
+pub const PIPELINE_EPOCHS: usize = 128;
+
+/// How many bytes of blocks those epochs may hold (beyond two, which may hold any): recovery
+/// reads this much back from the remote.
+pub const PIPELINE_BYTES: u64 = 16 << 20;
 
 /// Fixed parameters of a cache.
 #[derive(Debug, Clone)]
@@ -52,6 +62,16 @@ pub struct Config {
     /// queues an epoch's writes, its flush and the next epoch's writes at once, instead of
     /// waiting a round trip for each (see [`DestageIo::Sync`]).
     pub ordered_remote: bool,
+    /// Most epochs past the durable checkpoint that destage may have sent (see
+    /// [`Core::pipeline_allows`]); recovery reads back what the remote holds of that many. It
+    /// must not shrink between runs on one log: [`PIPELINE_EPOCHS`] unless a test asks less.
+    pub pipeline_epochs: usize,
+    /// Most bytes of blocks in those epochs, beyond the first two ([`PIPELINE_BYTES`]).
+    pub pipeline_bytes: u64,
+    /// Log fill (0–1) below which destage keeps two epochs in flight, not the whole pipeline,
+    /// unless asked to hurry ([`Core::hurry`]): while the log has room, destage is background
+    /// work and leaves the machine to the host.
+    pub deep_from: f64,
     /// An epoch ends after this many host writes, so that no epoch outgrows the log (destage
     /// frees space one whole epoch at a time) and destage never waits long for one to end.
     pub epoch_max_writes: u64,
@@ -81,7 +101,11 @@ impl Config {
         if ring < need {
             return Err(ConfigError::LogTooSmall { ring, need });
         }
-        if self.epoch_max_writes == 0 || self.epoch_max_bytes == 0 || self.destage_inflight == 0 {
+        if self.epoch_max_writes == 0
+            || self.epoch_max_bytes == 0
+            || self.destage_inflight == 0
+            || self.pipeline_epochs < 2
+        {
             return Err(ConfigError::Zero);
         }
         Ok(())
@@ -95,7 +119,7 @@ pub enum ConfigError {
     #[error("the log holds {ring} bytes of records but needs at least {need} for these RAM and epoch limits")]
     LogTooSmall { ring: u64, need: u64 },
     /// A limit of zero.
-    #[error("epoch limits and destage concurrency must be at least 1")]
+    #[error("epoch limits and destage concurrency must be at least 1, the pipeline at least 2 epochs")]
     Zero,
 }
 
@@ -201,6 +225,75 @@ pub enum DestageIo {
     /// all completed; with it (an ordered remote) some may still be in flight, and the flush
     /// must go out now as an ORDERED task, before anything destage hands out later.
     Sync { epoch: u64, barrier: bool },
+    /// Read back what the remote holds of the epochs that may be partly there, to find where
+    /// destage resumes; answer with [`Core::probed`] or [`Core::probe_failed`].
+    Probe(Probe),
+}
+
+/// The blocks of the epochs that destage may have left partly on the remote (after a crash, or
+/// a failure with more than two epochs sent), each with the version each epoch wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// The epochs, oldest first; every epoch before them is on the remote.
+    pub epochs: Vec<u64>,
+    /// One entry per block and epoch that wrote it.
+    pub versions: Vec<ProbeVersion>,
+}
+
+/// One epoch's version of one block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeVersion {
+    /// The block.
+    pub lba: u64,
+    /// The epoch that wrote it.
+    pub epoch: u64,
+    /// Its content: a log slot ([`Piece::Log`] of one block) or zeros ([`Piece::Zero`]).
+    pub source: Piece,
+    /// Discarded: the remote may hold anything there (unless it zeroes what it unmaps).
+    pub discard: bool,
+}
+
+impl Probe {
+    /// The blocks to read from the remote, as runs of at most `max_blocks`.
+    pub fn runs(&self, max_blocks: u32) -> Vec<(u64, u32)> {
+        let lbas: std::collections::BTreeSet<u64> = self.versions.iter().map(|v| v.lba).collect();
+        let mut runs: Vec<(u64, u32)> = Vec::new();
+        for lba in lbas {
+            match runs.last_mut() {
+                Some((at, n)) if *at + u64::from(*n) == lba && *n < max_blocks.max(1) => *n += 1,
+                _ => runs.push((lba, 1)),
+            }
+        }
+        runs
+    }
+}
+
+/// The newest epoch of a probe's window that the remote holds whole, in content: the remote
+/// equals the image after it plus some of the next epoch's writes. `matches[i]` says whether the
+/// remote holds `versions[i]`. The remote is in such a state for the epoch it really reached,
+/// and for any later one it passes this test it holds the same bytes, so the newest that passes
+/// is safe to resume after; `base` (the epoch before the window) always passes.
+pub fn reached_epoch(base: u64, probe: &Probe, matches: &[bool]) -> u64 {
+    // Per block: (epoch, holds) for every epoch of the window that wrote it, oldest first.
+    let mut per_block: BTreeMap<u64, Vec<(u64, bool)>> = BTreeMap::new();
+    for (v, &m) in probe.versions.iter().zip(matches.iter().chain(std::iter::repeat(&false))) {
+        per_block.entry(v.lba).or_default().push((v.epoch, m));
+    }
+    for list in per_block.values_mut() {
+        list.sort_unstable_by_key(|(e, _)| *e);
+    }
+    for (i, &j) in probe.epochs.iter().enumerate().rev() {
+        let next = probe.epochs.get(i + 1).copied();
+        let holds = per_block.values().all(|list| {
+            // The block's version after epoch `j`, if the window wrote it by then.
+            let Some(&(_, at_j)) = list.iter().rev().find(|(e, _)| *e <= j) else { return true };
+            at_j || next.is_some_and(|n| list.iter().any(|&(e, m)| e == n && m))
+        });
+        if holds {
+            return j;
+        }
+    }
+    base
 }
 
 /// Why a request is refused.
@@ -246,19 +339,35 @@ struct EpochDestage {
     sync: SyncState,
     /// A write of this epoch failed: its flush proves nothing.
     failed: bool,
+    /// Earlier epochs the remote was found to hold already: they leave the dirty index with
+    /// this one, once its flush makes them durable there.
+    covers: Vec<u64>,
+    /// Blocks in this epoch and those it covers (for [`Core::pipeline_allows`]).
+    blocks: u64,
 }
 
-/// Destage in progress: one epoch at a time, or two in a row on an ordered remote.
+/// Destage in progress: one epoch at a time, or many in a row on an ordered remote.
 ///
-/// Two is the most a crash allows. Recovery destages again every epoch after the durable
-/// checkpoint, oldest first, and replaying epoch `k` over a remote that already holds some of
-/// epoch `k + 1` only moves it back inside `k + 1`, a state it may be in anyway; over one that
-/// holds some of `k + 2` it would mix `k` with `k + 2`, a state the host never saw.
+/// Replaying epoch `k` over a remote that already holds some of epoch `k + 1` only moves it
+/// back inside `k + 1`, a state it may be in anyway; over one that holds some of `k + 2` it
+/// would mix `k` with `k + 2`, a state the host never saw. So with at most two epochs past the
+/// durable checkpoint sent, recovery simply destages again from the checkpoint on. With more,
+/// it first reads back what the remote holds of them ([`DestageIo::Probe`]) and resumes after
+/// the newest it holds whole ([`reached_epoch`]); so does destage after a failure.
 #[derive(Debug, Default)]
 struct Destage {
     active: VecDeque<EpochDestage>,
-    /// Epochs synchronised whose checkpoint is not durable yet (they count towards the two).
-    undurable: VecDeque<u64>,
+    /// Epochs synchronised whose checkpoint is not durable yet, with their block counts (they
+    /// count towards the pipeline's limits).
+    undurable: VecDeque<(u64, u64)>,
+    /// The remote must be read back before anything more goes out: the probe, and whether it
+    /// was handed out.
+    probe: Option<(Probe, bool)>,
+    /// The epoch before the probe's window: the remote holds it and all before it.
+    probe_base: u64,
+    /// Where a probe found the remote: the next epoch destaged is this one, standing for the
+    /// epochs of the window before it.
+    resume: Option<(u64, Vec<u64>)>,
     /// Something failed while epochs were pipelined: the remote may have run later commands
     /// past the failure. Nothing more goes out until everything in flight has ended; then
     /// destage starts again, whole, from the oldest epoch not synchronised.
@@ -306,6 +415,8 @@ pub struct Core {
     destage: Destage,
     next_io: u64,
     next_ticket: Ticket,
+    /// Destage runs the whole pipeline whatever the log's fill (a drain waits for it).
+    hurry: bool,
     /// Bumped whenever blocks leave the dirty index: remote reads planned before may be stale.
     invalidations: u64,
     /// The checkpoint last handed out by [`Core::take_checkpoint`].
@@ -358,6 +469,7 @@ impl Core {
             destage: Destage::default(),
             next_io: 1,
             next_ticket: 1,
+            hurry: false,
             invalidations: 0,
             last_checkpoint: checkpoint,
             durable_head_seq: checkpoint.head_seq,
@@ -418,7 +530,75 @@ impl Core {
         c.next_seq = next_seq;
         c.tail = tail;
         c.release_freed();
+        // Destage may have sent any epoch the pipeline's limits allowed past this checkpoint.
+        let mut window = Vec::new();
+        let mut bytes = 0;
+        for (&epoch, blocks) in &c.epochs {
+            bytes += blocks.len() as u64 * u64::from(c.cfg.block_size);
+            if !c.pipeline_allows(window.len() + 1, bytes) {
+                break;
+            }
+            window.push(epoch);
+        }
+        if window.len() > 2 {
+            c.start_probe(checkpoint.destaged_epoch, window);
+        }
         c
+    }
+
+    /// Destage at full depth whatever the log's fill (for a drain), or not.
+    pub fn hurry(&mut self, on: bool) {
+        self.hurry = on;
+    }
+
+    /// Whether destage may send the `n`-th epoch past the durable checkpoint when those `n`
+    /// epochs hold `bytes` bytes of blocks. Recovery applies the same rule to the log, so it
+    /// reads back every epoch destage may have sent.
+    pub fn pipeline_allows(&self, n: usize, bytes: u64) -> bool {
+        n <= 2 || (n <= self.cfg.pipeline_epochs && bytes <= self.cfg.pipeline_bytes)
+    }
+
+    /// Nothing more goes out until the remote's hold on these epochs is read back.
+    fn start_probe(&mut self, base: u64, window: Vec<u64>) {
+        let mut versions = Vec::new();
+        for &epoch in &window {
+            let Some(blocks) = self.epochs.get(&epoch) else { continue };
+            for (&lba, v) in blocks {
+                let source = match v.loc {
+                    Loc::Log(offset) => Piece::Log { offset, blocks: 1 },
+                    Loc::Zero => Piece::Zero { blocks: 1 },
+                    // Destaged epochs are durable in the log; a version still in RAM was never
+                    // sent, and its epoch is after any the remote may hold.
+                    Loc::Ram(_) => continue,
+                };
+                versions.push(ProbeVersion { lba, epoch, source, discard: v.discard });
+            }
+        }
+        self.destage.active.clear();
+        self.destage.resume = None;
+        self.destage.probe_base = base;
+        self.destage.probe = Some((Probe { epochs: window, versions }, false));
+    }
+
+    /// What a [`DestageIo::Probe`] read back: `matches[i]` is true when the remote holds
+    /// `versions[i]`. Destage resumes after the newest epoch the remote holds whole.
+    pub fn probed(&mut self, matches: &[bool]) {
+        let Some((probe, true)) = self.destage.probe.take() else { return };
+        let base = self.destage.probe_base;
+        let reached = reached_epoch(base, &probe, matches);
+        if reached > base {
+            // Epoch `reached` is sent again: over a remote holding some of the next epoch it
+            // stays consistent, and its flush makes the ones before it durable there too.
+            let covered = probe.epochs.iter().copied().filter(|&e| e < reached).collect();
+            self.destage.resume = Some((reached, covered));
+        }
+    }
+
+    /// A [`DestageIo::Probe`] failed: it is handed out again.
+    pub fn probe_failed(&mut self) {
+        if let Some((_, sent)) = self.destage.probe.as_mut() {
+            *sent = false;
+        }
     }
 
     fn install(&mut self, lba: u64, v: Version) {
@@ -586,7 +766,11 @@ impl Core {
             (Mode::Immediate, false) => Submitted::Done,
             _ => self.wait_for_all(),
         };
-        if fua {
+        // In `log` mode every write is durable once acknowledged, FUA or not (a target with
+        // WCE=0 sends every write with FUA): the acknowledgement ends the epoch for whatever
+        // the host issues after it, and closing it here would give each write an epoch of its
+        // own, with a remote flush of its own.
+        if fua && self.cfg.mode == Mode::Immediate {
             self.close_epoch();
         }
         if r == Submitted::Done {
@@ -875,9 +1059,23 @@ impl Core {
             if !self.destage.quiet() {
                 return out;
             }
-            // Everything ended: start over from the oldest epoch not synchronised.
-            self.destage.active.clear();
+            // Everything ended. The remote holds every epoch synchronised; of those sent after,
+            // any order-respecting part. Two at most: start over from the oldest not
+            // synchronised; more: find out first how far it got.
             self.destage.failed = false;
+            let window: Vec<u64> =
+                self.destage.active.iter().flat_map(|e| e.covers.iter().copied().chain([e.epoch])).collect();
+            self.destage.active.clear();
+            if window.len() > 2 {
+                self.start_probe(self.destaged_epoch, window);
+            }
+        }
+        if let Some((probe, sent)) = self.destage.probe.as_mut() {
+            if !*sent {
+                *sent = true;
+                out.push(DestageIo::Probe(probe.clone()));
+            }
+            return out;
         }
         let ordered = self.cfg.ordered_remote;
         let limit = self.cfg.destage_inflight.max(1);
@@ -886,7 +1084,7 @@ impl Core {
         loop {
             if i == self.destage.active.len() {
                 let may_start = if ordered {
-                    self.destage.active.len() + self.destage.undurable.len() < 2
+                    true
                 } else {
                     self.destage.active.is_empty() && self.durable_destaged_epoch >= self.destaged_epoch
                 };
@@ -918,19 +1116,48 @@ impl Core {
 
     fn start_epoch(&mut self) -> bool {
         let after = self.destage.active.back().map_or(0, |e| e.epoch + 1);
-        let Some((&epoch, _)) = self.epochs.range(after..).next() else { return false };
+        let (epoch, covers) = match self.destage.resume.take() {
+            Some((epoch, covers)) if self.epochs.contains_key(&epoch) => (epoch, covers),
+            _ => match self.epochs.range(after..).next() {
+                Some((&epoch, _)) => (epoch, Vec::new()),
+                None => return false,
+            },
+        };
+        let bs = u64::from(self.cfg.block_size);
+        let blocks: u64 =
+            covers.iter().chain([&epoch]).filter_map(|e| self.epochs.get(e)).map(|m| m.len() as u64).sum();
+        if self.cfg.ordered_remote {
+            // Within the pipeline's limits, counted from the durable checkpoint.
+            let undurable = self.destage.undurable.iter().filter(|(e, _)| *e > self.durable_destaged_epoch);
+            let n = undurable.clone().count()
+                + self.destage.active.iter().map(|e| e.covers.len() + 1).sum::<usize>()
+                + covers.len()
+                + 1;
+            let sent: u64 =
+                undurable.map(|(_, b)| b).sum::<u64>() + self.destage.active.iter().map(|e| e.blocks).sum::<u64>();
+            let shallow = !self.hurry && self.log_fill() < self.cfg.deep_from;
+            if !self.pipeline_allows(n, (sent + blocks) * bs) || shallow && n > 2 {
+                if !covers.is_empty() {
+                    self.destage.resume = Some((epoch, covers));
+                }
+                return false;
+            }
+        }
         // Only writes that are durable in the log are destaged.
         let first_unlogged = self.durable_write();
         let not_durable =
             self.epochs[&epoch].values().any(|v| v.write_seq >= first_unlogged || matches!(v.loc, Loc::Ram(_)));
         if not_durable {
+            if !covers.is_empty() {
+                self.destage.resume = Some((epoch, covers));
+            }
             return false;
         }
         if epoch == self.epoch {
             self.close_epoch();
         }
+        let total_blocks = blocks;
         let blocks = &self.epochs[&epoch];
-        let bs = u64::from(self.cfg.block_size);
         let per_io = (self.cfg.destage_io_bytes / bs).clamp(1, u64::from(u32::MAX)) as u32;
         let mut queue = VecDeque::new();
         let mut run: Option<(u64, u32, Vec<Piece>, Option<bool>)> = None;
@@ -976,6 +1203,8 @@ impl Core {
             inflight: BTreeMap::new(),
             sync: SyncState::Unsent,
             failed: false,
+            covers,
+            blocks: total_blocks,
         });
         true
     }
@@ -1041,8 +1270,11 @@ impl Core {
             if !complete {
                 break;
             }
-            let epoch = front.epoch;
+            let (epoch, covers) = (front.epoch, front.covers.clone());
             self.destage.active.pop_front();
+            for e in covers {
+                self.epoch_on_remote(e);
+            }
             self.epoch_on_remote(epoch);
             moved = true;
         }
@@ -1050,7 +1282,9 @@ impl Core {
     }
 
     fn epoch_on_remote(&mut self, epoch: u64) {
+        let mut count = 0;
         if let Some(blocks) = self.epochs.remove(&epoch) {
+            count = blocks.len() as u64;
             for (lba, v) in blocks {
                 if self.newest.get(&lba).is_some_and(|n| n.write_seq == v.write_seq) {
                     self.newest.remove(&lba);
@@ -1061,7 +1295,7 @@ impl Core {
         }
         self.invalidations += 1;
         self.destaged_epoch = epoch;
-        self.destage.undurable.push_back(epoch);
+        self.destage.undurable.push_back((epoch, count));
         self.stats.epochs_destaged += 1;
         for r in &mut self.records {
             if r.max_epoch <= epoch {
@@ -1095,7 +1329,7 @@ impl Core {
     pub fn checkpoint_durable(&mut self, cp: Checkpoint) {
         self.durable_head_seq = self.durable_head_seq.max(cp.head_seq);
         self.durable_destaged_epoch = self.durable_destaged_epoch.max(cp.destaged_epoch);
-        while self.destage.undurable.front().is_some_and(|&e| e <= self.durable_destaged_epoch) {
+        while self.destage.undurable.front().is_some_and(|&(e, _)| e <= self.durable_destaged_epoch) {
             self.destage.undurable.pop_front();
         }
         self.release_freed();
@@ -1124,6 +1358,9 @@ mod tests {
             destage_io_bytes: 4096,
             destage_inflight: 4,
             ordered_remote: false,
+            pipeline_epochs: PIPELINE_EPOCHS,
+            pipeline_bytes: PIPELINE_BYTES,
+            deep_from: 0.0,
             epoch_max_writes: 1000,
             epoch_max_bytes: 8 << 20,
             read_cache_blocks: 64,
@@ -1165,6 +1402,7 @@ mod tests {
                         c.destage_done(id);
                     }
                     DestageIo::Sync { epoch, .. } => sync = Some(epoch),
+                    DestageIo::Probe(_) => panic!("nothing to read back on a fresh log"),
                 }
             }
             if sync.is_some() {
@@ -1222,6 +1460,23 @@ mod tests {
         log_all(&mut c);
         c.write(2, blocks(1, 1), false).expect("write");
         assert_eq!(c.epochs().0, 2, "the host may have issued this write because the others completed");
+    }
+
+    #[test]
+    fn in_log_mode_fua_writes_share_an_epoch_until_one_is_acknowledged() {
+        // A target with WCE=0 sends every write with FUA; all are durable once acknowledged.
+        let mut c = core(Mode::Log);
+        c.write(0, blocks(1, 1), true).expect("write");
+        c.write(1, blocks(1, 1), true).expect("write");
+        assert_eq!(c.epochs().0, 1);
+        log_all(&mut c);
+        c.write(2, blocks(1, 1), true).expect("write");
+        assert_eq!(c.epochs().0, 2);
+        // In `immediate` mode a FUA write is what makes earlier writes durable: it ends its epoch.
+        let mut c = core(Mode::Immediate);
+        c.write(0, blocks(1, 1), true).expect("write");
+        c.write(1, blocks(1, 1), false).expect("write");
+        assert_eq!(c.epochs().0, 2);
     }
 
     #[test]
@@ -1314,6 +1569,78 @@ mod tests {
         assert!(matches!(c.write(0, Bytes::from(vec![0; 100]), false), Err(CoreError::Misaligned { .. })));
         assert!(matches!(c.read(1000, 100), Err(CoreError::OutOfRange { .. })));
         assert!(matches!(c.zero(u64::MAX, 2, false), Err(CoreError::OutOfRange { .. })));
+    }
+
+    fn probe(versions: &[(u64, u64)]) -> Probe {
+        let mut epochs: Vec<u64> = versions.iter().map(|v| v.1).collect();
+        epochs.sort_unstable();
+        epochs.dedup();
+        Probe {
+            epochs,
+            versions: versions
+                .iter()
+                .map(|&(lba, epoch)| ProbeVersion { lba, epoch, source: Piece::Zero { blocks: 1 }, discard: false })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_remote_is_found_after_the_newest_epoch_it_holds_whole() {
+        // Epoch 1 writes block 10; epoch 2 blocks 10 and 11; epoch 3 blocks 11 and 12.
+        let p = probe(&[(10, 1), (10, 2), (11, 2), (11, 3), (12, 3)]);
+        // All of epoch 2 and block 11 of epoch 3.
+        assert_eq!(reached_epoch(0, &p, &[false, true, false, true, false]), 2);
+        // Everything.
+        assert_eq!(reached_epoch(0, &p, &[false, true, false, true, true]), 3);
+        // Nothing: block 10 holds neither epoch 1's nor epoch 2's version.
+        assert_eq!(reached_epoch(0, &p, &[false, false, false, false, false]), 0);
+        // Epoch 1 and part of epoch 2.
+        assert_eq!(reached_epoch(0, &p, &[true, false, true, false, false]), 1);
+        // Epoch 3's block 12 without epoch 2's block 10: no state after epoch 1 explains it.
+        assert_eq!(reached_epoch(0, &p, &[true, false, false, false, true]), 1);
+    }
+
+    #[test]
+    fn after_a_failure_with_many_epochs_sent_destage_reads_back_before_it_resumes() {
+        let mut c = core(Mode::Log);
+        c.cfg.ordered_remote = true;
+        c.cfg.destage_inflight = 16;
+        for i in 0..5u64 {
+            c.write(i, blocks(1, i as u8 + 1), false).expect("write");
+            log_all(&mut c);
+        }
+        let ios = c.next_destage();
+        let syncs = ios.iter().filter(|io| matches!(io, DestageIo::Sync { .. })).count();
+        assert_eq!(syncs, 5, "five single-write epochs are pipelined: {ios:?}");
+        for io in &ios {
+            match io {
+                DestageIo::Write { id, .. } => c.destage_failed(*id),
+                DestageIo::Sync { epoch, .. } => c.sync_failed(*epoch),
+                _ => {}
+            }
+        }
+        let ios = c.next_destage();
+        let [DestageIo::Probe(p)] = ios.as_slice() else { panic!("a probe first: {ios:?}") };
+        assert_eq!(p.epochs, vec![1, 2, 3, 4, 5]);
+        assert!(c.next_destage().is_empty(), "nothing else while the probe is out");
+        // The remote got epochs 1 and 2: destage sends epoch 2 again, then 3 to 5.
+        c.probed(&[true, true, false, false, false]);
+        let ios = c.next_destage();
+        let lbas: Vec<u64> =
+            ios.iter().filter_map(|io| if let DestageIo::Write { lba, .. } = io { Some(*lba) } else { None }).collect();
+        assert_eq!(lbas, vec![1, 2, 3, 4]);
+        for io in ios {
+            match io {
+                DestageIo::Write { id, .. } => {
+                    c.destage_done(id);
+                }
+                DestageIo::Sync { epoch, .. } => {
+                    c.synced(epoch);
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(c.epochs().1, 5, "epochs 1 to 5 are on the remote");
     }
 
     #[test]

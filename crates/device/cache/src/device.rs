@@ -68,6 +68,9 @@ pub struct CacheOptions {
     pub epoch_max_bytes: u64,
     /// Log fill (0–1) above which host writes are slowed, in proportion to how far beyond.
     pub throttle_from: f64,
+    /// Log fill (0–1) from which destage keeps its whole pipeline in flight; below it, two
+    /// epochs (see [`Config::deep_from`]).
+    pub deep_destage_from: f64,
     /// Pause between attempts when the remote fails a destage write or flush.
     pub retry_delay: Duration,
     /// Bytes of clean blocks kept in RAM for reads.
@@ -92,6 +95,7 @@ impl Default for CacheOptions {
             epoch_max_writes: 4096,
             epoch_max_bytes: 64 << 20,
             throttle_from: 0.75,
+            deep_destage_from: 0.25,
             retry_delay: Duration::from_millis(200),
             read_cache_bytes: 256 << 20,
             read_cache_policy: Policy::default(),
@@ -240,6 +244,8 @@ pub struct Status {
 
 /// Weight of the newest sample in the service-time moving averages.
 const EWMA: f64 = 0.2;
+/// Throttled writes that destage frees no space for wake on multiples of this.
+const ADMISSION_TICK: Duration = Duration::from_millis(2);
 /// Shortest interval over which the destage rate is measured.
 const RATE_WINDOW: Duration = Duration::from_secs(2);
 
@@ -295,6 +301,10 @@ struct Inner {
     destager: Notify,
     /// RAM or log space became free.
     space: Notify,
+    /// Destage freed log space (a new checkpoint): throttled writes go in together.
+    freed: Notify,
+    /// The grid throttled writes wake on when destage frees nothing in time.
+    opened: Instant,
     counters: Mutex<Counters>,
     stopping: std::sync::atomic::AtomicBool,
     /// Read-ahead in flight: block range and who waits for it.
@@ -354,6 +364,9 @@ impl Cache {
             destage_io_bytes: opts.destage_io_bytes,
             destage_inflight: opts.destage_inflight,
             ordered_remote: opts.ordered_destage && remote.ordered_queue().is_some(),
+            pipeline_epochs: core::PIPELINE_EPOCHS,
+            pipeline_bytes: core::PIPELINE_BYTES,
+            deep_from: opts.deep_destage_from,
             epoch_max_writes: opts.epoch_max_writes,
             epoch_max_bytes: opts.epoch_max_bytes,
             read_cache_blocks: (opts.read_cache_bytes / u64::from(geometry.block_size)) as usize,
@@ -401,6 +414,8 @@ impl Cache {
             logger: Notify::new(),
             destager: Notify::new(),
             space: Notify::new(),
+            freed: Notify::new(),
+            opened: Instant::now(),
             counters: Mutex::new(Counters::default()),
             stopping: std::sync::atomic::AtomicBool::new(false),
             prefetching: Mutex::new(Vec::new()),
@@ -462,6 +477,15 @@ impl Cache {
     /// Waits until every dirty block is on the remote and synchronised (for maintenance: the
     /// remote alone is then the whole truth).
     pub async fn drain(&self) {
+        /// Destage hurries while a drain waits, however it ends.
+        struct Hurry<'a>(&'a Inner);
+        impl Drop for Hurry<'_> {
+            fn drop(&mut self) {
+                lock(&self.0.core).hurry(false);
+            }
+        }
+        lock(&self.inner.core).hurry(true);
+        let _hurry = Hurry(&self.inner);
         loop {
             let notified = self.inner.space.notified();
             // When clean: destage wrote a checkpoint after its last epoch; a head that moved
@@ -520,8 +544,14 @@ impl Cache {
     }
 
     /// Holds a host write back while RAM is full, and slows it while the log fills.
+    ///
+    /// Slowed writes are let in together: when destage frees log space, or at the same tick of
+    /// a shared clock. Let in one by one, each would be acknowledged alone, and in `log` mode
+    /// each would then make an epoch of its own, which destage sends with a flush of its own:
+    /// the remote's flushes, not the path, would set the pace.
     async fn admit(&self, bytes: u64) {
         loop {
+            let freed = self.inner.freed.notified();
             let notified = self.inner.space.notified();
             let (room, fill) = {
                 let c = lock(&self.inner.core);
@@ -531,18 +561,24 @@ impl Cache {
             if room && fill < from {
                 return;
             }
-            if room {
-                // A smooth curve: no delay at `from`, growing as the log fills, so that writes
-                // follow the destage rate instead of stopping at a cliff.
-                let over = ((fill - from) / (1.0 - from).max(1e-3)).clamp(0.0, 1.0);
-                lock(&self.inner.counters).throttled_writes += 1;
-                let delay = Duration::from_micros((over * over * 20_000.0) as u64);
-                if fill < 0.98 {
-                    tokio::time::sleep(delay).await;
-                    return;
-                }
+            if !room {
+                let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
+                continue;
             }
-            let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
+            lock(&self.inner.counters).throttled_writes += 1;
+            if fill >= 0.98 {
+                let _ = tokio::time::timeout(Duration::from_millis(50), freed).await;
+                continue;
+            }
+            // A smooth curve: no delay at `from`, growing as the log fills, so that writes follow
+            // the destage rate instead of stopping at a cliff.
+            let over = ((fill - from) / (1.0 - from).max(1e-3)).clamp(0.0, 1.0);
+            let delay = Duration::from_micros((over * over * 20_000.0) as u64);
+            let tick = ADMISSION_TICK.as_nanos();
+            let since = (Instant::now() + delay).saturating_duration_since(self.inner.opened).as_nanos();
+            let at = self.inner.opened + Duration::from_nanos((since.div_ceil(tick) * tick) as u64);
+            let _ = tokio::time::timeout_at(at.into(), freed).await;
+            return;
         }
     }
 
@@ -696,6 +732,46 @@ enum Ended {
     Io(u64, Result<(), BlockError>),
     /// The flush after an epoch, and when it was sent.
     Sync(u64, Result<(), BlockError>, Instant),
+    /// A read-back of the remote: which versions it holds.
+    Probe(Result<Vec<bool>, BlockError>),
+}
+
+/// Reads back the blocks of a [`Probe`] from the remote (many reads in flight: recovery should
+/// not pay a round trip per block) and says for each version whether the remote holds it.
+async fn run_probe(inner: Arc<Inner>, probe: core::Probe) -> Result<Vec<bool>, BlockError> {
+    let bs = inner.geometry.block_size as usize;
+    let per_read = (inner.opts.destage_io_bytes / bs as u64).clamp(1, u64::from(u32::MAX)) as u32;
+    let mut held: HashMap<u64, Bytes> = HashMap::new();
+    let mut reads: JoinSet<Result<(u64, Bytes), BlockError>> = JoinSet::new();
+    let mut runs = probe.runs(per_read).into_iter();
+    loop {
+        while reads.len() < inner.opts.destage_inflight.max(1) {
+            let Some((lba, n)) = runs.next() else { break };
+            let inner = Arc::clone(&inner);
+            reads.spawn(async move { Ok((lba, inner.remote.read(lba, n).await?)) });
+        }
+        let Some(joined) = reads.join_next().await else { break };
+        let (lba, data) = joined.map_err(|e| BlockError::Io { lba: 0, source: std::io::Error::other(e) })??;
+        for i in 0..data.len() / bs {
+            held.insert(lba + i as u64, data.slice(i * bs..(i + 1) * bs));
+        }
+    }
+    // Discards went out as UNMAP when the remote takes them: it may then read back anything.
+    let unmapped_anything = inner.remote.supports_discard();
+    let mut out = Vec::with_capacity(probe.versions.len());
+    for v in probe.versions {
+        let Some(there) = held.get(&v.lba) else {
+            out.push(false);
+            continue;
+        };
+        let same = match v.source {
+            _ if v.discard && unmapped_anything => true,
+            Piece::Log { offset, .. } => inner.log.read(offset, bs).await?.as_ref() == there.as_ref(),
+            _ => there.iter().all(|x| *x == 0),
+        };
+        out.push(same);
+    }
+    Ok(out)
 }
 
 /// Destage: epochs in order, many remote writes in flight, a flush of the remote at the end of
@@ -779,6 +855,9 @@ fn spawn_destage(inner: &Arc<Inner>, io: DestageIo, running: &mut JoinSet<Ended>
                 Ended::Sync(epoch, inner.remote.flush().await, started)
             });
         }
+        DestageIo::Probe(probe) => {
+            running.spawn(async move { Ended::Probe(run_probe(inner, probe).await) });
+        }
     }
 }
 
@@ -819,6 +898,11 @@ async fn queue_in_order(inner: &Arc<Inner>, q: &dyn OrderedQueue, ios: Vec<Desta
                 running.spawn(async move { Ended::Sync(epoch, fut.await, started) });
                 true
             }
+            DestageIo::Probe(probe) => {
+                // Nothing else is in flight while a probe is.
+                spawn_destage(inner, DestageIo::Probe(probe), running);
+                true
+            }
         };
         if !queued {
             let mut c = lock(&inner.core);
@@ -826,6 +910,7 @@ async fn queue_in_order(inner: &Arc<Inner>, q: &dyn OrderedQueue, ios: Vec<Desta
                 match io {
                     DestageIo::Write { id, .. } | DestageIo::Zero { id, .. } => c.destage_failed(id),
                     DestageIo::Sync { epoch, .. } => c.sync_failed(epoch),
+                    DestageIo::Probe(_) => c.probe_failed(),
                 }
             }
         }
@@ -849,6 +934,16 @@ async fn destage_ended(inner: &Arc<Inner>, ended: Ended) -> bool {
                 n.remote_sync_secs = ewma(n.remote_sync_secs, started.elapsed());
             }
             checkpoint_after(inner, |c| c.synced(epoch)).await;
+        }
+        Ended::Probe(Ok(matches)) => {
+            lock(&inner.core).probed(&matches);
+            tracing::info!("read back what the remote holds of the epochs in flight; destage resumes");
+        }
+        Ended::Probe(Err(e)) => {
+            tracing::warn!("reading back the remote failed, retrying: {e}");
+            lock(&inner.counters).destage_retries += 1;
+            lock(&inner.core).probe_failed();
+            return true;
         }
         Ended::Sync(epoch, Err(e), _) => {
             tracing::warn!(epoch, "remote flush failed, retrying: {e}");
@@ -874,6 +969,7 @@ async fn checkpoint_after(inner: &Arc<Inner>, retire: impl FnOnce(&mut Core) -> 
     if let Some(cp) = cp {
         write_checkpoint(inner, cp).await;
         inner.space.notify_waiters();
+        inner.freed.notify_waiters();
     }
 }
 
@@ -1029,6 +1125,7 @@ mod tests {
             epoch_max_writes: 64,
             epoch_max_bytes: 1 << 20,
             throttle_from: 0.75,
+            deep_destage_from: 0.25,
             retry_delay: Duration::from_millis(10),
             read_cache_bytes: 1 << 20,
             read_cache_policy: Policy::S3Fifo,
@@ -1199,11 +1296,172 @@ mod tests {
         assert_eq!(cache.status().dirty_blocks, 0);
     }
 
+    /// A remote whose writes fail while `down` is set.
+    struct Flaky {
+        dev: MemDev,
+        down: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait]
+    impl BlockDev for Flaky {
+        fn geometry(&self) -> Geometry {
+            self.dev.geometry()
+        }
+        fn volatile_cache(&self) -> bool {
+            false
+        }
+        async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
+            self.dev.read(lba, blocks).await
+        }
+        async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
+            if self.down.load(std::sync::atomic::Ordering::Acquire) {
+                return Err(BlockError::Io { lba, source: std::io::Error::other("remote down") });
+            }
+            self.dev.write(lba, data, fua).await
+        }
+        async fn flush(&self) -> Result<(), BlockError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn recovery_reads_back_the_remote_and_resumes_after_the_epochs_it_holds() {
+        let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 32 << 11));
+        let down = Arc::new(Flaky { dev: MemDev::new(512, 4096), down: true.into() });
+        let cache = Cache::open(Arc::clone(&log), down.clone(), b"r", opts(AckMode::Log)).await.expect("opens");
+        // In `log` mode each acknowledged write closes its epoch: eleven epochs, none destaged.
+        let writes: Vec<(u64, Bytes)> = (0..10u64).map(|i| (i * 3, pattern(i * 3, 1, i as u8 + 1))).collect();
+        for (lba, data) in &writes {
+            cache.write(*lba, data.clone(), false).await.expect("write");
+        }
+        cache.write(0, pattern(0, 1, 77), false).await.expect("write");
+        cache.close().await;
+        drop(cache);
+        // The remote already holds the first four epochs, as if destage had sent them before the
+        // crash and the checkpoint had not caught up.
+        let remote = Arc::new(Flaky { dev: MemDev::new(512, 4096), down: false.into() });
+        for (lba, data) in &writes[..4] {
+            remote.dev.write(*lba, data.clone(), false).await.expect("remote write");
+        }
+        let cache = Cache::open(Arc::clone(&log), remote.clone(), b"r", opts(AckMode::Log)).await.expect("reopens");
+        cache.drain().await;
+        for (lba, data) in &writes[1..] {
+            assert_eq!(&remote.dev.read(*lba, 1).await.expect("remote"), data);
+        }
+        assert_eq!(remote.dev.read(0, 1).await.expect("remote"), pattern(0, 1, 77));
+        // Epoch 4 goes again (its flush makes 1–3 durable there), then epochs 5–11.
+        assert_eq!(cache.status().blocks_destaged, 8);
+    }
+
     #[tokio::test]
     async fn a_log_too_small_is_refused_with_the_size_it_needs() {
         let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 2048));
         let remote = Arc::new(MemDev::new(512, 4096));
         let err = Cache::open(log, remote, b"r", opts(AckMode::Log)).await.expect_err("refused");
         assert!(err.to_string().contains("needs at least"), "{err}");
+    }
+}
+/// Destage over a long path that keeps order.
+#[cfg(test)]
+mod pipeline_tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use stics_block::{MemDev, Queued};
+
+    const RTT: Duration = Duration::from_millis(16);
+
+    /// An ordered remote a round trip away that counts the flushes it has queued at once.
+    struct Far {
+        dev: Arc<MemDev>,
+        barriers: Arc<AtomicUsize>,
+        most: Arc<AtomicUsize>,
+    }
+
+    #[async_trait]
+    impl BlockDev for Far {
+        fn geometry(&self) -> Geometry {
+            self.dev.geometry()
+        }
+        fn volatile_cache(&self) -> bool {
+            true
+        }
+        async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
+            tokio::time::sleep(RTT).await;
+            self.dev.read(lba, blocks).await
+        }
+        async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
+            tokio::time::sleep(RTT).await;
+            self.dev.write(lba, data, fua).await
+        }
+        async fn flush(&self) -> Result<(), BlockError> {
+            tokio::time::sleep(RTT).await;
+            Ok(())
+        }
+        fn ordered_queue(&self) -> Option<&dyn OrderedQueue> {
+            Some(self)
+        }
+    }
+
+    #[async_trait]
+    impl OrderedQueue for Far {
+        async fn prepare(&self) -> Result<(), BlockError> {
+            Ok(())
+        }
+        fn queue_write(&self, lba: u64, data: Bytes) -> Queued {
+            // Queued now, so it lands before anything queued later (all take one round trip).
+            let dev = Arc::clone(&self.dev);
+            Box::pin(async move {
+                tokio::time::sleep(RTT).await;
+                dev.write(lba, data, false).await
+            })
+        }
+        fn queue_zeros(&self, lba: u64, blocks: u64, _discard: bool) -> Queued {
+            let dev = Arc::clone(&self.dev);
+            Box::pin(async move {
+                tokio::time::sleep(RTT).await;
+                dev.write_zeros(lba, blocks).await
+            })
+        }
+        fn queue_barrier(&self) -> Queued {
+            let now = self.barriers.fetch_add(1, SeqCst) + 1;
+            self.most.fetch_max(now, SeqCst);
+            let barriers = Arc::clone(&self.barriers);
+            Box::pin(async move {
+                tokio::time::sleep(RTT).await;
+                barriers.fetch_sub(1, SeqCst);
+                Ok(())
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn single_write_epochs_are_pipelined_many_at_once() {
+        let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 1024 << 11));
+        let most = Arc::new(AtomicUsize::new(0));
+        let remote = Arc::new(Far {
+            dev: Arc::new(MemDev::new(512, 1 << 16)),
+            barriers: Arc::new(AtomicUsize::new(0)),
+            most: Arc::clone(&most),
+        });
+        let cache = Cache::open(log, remote.clone(), b"far", CacheOptions::default()).await.expect("opens");
+        // In `log` mode, one write at a time: each acknowledgement ends its epoch.
+        for i in 0..300u64 {
+            cache.write(i * 8, pattern(i * 8, 8, i as u8), true).await.expect("write");
+        }
+        cache.drain().await;
+        let s = cache.status();
+        assert!(s.destaged_epoch >= 300, "{s:?}");
+        assert!(most.load(SeqCst) > 16, "only {} epochs were in flight at once", most.load(SeqCst));
+        for i in (0..300u64).step_by(37) {
+            assert_eq!(remote.dev.read(i * 8, 8).await.expect("remote"), pattern(i * 8, 8, i as u8));
+        }
+    }
+
+    fn pattern(lba: u64, n: u32, v: u8) -> Bytes {
+        let mut b = vec![v; n as usize * 512];
+        for i in 0..n as usize {
+            b[i * 512..i * 512 + 8].copy_from_slice(&(lba + i as u64).to_le_bytes());
+        }
+        Bytes::from(b)
     }
 }

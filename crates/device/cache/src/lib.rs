@@ -2,9 +2,9 @@
 //! write log on a local device and destages it to a remote device in epoch order, so the remote
 //! image stays crash-consistent.
 //!
-//! This crate so far holds the log's on-disk format ([`format`]: versioned, checksummed records
-//! and a superblock that binds the log to its remote LUN) and recovery's scan of it ([`scan`]).
-//! The cache device and its destage planner build on them.
+//! [`format`] is the log's on-disk format (versioned, checksummed records and a superblock that
+//! binds the log to its remote LUN), [`scan`] recovery's walk of it, [`core`] every decision as a
+//! pure state machine, [`readcache`] the clean-block cache and [`device`] the tokio driver.
 //!
 //! **Architecture Invariant:** knows block devices, not iSCSI; every decision (admission, destage
 //! order, recovery) is a pure function of the log's bytes, the index and `now`.

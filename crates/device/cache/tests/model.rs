@@ -178,6 +178,10 @@ impl Sim {
             destage_io_bytes: 2 << 10,
             destage_inflight: 3,
             ordered_remote: ordered,
+            // Small enough that the model's epochs hit both limits.
+            pipeline_epochs: 4,
+            pipeline_bytes: 4 << 10,
+            deep_from: 0.0,
             epoch_max_writes: 8,
             epoch_max_bytes: 8 << 10,
             read_cache_blocks: 16,
@@ -319,7 +323,8 @@ impl Sim {
                 let s = self.core.write(lba, Bytes::from(data), fua).map_err(|e| e.to_string())?;
                 self.writes.push(HostWrite { id, lba, blocks, zero: false });
                 self.submitted(s, self.mode == Mode::Log || fua);
-                if fua {
+                // In `log` mode its acknowledgement is the boundary, as for every write.
+                if fua && self.mode == Mode::Immediate {
                     self.boundaries.push(self.writes.len());
                 }
             }
@@ -363,6 +368,22 @@ impl Sim {
                 let new = self.core.next_destage();
                 for io in new {
                     match io {
+                        DestageIo::Probe(probe) => {
+                            if complete == 0 {
+                                self.core.probe_failed();
+                                continue;
+                            }
+                            // The remote answers at once (nothing else is in flight).
+                            let matches: Vec<bool> = probe
+                                .versions
+                                .iter()
+                                .map(|v| {
+                                    self.resolve(std::slice::from_ref(&v.source))
+                                        == block_bytes(self.remote[v.lba as usize], v.lba)
+                                })
+                                .collect();
+                            self.core.probed(&matches);
+                        }
                         DestageIo::Sync { epoch, barrier: false } => {
                             if self.ordered {
                                 return Err("an ordered remote got a flush that is no barrier".into());
@@ -399,6 +420,7 @@ impl Sim {
                             }
                         }
                         DestageIo::Sync { epoch, .. } => self.synced(epoch),
+                        DestageIo::Probe(_) => return Err("a probe was in flight".into()),
                     }
                 }
                 self.check_remote_consistent()?;
@@ -410,6 +432,7 @@ impl Sim {
                     match io {
                         DestageIo::Write { id, .. } | DestageIo::Zero { id, .. } => self.core.destage_failed(id),
                         DestageIo::Sync { epoch, .. } => self.core.sync_failed(epoch),
+                        DestageIo::Probe(_) => self.core.probe_failed(),
                     }
                 }
                 self.check_remote_consistent()?;
@@ -504,7 +527,7 @@ impl Sim {
                     self.remote[b as usize] = 0;
                 }
             }
-            DestageIo::Sync { .. } => {}
+            DestageIo::Sync { .. } | DestageIo::Probe(_) => {}
         }
         Ok(())
     }
