@@ -17,7 +17,7 @@ use stics_initiator::{IscsiUrl, Lun, LunOptions};
 use stics_testkit::net::{free_port, Proxy};
 use stics_testkit::pattern::{check_at, stamp_run};
 use stics_testkit::peers::SticsTarget;
-use stics_testkit::proc::{run_ok, spawn, spawn_stics, wait_mounted, wait_port, Guard};
+use stics_testkit::proc::{one_at_a_time, run_ok, spawn, spawn_stics, wait_mounted, wait_port, Guard};
 use stics_testkit::IQN;
 
 const BIN: &str = env!("CARGO_BIN_EXE_stics");
@@ -429,14 +429,6 @@ fn wan_cut_for_30_s_keeps_writes_acknowledged_and_destage_resumes_by_itself() {
     );
 }
 
-/// The ext4 tests run one at a time: each drives FUSE exports, loop devices and the kernel's
-/// ext4 code, and together they overload a 2-core machine.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// `stics mount` of a LUN at `dir/NAME`, with ext4 on it loop-mounted at `dir/NAME.fs` when asked;
 /// on drop both are unmounted (lazily: the LUN may be gone) and the export killed.
 struct Export {
@@ -544,7 +536,7 @@ fn file_data(i: u64) -> Vec<u8> {
 
 #[test]
 fn log_thrown_away_after_sigkill_leaves_a_remote_ext4_that_replays_and_fscks_clean() {
-    let _serial = serial();
+    let _serial = one_at_a_time();
     let remote = SticsTarget::with_file_lun(Path::new(BIN), 256, &[]);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
@@ -627,7 +619,7 @@ fn log_thrown_away_after_sigkill_leaves_a_remote_ext4_that_replays_and_fscks_cle
 
 #[test]
 fn ext4_on_the_gateway_runs_postmark_and_fscks_clean() {
-    let _serial = serial();
+    let _serial = one_at_a_time();
     let remote = SticsTarget::with_file_lun(Path::new(BIN), 256, &[]);
     let dir = tempfile::tempdir().unwrap();
     let (_gw, port, metrics) =

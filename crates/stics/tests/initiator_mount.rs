@@ -7,15 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use stics_testkit::peers::Tgt;
-use stics_testkit::proc::{run_ok, spawn_stics, wait_mounted, Guard};
-
-/// The tests of this file run one at a time: each drives a tgtd, a FUSE export and the kernel's
-/// loop and ext4 code, and together they overload a 2-core machine.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use stics_testkit::proc::{one_at_a_time, run_ok, spawn_stics, wait_mounted, Guard};
 
 /// A tgt LUN of `size_mib` MiB exported by `stics mount` at `dir/lun`; fields drop in order,
 /// so the export goes before tgt, and the lock on the other tests goes last.
@@ -29,7 +21,7 @@ struct Setup {
 
 impl Setup {
     fn start(size_mib: u64) -> Setup {
-        let lock = serial();
+        let lock = one_at_a_time();
         let tgt = Tgt::start(size_mib);
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("lun");

@@ -5,6 +5,13 @@ use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+/// Serialises the heavy tests of one test binary (each binary is its own process, so each has
+/// its own lock): FUSE exports, loop devices and ext4 side by side overload a 2-core machine.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A child process killed with SIGKILL (and reaped) when dropped, so that a failing test leaves
 /// nothing running.
 #[derive(Debug, Default)]

@@ -354,17 +354,24 @@ struct EpochDestage {
 /// durable checkpoint sent, recovery simply destages again from the checkpoint on. With more,
 /// it first reads back what the remote holds of them ([`DestageIo::Probe`]) and resumes after
 /// the newest it holds whole ([`reached_epoch`]); so does destage after a failure.
+/// A read-back of the remote that destage waits for.
+#[derive(Debug)]
+struct PendingProbe {
+    probe: Probe,
+    /// The epoch before the probe's window: the remote holds it and all before it.
+    base: u64,
+    /// Handed out to the driver.
+    sent: bool,
+}
+
 #[derive(Debug, Default)]
 struct Destage {
     active: VecDeque<EpochDestage>,
     /// Epochs synchronised whose checkpoint is not durable yet, with their block counts (they
     /// count towards the pipeline's limits).
     undurable: VecDeque<(u64, u64)>,
-    /// The remote must be read back before anything more goes out: the probe, and whether it
-    /// was handed out.
-    probe: Option<(Probe, bool)>,
-    /// The epoch before the probe's window: the remote holds it and all before it.
-    probe_base: u64,
+    /// The remote must be read back before anything more goes out.
+    probe: Option<PendingProbe>,
     /// Where a probe found the remote: the next epoch destaged is this one, standing for the
     /// epochs of the window before it.
     resume: Option<(u64, Vec<u64>)>,
@@ -576,15 +583,13 @@ impl Core {
         }
         self.destage.active.clear();
         self.destage.resume = None;
-        self.destage.probe_base = base;
-        self.destage.probe = Some((Probe { epochs: window, versions }, false));
+        self.destage.probe = Some(PendingProbe { probe: Probe { epochs: window, versions }, base, sent: false });
     }
 
     /// What a [`DestageIo::Probe`] read back: `matches[i]` is true when the remote holds
     /// `versions[i]`. Destage resumes after the newest epoch the remote holds whole.
     pub fn probed(&mut self, matches: &[bool]) {
-        let Some((probe, true)) = self.destage.probe.take() else { return };
-        let base = self.destage.probe_base;
+        let Some(PendingProbe { probe, base, sent: true }) = self.destage.probe.take() else { return };
         let reached = reached_epoch(base, &probe, matches);
         if reached > base {
             // Epoch `reached` is sent again: over a remote holding some of the next epoch it
@@ -596,8 +601,8 @@ impl Core {
 
     /// A [`DestageIo::Probe`] failed: it is handed out again.
     pub fn probe_failed(&mut self) {
-        if let Some((_, sent)) = self.destage.probe.as_mut() {
-            *sent = false;
+        if let Some(p) = self.destage.probe.as_mut() {
+            p.sent = false;
         }
     }
 
@@ -1070,10 +1075,10 @@ impl Core {
                 self.start_probe(self.destaged_epoch, window);
             }
         }
-        if let Some((probe, sent)) = self.destage.probe.as_mut() {
-            if !*sent {
-                *sent = true;
-                out.push(DestageIo::Probe(probe.clone()));
+        if let Some(p) = self.destage.probe.as_mut() {
+            if !p.sent {
+                p.sent = true;
+                out.push(DestageIo::Probe(p.probe.clone()));
             }
             return out;
         }
@@ -1083,11 +1088,9 @@ impl Core {
         let mut i = 0;
         loop {
             if i == self.destage.active.len() {
-                let may_start = if ordered {
-                    true
-                } else {
-                    self.destage.active.is_empty() && self.durable_destaged_epoch >= self.destaged_epoch
-                };
+                // An ordered remote takes the next epoch at once, within the pipeline's limits.
+                let may_start =
+                    ordered || self.destage.active.is_empty() && self.durable_destaged_epoch >= self.destaged_epoch;
                 if !may_start || !self.start_epoch() {
                     break;
                 }
@@ -1116,30 +1119,28 @@ impl Core {
 
     fn start_epoch(&mut self) -> bool {
         let after = self.destage.active.back().map_or(0, |e| e.epoch + 1);
-        let (epoch, covers) = match self.destage.resume.take() {
-            Some((epoch, covers)) if self.epochs.contains_key(&epoch) => (epoch, covers),
+        // Where a probe said to resume (kept until that epoch starts), else the next epoch.
+        let (epoch, covers): (u64, &[u64]) = match &self.destage.resume {
+            Some((epoch, covers)) if self.epochs.contains_key(epoch) => (*epoch, covers),
             _ => match self.epochs.range(after..).next() {
-                Some((&epoch, _)) => (epoch, Vec::new()),
+                Some((&epoch, _)) => (epoch, &[]),
                 None => return false,
             },
         };
         let bs = u64::from(self.cfg.block_size);
-        let blocks: u64 =
+        let total_blocks: u64 =
             covers.iter().chain([&epoch]).filter_map(|e| self.epochs.get(e)).map(|m| m.len() as u64).sum();
         if self.cfg.ordered_remote {
-            // Within the pipeline's limits, counted from the durable checkpoint.
-            let undurable = self.destage.undurable.iter().filter(|(e, _)| *e > self.durable_destaged_epoch);
-            let n = undurable.clone().count()
+            // Within the pipeline's limits, counted from the durable checkpoint: every epoch
+            // synchronised since is still in `undurable`.
+            let n = self.destage.undurable.len()
                 + self.destage.active.iter().map(|e| e.covers.len() + 1).sum::<usize>()
                 + covers.len()
                 + 1;
-            let sent: u64 =
-                undurable.map(|(_, b)| b).sum::<u64>() + self.destage.active.iter().map(|e| e.blocks).sum::<u64>();
+            let sent = self.destage.undurable.iter().map(|(_, b)| b).sum::<u64>()
+                + self.destage.active.iter().map(|e| e.blocks).sum::<u64>();
             let shallow = !self.hurry && self.log_fill() < self.cfg.deep_from;
-            if !self.pipeline_allows(n, (sent + blocks) * bs) || shallow && n > 2 {
-                if !covers.is_empty() {
-                    self.destage.resume = Some((epoch, covers));
-                }
+            if !self.pipeline_allows(n, (sent + total_blocks) * bs) || shallow && n > 2 {
                 return false;
             }
         }
@@ -1148,15 +1149,15 @@ impl Core {
         let not_durable =
             self.epochs[&epoch].values().any(|v| v.write_seq >= first_unlogged || matches!(v.loc, Loc::Ram(_)));
         if not_durable {
-            if !covers.is_empty() {
-                self.destage.resume = Some((epoch, covers));
-            }
             return false;
         }
+        let covers = match self.destage.resume.take() {
+            Some((e, covers)) if e == epoch => covers,
+            _ => Vec::new(),
+        };
         if epoch == self.epoch {
             self.close_epoch();
         }
-        let total_blocks = blocks;
         let blocks = &self.epochs[&epoch];
         let per_io = (self.cfg.destage_io_bytes / bs).clamp(1, u64::from(u32::MAX)) as u32;
         let mut queue = VecDeque::new();

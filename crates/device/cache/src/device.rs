@@ -1112,7 +1112,8 @@ impl Drop for Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stics_block::MemDev;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use stics_block::{MemDev, Queued};
 
     fn opts(mode: AckMode) -> CacheOptions {
         CacheOptions {
@@ -1296,28 +1297,22 @@ mod tests {
         assert_eq!(cache.status().dirty_blocks, 0);
     }
 
-    /// A remote whose writes fail while `down` is set.
-    struct Flaky {
-        dev: MemDev,
-        down: std::sync::atomic::AtomicBool,
-    }
+    /// A remote whose writes all fail.
+    struct Down(MemDev);
 
     #[async_trait]
-    impl BlockDev for Flaky {
+    impl BlockDev for Down {
         fn geometry(&self) -> Geometry {
-            self.dev.geometry()
+            self.0.geometry()
         }
         fn volatile_cache(&self) -> bool {
             false
         }
         async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
-            self.dev.read(lba, blocks).await
+            self.0.read(lba, blocks).await
         }
-        async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
-            if self.down.load(std::sync::atomic::Ordering::Acquire) {
-                return Err(BlockError::Io { lba, source: std::io::Error::other("remote down") });
-            }
-            self.dev.write(lba, data, fua).await
+        async fn write(&self, lba: u64, _data: Bytes, _fua: bool) -> Result<(), BlockError> {
+            Err(BlockError::Io { lba, source: std::io::Error::other("remote down") })
         }
         async fn flush(&self) -> Result<(), BlockError> {
             Ok(())
@@ -1327,8 +1322,8 @@ mod tests {
     #[tokio::test]
     async fn recovery_reads_back_the_remote_and_resumes_after_the_epochs_it_holds() {
         let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 32 << 11));
-        let down = Arc::new(Flaky { dev: MemDev::new(512, 4096), down: true.into() });
-        let cache = Cache::open(Arc::clone(&log), down.clone(), b"r", opts(AckMode::Log)).await.expect("opens");
+        let down = Arc::new(Down(MemDev::new(512, 4096)));
+        let cache = Cache::open(Arc::clone(&log), down, b"r", opts(AckMode::Log)).await.expect("opens");
         // In `log` mode each acknowledged write closes its epoch: eleven epochs, none destaged.
         let writes: Vec<(u64, Bytes)> = (0..10u64).map(|i| (i * 3, pattern(i * 3, 1, i as u8 + 1))).collect();
         for (lba, data) in &writes {
@@ -1339,16 +1334,16 @@ mod tests {
         drop(cache);
         // The remote already holds the first four epochs, as if destage had sent them before the
         // crash and the checkpoint had not caught up.
-        let remote = Arc::new(Flaky { dev: MemDev::new(512, 4096), down: false.into() });
+        let remote = Arc::new(MemDev::new(512, 4096));
         for (lba, data) in &writes[..4] {
-            remote.dev.write(*lba, data.clone(), false).await.expect("remote write");
+            remote.write(*lba, data.clone(), false).await.expect("remote write");
         }
         let cache = Cache::open(Arc::clone(&log), remote.clone(), b"r", opts(AckMode::Log)).await.expect("reopens");
         cache.drain().await;
         for (lba, data) in &writes[1..] {
-            assert_eq!(&remote.dev.read(*lba, 1).await.expect("remote"), data);
+            assert_eq!(&remote.read(*lba, 1).await.expect("remote"), data);
         }
-        assert_eq!(remote.dev.read(0, 1).await.expect("remote"), pattern(0, 1, 77));
+        assert_eq!(remote.read(0, 1).await.expect("remote"), pattern(0, 1, 77));
         // Epoch 4 goes again (its flush makes 1–3 durable there), then epochs 5–11.
         assert_eq!(cache.status().blocks_destaged, 8);
     }
@@ -1360,21 +1355,15 @@ mod tests {
         let err = Cache::open(log, remote, b"r", opts(AckMode::Log)).await.expect_err("refused");
         assert!(err.to_string().contains("needs at least"), "{err}");
     }
-}
-/// Destage over a long path that keeps order.
-#[cfg(test)]
-mod pipeline_tests {
-    use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-    use stics_block::{MemDev, Queued};
 
+    /// A round trip of the far remote below.
     const RTT: Duration = Duration::from_millis(16);
 
     /// An ordered remote a round trip away that counts the flushes it has queued at once.
     struct Far {
         dev: Arc<MemDev>,
         barriers: Arc<AtomicUsize>,
-        most: Arc<AtomicUsize>,
+        most: AtomicUsize,
     }
 
     #[async_trait]
@@ -1437,11 +1426,10 @@ mod pipeline_tests {
     #[tokio::test(start_paused = true)]
     async fn single_write_epochs_are_pipelined_many_at_once() {
         let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 1024 << 11));
-        let most = Arc::new(AtomicUsize::new(0));
         let remote = Arc::new(Far {
             dev: Arc::new(MemDev::new(512, 1 << 16)),
             barriers: Arc::new(AtomicUsize::new(0)),
-            most: Arc::clone(&most),
+            most: AtomicUsize::new(0),
         });
         let cache = Cache::open(log, remote.clone(), b"far", CacheOptions::default()).await.expect("opens");
         // In `log` mode, one write at a time: each acknowledgement ends its epoch.
@@ -1451,17 +1439,10 @@ mod pipeline_tests {
         cache.drain().await;
         let s = cache.status();
         assert!(s.destaged_epoch >= 300, "{s:?}");
-        assert!(most.load(SeqCst) > 16, "only {} epochs were in flight at once", most.load(SeqCst));
+        let most = remote.most.load(SeqCst);
+        assert!(most > 16, "only {most} epochs were in flight at once");
         for i in (0..300u64).step_by(37) {
             assert_eq!(remote.dev.read(i * 8, 8).await.expect("remote"), pattern(i * 8, 8, i as u8));
         }
-    }
-
-    fn pattern(lba: u64, n: u32, v: u8) -> Bytes {
-        let mut b = vec![v; n as usize * 512];
-        for i in 0..n as usize {
-            b[i * 512..i * 512 + 8].copy_from_slice(&(lba + i as u64).to_le_bytes());
-        }
-        Bytes::from(b)
     }
 }
