@@ -89,6 +89,15 @@ pub enum OpenError {
         #[source]
         source: stics_cache::CacheError,
     },
+    /// The log's file could not be allocated in full. An existing log is left as it was, with
+    /// whatever it holds still to be destaged once there is room.
+    #[error("cache log {log}: {source}{}", if *kept { " (the log is untouched: free some space and start again to destage what it holds)" } else { " (nothing was created)" })]
+    LogSpace {
+        log: PathBuf,
+        kept: bool,
+        #[source]
+        source: std::io::Error,
+    },
     /// A spec built in code with a geometry no parsed spec has.
     #[error("{0}: size must be a positive whole number of 512-, 1024-, 2048- or 4096-byte blocks")]
     Geometry(String),
@@ -142,6 +151,14 @@ pub async fn open(spec: &DeviceSpec, ctx: &OpenContext) -> Result<Arc<dyn BlockD
             let size = if exists { None } else { Some(c.log_size.unwrap_or(DEFAULT_LOG_BYTES)) };
             let log = FileDev::open(&c.log, size, DEFAULT_BLOCK_SIZE)
                 .map_err(|source| OpenError::File { path: c.log.clone(), source })?;
+            // A log allocated up front cannot meet a full file system in the middle of a commit,
+            // where the only choices would be to hang or to fail writes already promised.
+            if let Err(source) = log.reserve() {
+                if !exists {
+                    let _ = std::fs::remove_file(&c.log);
+                }
+                return Err(OpenError::LogSpace { log: c.log.clone(), kept: exists, source });
+            }
             let mut opts = CacheOptions::default();
             if let Some(m) = c.mode {
                 opts.mode = m;
@@ -209,6 +226,18 @@ mod tests {
         let small = format!("cache(mem:4MiB, log={}:8MiB)", dir.path().join("small").display());
         let e = open(&small.parse().unwrap(), &ctx).await.err().unwrap().to_string();
         assert!(e.contains("needs at least"), "{e}");
+        // A log larger than the file system's free space: a clear error, and no file left.
+        let free = free_bytes(dir.path());
+        let huge = dir.path().join("huge");
+        let spec = format!("cache(mem:4MiB, log={}:{}MiB)", huge.display(), (free >> 20) + 1024);
+        let e = open(&spec.parse().unwrap(), &ctx).await.err().unwrap().to_string();
+        assert!(e.contains("no room") && e.contains("nothing was created"), "{e}");
+        assert!(!huge.exists());
+    }
+
+    fn free_bytes(path: &std::path::Path) -> u64 {
+        let out = std::process::Command::new("df").args(["--output=avail", "-B1"]).arg(path).output().unwrap();
+        String::from_utf8(out.stdout).unwrap().lines().nth(1).unwrap().trim().parse().unwrap()
     }
 
     #[tokio::test]

@@ -53,6 +53,44 @@ impl FileDev {
         })
     }
 
+    /// Allocates every block of a regular file now, so that later writes inside it cannot fail
+    /// for want of space (a cache's log must not discover a full file system in the middle of
+    /// a commit). Fails with [`io::ErrorKind::StorageFull`] and the sizes involved when the file
+    /// system cannot hold it; a block-device node has nothing to allocate.
+    pub fn reserve(&self) -> io::Result<()> {
+        if !self.is_regular {
+            return Ok(());
+        }
+        let len = self.geometry.num_blocks * u64::from(self.geometry.block_size);
+        let meta = self.file.metadata()?;
+        let missing = len.saturating_sub(std::os::unix::fs::MetadataExt::blocks(&meta) * 512);
+        if missing == 0 {
+            return Ok(());
+        }
+        let fd = self.file.as_raw_fd();
+        // Checked first so that a request far beyond the free space fails at once, instead of
+        // filling the file system before fallocate gives up.
+        if let Some(free) = free_bytes(fd) {
+            if free < missing {
+                return Err(no_space(&self.path, len, missing, free));
+            }
+        }
+        // SAFETY: fallocate on a descriptor we own, inside the file's length (mode 0 never
+        // shrinks and, within the length, never grows it).
+        let rc = unsafe { libc::fallocate(fd, 0, 0, len as i64) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            // The file system allocates on write (tmpfs before 2.6.x, some FUSE and CoW file
+            // systems): nothing more can be promised than the free-space check above.
+            Some(libc::EOPNOTSUPP) => Ok(()),
+            Some(libc::ENOSPC) => Err(no_space(&self.path, len, missing, 0)),
+            _ => Err(err),
+        }
+    }
+
     /// The path this device was opened from.
     pub fn path(&self) -> &Path {
         &self.path
@@ -70,6 +108,32 @@ impl FileDev {
             .map_err(|e| BlockError::Io { lba, source: io::Error::other(e) })?
             .map_err(self.io_err(lba))
     }
+}
+
+/// Bytes an unprivileged writer may still allocate on the file system holding `fd`.
+#[allow(clippy::useless_conversion, reason = "statvfs field widths differ between targets")]
+fn free_bytes(fd: std::os::unix::io::RawFd) -> Option<u64> {
+    // SAFETY: fstatvfs on a descriptor the caller owns, writing into a zeroed struct it fills.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstatvfs(fd, &raw mut st) } != 0 {
+        return None;
+    }
+    Some(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+}
+
+fn no_space(path: &Path, len: u64, missing: u64, free: u64) -> io::Error {
+    let mib = |n: u64| n.div_ceil(1 << 20);
+    let free = if free > 0 { format!("; {} MiB are free", mib(free)) } else { String::new() };
+    io::Error::new(
+        io::ErrorKind::StorageFull,
+        format!(
+            "the file system holding {} has no room for it: {} MiB of its {} MiB are still to be allocated{free}",
+            path.display(),
+            mib(missing),
+            mib(len)
+        ),
+    )
 }
 
 fn block_device_size(file: &File) -> io::Result<u64> {
@@ -240,6 +304,29 @@ mod tests {
         // Someone shrank the file under the device: the read fails cleanly.
         std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(1 << 20).unwrap();
         assert!(matches!(d.read(2000, 100).await, Err(BlockError::Io { .. })));
+    }
+
+    #[test]
+    fn reserve_allocates_the_whole_file_or_says_the_file_system_is_too_small() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("log");
+        let d = FileDev::open(&p, Some(4 << 20), 512).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().blocks(), 0, "created sparse");
+        d.reserve().unwrap();
+        assert!(std::fs::metadata(&p).unwrap().blocks() * 512 >= 4 << 20);
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 4 << 20);
+        d.reserve().unwrap();
+
+        // One GiB more than the file system has free: refused before anything is allocated.
+        let free = free_bytes(std::fs::File::open(dir.path()).unwrap().as_raw_fd()).unwrap();
+        let big = dir.path().join("big");
+        let d = FileDev::open(&big, Some((free + (1 << 30)).next_multiple_of(1 << 20)), 512).unwrap();
+        let e = d.reserve().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::StorageFull, "{e}");
+        let text = e.to_string();
+        assert!(text.contains("big") && text.contains("MiB are free"), "{text}");
+        assert_eq!(std::fs::metadata(&big).unwrap().blocks(), 0, "nothing allocated");
     }
 
     #[test]
