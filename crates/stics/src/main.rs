@@ -31,6 +31,8 @@ enum Command {
     Model(cmd::model::Args),
     /// Emulate a WAN (delay, loss, rate, background load) between two network namespaces.
     Wan(cmd::wan::Args),
+    /// Reproduce the seeds' tables and figures on the real stack (stics against tgt, gateway against plain iSCSI).
+    Bench(cmd::bench::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -43,6 +45,7 @@ fn main() -> std::process::ExitCode {
         Command::Release(a) => cmd::release::run(a),
         Command::Model(a) => cmd::model::run(a),
         Command::Wan(a) => cmd::wan::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -341,6 +341,20 @@ impl Table {
         out
     }
 
+    /// The table as a Markdown (GFM) table in display units, for reports.
+    pub fn markdown(&self) -> String {
+        let cell = |s: String| s.replace('|', "\\|");
+        let mut out = String::new();
+        let heads: Vec<String> = self.columns.iter().map(|c| cell(c.heading())).collect();
+        let _ = writeln!(out, "| {} |", heads.join(" | "));
+        let _ = writeln!(out, "|{}", "---|".repeat(heads.len()));
+        for r in &self.rows {
+            let cells: Vec<String> = self.columns.iter().zip(&r.cells).map(|(c, x)| cell(c.show(x))).collect();
+            let _ = writeln!(out, "| {} |", cells.join(" | "));
+        }
+        out
+    }
+
     /// The table in `format`, ending in a newline.
     pub fn render(&self, format: Format) -> Result<String> {
         Ok(match format {
@@ -428,5 +442,18 @@ impl<W: Write> Stream<W> {
         }
         self.out.flush()?;
         Ok(self.table)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markdown_shows_display_units_and_escapes_bars() {
+        let mut t =
+            Table::new(vec![Column::new("what", "what", "", 1.0), Column::new("t", "time", "ms", 1e3)]).unwrap();
+        t.push(vec!["a|b".into(), 0.0125.into()]).unwrap();
+        assert_eq!(t.markdown(), "| what | time [ms] |\n|---|---|\n| a\\|b | 12.5 |\n");
     }
 }

@@ -1,0 +1,388 @@
+//! The context of one `stics bench` run: where the `stics` binary is, scratch space, the commands
+//! run (kept for the report), child processes ended by PID, and progress bars.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::{Error, Result};
+
+/// How a run was asked for.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The `stics` binary that serves, caches and emulates (the running one, normally).
+    pub stics: PathBuf,
+    /// CI-sized runs: fewer requests, fewer points, one repetition unless told.
+    pub quick: bool,
+    /// Repetitions of each measurement (medians and spread are reported).
+    pub reps: usize,
+    /// Keep scratch files (LUN images, logs of the processes) here instead of a temporary folder.
+    pub keep: Option<PathBuf>,
+    /// Draw progress bars (on a terminal).
+    pub progress: bool,
+}
+
+/// The run's context, shared by the experiments.
+#[derive(Debug)]
+pub struct Bench {
+    opts: Options,
+    work: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    commands: Mutex<Vec<String>>,
+    bars: MultiProgress,
+}
+
+impl Bench {
+    pub fn new(opts: Options) -> Result<Bench> {
+        let (work, tmp) = match &opts.keep {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)?;
+                (dir.clone(), None)
+            }
+            None => {
+                let t = tempfile::Builder::new().prefix("stics-bench.").tempdir()?;
+                (t.path().to_owned(), Some(t))
+            }
+        };
+        let bars = MultiProgress::new();
+        if !opts.progress {
+            bars.set_draw_target(ProgressDrawTarget::hidden());
+        }
+        Ok(Bench { opts, work, _tmp: tmp, commands: Mutex::new(Vec::new()), bars })
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.opts
+    }
+
+    pub fn quick(&self) -> bool {
+        self.opts.quick
+    }
+
+    /// Repetitions asked for (at least one).
+    pub fn reps(&self) -> usize {
+        self.opts.reps.max(1)
+    }
+
+    pub fn stics(&self) -> &Path {
+        &self.opts.stics
+    }
+
+    /// A `Command` for the `stics` binary.
+    pub fn stics_cmd(&self) -> Command {
+        Command::new(&self.opts.stics)
+    }
+
+    /// Scratch space for this run (removed at the end unless kept).
+    pub fn work(&self) -> &Path {
+        &self.work
+    }
+
+    /// Fails with the Debian package to install when one of `tools` is not on the PATH.
+    pub fn need(&self, tools: &[&str]) -> Result<()> {
+        for t in tools {
+            if which(t).is_none() {
+                return Err(Error::Missing { tool: (*t).to_owned(), package: package_of(t).to_owned() });
+            }
+        }
+        Ok(())
+    }
+
+    /// The commands run so far, one shell-quoted line each.
+    pub fn commands(&self) -> Vec<String> {
+        self.commands.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    /// Notes `cmd` in the list of commands run.
+    pub fn record(&self, cmd: &Command) {
+        let line = std::iter::once(cmd.get_program())
+            .chain(cmd.get_args())
+            .map(|a| shell_quote(&a.to_string_lossy()))
+            .collect::<Vec<_>>()
+            .join(" ");
+        if let Ok(mut c) = self.commands.lock() {
+            c.push(line);
+        }
+    }
+
+    /// Runs `cmd` to its end and returns what it printed, with the CPU time it used; a non-zero
+    /// exit is an error carrying the end of its stderr.
+    pub fn run(&self, cmd: &mut Command) -> Result<Output> {
+        self.record(cmd);
+        let cpu0 = children_cpu();
+        let t0 = Instant::now();
+        let out = cmd.stdin(Stdio::null()).output().map_err(|e| spawn_error(cmd, &e))?;
+        let secs = t0.elapsed().as_secs_f64();
+        let cpu = children_cpu() - cpu0;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        if !out.status.success() {
+            return Err(Error::Command {
+                command: program(cmd),
+                status: out.status.to_string(),
+                stderr: tail(&stderr),
+            });
+        }
+        Ok(Output { stdout, stderr, secs, cpu_secs: cpu })
+    }
+
+    /// Starts `cmd` in the background with its output in `NAME.log` in the scratch folder; the
+    /// process is killed when the returned guard drops.
+    pub fn spawn(&self, name: &str, cmd: &mut Command) -> Result<Proc> {
+        self.record(cmd);
+        let log = self.work.join(format!("{name}.log"));
+        let f = std::fs::File::create(&log)?;
+        let child =
+            cmd.stdin(Stdio::null()).stdout(f.try_clone()?).stderr(f).spawn().map_err(|e| spawn_error(cmd, &e))?;
+        Ok(Proc { child: Some(child), name: name.to_owned(), log })
+    }
+
+    /// A progress bar of `len` steps for `what`, drawn only on a terminal.
+    pub fn bar(&self, len: u64, what: &str) -> ProgressBar {
+        let bar = self.bars.add(ProgressBar::new(len));
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {msg:32} [{bar:30}] {pos}/{len} {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        bar.set_message(what.to_owned());
+        bar
+    }
+
+    /// Prints a line above the progress bars (on stderr).
+    pub fn say(&self, line: &str) {
+        if self.opts.progress {
+            let _ = self.bars.println(line);
+        } else {
+            eprintln!("{line}");
+        }
+    }
+}
+
+/// What a finished command printed, how long it ran and the CPU it used (user + system).
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub stdout: String,
+    pub stderr: String,
+    pub secs: f64,
+    pub cpu_secs: f64,
+}
+
+/// A background process, killed (SIGKILL, by PID) and reaped when dropped.
+#[derive(Debug)]
+pub struct Proc {
+    child: Option<Child>,
+    name: String,
+    log: PathBuf,
+}
+
+impl Proc {
+    /// The PID, or 0 once it is gone.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// User + system CPU seconds it has used so far.
+    pub fn cpu_secs(&self) -> f64 {
+        proc_cpu(self.pid()).unwrap_or(f64::NAN)
+    }
+
+    /// Sends `signal` (libc number) to it.
+    pub fn signal(&self, signal: i32) -> bool {
+        let pid = self.pid();
+        if pid == 0 {
+            return false;
+        }
+        let Ok(pid) = i32::try_from(pid) else { return false };
+        // SAFETY: kill(2) on a child we spawned and have not reaped, so its PID is still ours.
+        unsafe { libc::kill(pid, signal) == 0 }
+    }
+
+    /// Fails with the end of its log if it has exited.
+    pub fn check(&mut self) -> Result<()> {
+        if let Some(c) = self.child.as_mut() {
+            if let Ok(Some(st)) = c.try_wait() {
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                return Err(Error::Command { command: self.name.clone(), status: st.to_string(), stderr: tail(&log) });
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until `ready` holds (checked every 20 ms), failing if the process exits first or
+    /// `limit` passes.
+    pub fn wait_until(&mut self, limit: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if ready() {
+                return Ok(());
+            }
+            self.check()?;
+            if Instant::now() > deadline {
+                return Err(Error::NotReady {
+                    what: self.name.clone(),
+                    secs: limit.as_secs(),
+                    log: self.log.display().to_string(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends `signal` and waits up to `limit` for it to exit; SIGKILL after that.
+    pub fn stop(&mut self, signal: i32, limit: Duration) {
+        self.signal(signal);
+        let deadline = Instant::now() + limit;
+        while let Some(c) = self.child.as_mut() {
+            if matches!(c.try_wait(), Ok(Some(_))) {
+                self.child = None;
+                return;
+            }
+            if Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A TCP port on 127.0.0.1 that nothing listens on now.
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// True once `addr` accepts a TCP connection.
+pub fn accepts(addr: &str) -> bool {
+    addr.parse::<std::net::SocketAddr>()
+        .is_ok_and(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_millis(200)).is_ok())
+}
+
+/// The full path of `tool` on the PATH.
+pub fn which(tool: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(tool)).find(|p| p.is_file())
+}
+
+/// The Debian package that installs `tool`.
+pub fn package_of(tool: &str) -> &str {
+    match tool {
+        t if t.starts_with("iscsi-") => "libiscsi-bin",
+        "tgtd" | "tgtadm" => "tgt",
+        "qemu-img" | "qemu-io" => "qemu-utils qemu-block-extra",
+        "qemu-storage-daemon" => "qemu-system-common qemu-block-extra",
+        "mkfs.ext4" | "e2fsck" => "e2fsprogs",
+        "nsenter" | "losetup" | "mount" => "util-linux",
+        "ip" => "iproute2",
+        t => t,
+    }
+}
+
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./:=@,%+".contains(c)) {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+fn program(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn spawn_error(cmd: &Command, e: &std::io::Error) -> Error {
+    let tool = cmd.get_program().to_string_lossy().into_owned();
+    if e.kind() == std::io::ErrorKind::NotFound {
+        let package = package_of(&tool).to_owned();
+        return Error::Missing { tool, package };
+    }
+    Error::Command { command: program(cmd), status: "not started".into(), stderr: e.to_string() }
+}
+
+/// The last lines of a log, for an error message.
+pub fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.trim_end().lines().collect();
+    lines[lines.len().saturating_sub(6)..].join("\n")
+}
+
+/// CPU seconds (user + system) of the children this process has reaped.
+fn children_cpu() -> f64 {
+    // SAFETY: getrusage fills the zeroed struct we pass; RUSAGE_CHILDREN reads no other memory.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &raw mut ru) } != 0 {
+        return f64::NAN;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// CPU seconds (user + system) process `pid` has used, from /proc.
+pub fn proc_cpu(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may hold spaces, start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some(ticks / hz.max(1) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_recorded_quoted_and_failures_carry_stderr() {
+        let b =
+            Bench::new(Options { stics: "stics".into(), quick: true, reps: 1, keep: None, progress: false }).unwrap();
+        let out = b.run(Command::new("sh").args(["-c", "echo hi"])).unwrap();
+        assert_eq!(out.stdout, "hi\n");
+        let e = b.run(Command::new("sh").args(["-c", "echo broken >&2; exit 3"])).unwrap_err().to_string();
+        assert!(e.contains("broken") && e.contains('3'), "{e}");
+        assert_eq!(b.commands()[0], "sh -c 'echo hi'");
+        let e = b.run(&mut Command::new("no-such-tool-here")).unwrap_err();
+        assert!(matches!(e, Error::Missing { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_spawned_process_is_watched_and_killed_on_drop() {
+        let b =
+            Bench::new(Options { stics: "stics".into(), quick: true, reps: 1, keep: None, progress: false }).unwrap();
+        let mut p = b.spawn("sleeper", Command::new("sleep").arg("30")).unwrap();
+        let pid = p.pid();
+        assert!(p.check().is_ok());
+        assert!(proc_cpu(pid).is_some());
+        drop(p);
+        assert!(std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z")));
+        let mut p = b.spawn("quitter", Command::new("sh").args(["-c", "echo bye; exit 1"])).unwrap();
+        let e = p.wait_until(Duration::from_secs(5), || false).unwrap_err().to_string();
+        assert!(e.contains("bye"), "{e}");
+    }
+}

@@ -1,0 +1,42 @@
+//! One module per experiment of `stics bench`; each has its clap `Args` and a `run` that returns
+//! a [`crate::Report`].
+
+pub mod conformance;
+pub mod micro;
+pub mod target;
+
+use std::process::Command;
+
+use crate::{Bench, Error, Result};
+
+/// One `qemu-img bench` run against `url`: seconds and the client's CPU seconds.
+pub(crate) fn qemu_bench(b: &Bench, url: &str, args: &[&str]) -> Result<(f64, f64)> {
+    b.need(&["qemu-img"])?;
+    let out = b.run(Command::new("qemu-img").args(["bench", "-f", "raw", "-t", "none", "-n"]).args(args).arg(url))?;
+    let text = format!("{}{}", out.stdout, out.stderr);
+    let secs = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Run completed in "))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .ok_or_else(|| Error::Output { what: "qemu-img bench".into(), detail: crate::env::tail(&text) })?;
+    Ok((secs, out.cpu_secs))
+}
+
+/// Scales a request count down for `--quick`.
+pub(crate) fn scaled(b: &Bench, full: u64, quick: u64) -> u64 {
+    if b.quick() {
+        quick
+    } else {
+        full
+    }
+}
+
+/// The order two peers run in on repetition `rep`: alternating, so neither always goes first.
+pub(crate) fn alternate<T: Copy>(rep: usize, pair: [T; 2]) -> [T; 2] {
+    if rep.is_multiple_of(2) {
+        pair
+    } else {
+        [pair[1], pair[0]]
+    }
+}

@@ -1,0 +1,170 @@
+//! The processes under test: `stics target`, tgt and `stics gateway`, in this namespace or in one
+//! of a `stics wan` instance's, and the WAN instance itself. Every process is a [`Proc`], ended by
+//! PID; a [`Wan`] is taken down when dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::env::{accepts, free_port};
+use crate::{Bench, Error, Proc, Result};
+
+/// The IQN `stics bench` serves its stics targets under.
+pub const STICS_IQN: &str = "iqn.2024-01.org.stics.bench:target";
+/// The IQN of the tgt peer (its data LUN is 1; LUN 0 is its controller).
+pub const TGT_IQN: &str = "iqn.2024-01.org.stics.bench:tgt";
+
+/// A running target and the URL of the LUN under test.
+#[derive(Debug)]
+pub struct Target {
+    pub proc: Proc,
+    pub url: String,
+    /// tgtadm's control port, for tgt.
+    ctl: Option<u16>,
+}
+
+impl Target {
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    /// CPU seconds the target has used so far.
+    pub fn cpu_secs(&self) -> f64 {
+        self.proc.cpu_secs()
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let Some(ctl) = self.ctl {
+            // tgtd ignores SIGTERM while it has targets; this deletes them and stops it cleanly.
+            let _ =
+                Command::new("tgtadm").args(["-C", &ctl.to_string(), "--op", "delete", "--mode", "system"]).output();
+            self.proc.stop(libc::SIGKILL, Duration::from_secs(2));
+        }
+    }
+}
+
+/// `stics target` serving `luns` (device specs) on 127.0.0.1, LUN 0 in the URL.
+pub fn stics_target(b: &Bench, name: &str, luns: &[&str]) -> Result<Target> {
+    let port = free_port()?;
+    let mut cmd = b.stics_cmd();
+    cmd.args(["target", "--listen", &format!("127.0.0.1:{port}"), "--iqn", STICS_IQN]);
+    for l in luns {
+        cmd.args(["--lun", l]);
+    }
+    let mut proc = b.spawn(name, &mut cmd)?;
+    let addr = format!("127.0.0.1:{port}");
+    proc.wait_until(Duration::from_secs(20), || accepts(&addr))?;
+    Ok(Target { proc, url: format!("iscsi://{addr}/{STICS_IQN}/0"), ctl: None })
+}
+
+/// tgtd serving `file` as LUN 1 on 127.0.0.1.
+pub fn tgt(b: &Bench, name: &str, file: &Path) -> Result<Target> {
+    b.need(&["tgtd", "tgtadm"])?;
+    let port = free_port()?;
+    let ctl = port % 30000 + 1000;
+    let addr = format!("127.0.0.1:{port}");
+    let mut proc =
+        b.spawn(name, Command::new("tgtd").args(["-f", "-C", &ctl.to_string(), "--iscsi", &format!("portal={addr}")]))?;
+    proc.wait_until(Duration::from_secs(20), || accepts(&addr))?;
+    let c = ctl.to_string();
+    let adm = |args: &[&str]| -> Result<()> {
+        b.run(Command::new("tgtadm").args(["-C", &c, "--lld", "iscsi"]).args(args)).map(|_| ())
+    };
+    let t = Target { proc, url: format!("iscsi://{addr}/{TGT_IQN}/1"), ctl: Some(ctl) };
+    adm(&["--op", "new", "--mode", "target", "--tid", "1", "-T", TGT_IQN])?;
+    adm(&["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "-b", &file.to_string_lossy()])?;
+    adm(&["--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL"])?;
+    Ok(t)
+}
+
+/// A file of `bytes` random bytes, read once so that both targets serve it from the page cache.
+pub fn random_file(b: &Bench, name: &str, bytes: u64) -> Result<PathBuf> {
+    use rand::RngCore;
+    use std::io::Write;
+    let path = b.work().join(name);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&path)?);
+    let mut rng = rand::thread_rng();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        rng.fill_bytes(&mut buf[..n]);
+        f.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    f.flush()?;
+    Ok(path)
+}
+
+/// A `stics wan` instance: two namespaces (`host`, `storage`) joined through an emulated link.
+#[derive(Debug)]
+pub struct Wan {
+    name: String,
+    stics: PathBuf,
+}
+
+impl Wan {
+    /// `stics wan --name NAME up ARGS…` (root, iproute2, iptables).
+    pub fn up(b: &Bench, name: &str, args: &[&str]) -> Result<Wan> {
+        b.need(&["ip", "iptables"])?;
+        b.run(b.stics_cmd().args(["wan", "--name", name, "up"]).args(args))?;
+        Ok(Wan { name: name.to_owned(), stics: b.stics().to_owned() })
+    }
+
+    /// Changes the link: `stics wan set ARGS…`.
+    pub fn set(&self, b: &Bench, args: &[&str]) -> Result<()> {
+        b.run(b.stics_cmd().args(["wan", "--name", &self.name, "set"]).args(args)).map(|_| ())
+    }
+
+    /// A command that runs `program` inside `role`'s namespace ("host" or "storage").
+    pub fn exec(&self, role: &str, program: &Path) -> Command {
+        let mut c = Command::new(&self.stics);
+        c.args(["wan", "--name", &self.name, "exec", role, "--"]).arg(program);
+        c
+    }
+
+    /// The address of `role`'s namespace.
+    pub fn addr(&self, b: &Bench, role: &str) -> Result<String> {
+        Ok(b.run(b.stics_cmd().args(["wan", "--name", &self.name, "addr", role]))?.stdout.trim().to_owned())
+    }
+
+    /// Packets and bytes that crossed the link so far, both directions.
+    pub fn counters(&self, b: &Bench) -> Result<(u64, u64)> {
+        let out = b.run(b.stics_cmd().args(["wan", "--name", &self.name, "status", "--json"]))?;
+        let v: serde_json::Value = serde_json::from_str(&out.stdout)
+            .map_err(|e| Error::Output { what: "stics wan status --json".into(), detail: e.to_string() })?;
+        let paths = v["paths"].as_array().cloned().unwrap_or_default();
+        let sum = |k: &str| paths.iter().filter_map(|p| p[k].as_u64()).sum();
+        Ok((sum("packets"), sum("bytes")))
+    }
+
+    /// Waits until `addr:port` accepts connections from inside `role`'s namespace.
+    pub fn wait_port(&self, proc: &mut Proc, role: &str, addr: &str, port: u16) -> Result<()> {
+        let probe = format!("exec 3<>/dev/tcp/{addr}/{port}");
+        let mut cmd = self.exec(role, Path::new("bash"));
+        cmd.args(["-c", &probe]);
+        proc.wait_until(Duration::from_secs(20), || cmd.output().is_ok_and(|o| o.status.success()))
+    }
+
+    /// `stics target` inside `role`'s namespace, listening on its address.
+    pub fn stics_target(&self, b: &Bench, name: &str, role: &str, luns: &[&str]) -> Result<Target> {
+        let addr = self.addr(b, role)?;
+        let port = 3260;
+        let mut cmd = self.exec(role, b.stics());
+        cmd.args(["target", "--listen", &format!("{addr}:{port}"), "--iqn", STICS_IQN]);
+        for l in luns {
+            cmd.args(["--lun", l]);
+        }
+        let mut proc = b.spawn(name, &mut cmd)?;
+        self.wait_port(&mut proc, role, &addr, port)?;
+        Ok(Target { proc, url: format!("iscsi://{addr}:{port}/{STICS_IQN}/0"), ctl: None })
+    }
+}
+
+impl Drop for Wan {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.stics).args(["wan", "--name", &self.name, "down"]).output();
+    }
+}
