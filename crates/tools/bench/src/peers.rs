@@ -163,6 +163,82 @@ impl Wan {
     }
 }
 
+/// A `stics gateway` running in a WAN namespace, and how to reach it from there.
+#[derive(Debug)]
+pub struct Gateway {
+    pub proc: Proc,
+    /// The cached LUN, as a client in the same namespace reaches it.
+    pub url: String,
+    /// `host:port` of its metrics endpoint (`/status`, `/metrics`, `POST /drain`).
+    pub metrics: String,
+    role: String,
+}
+
+/// The IQN `stics bench` serves its gateways under.
+pub const GATEWAY_IQN: &str = "iqn.2024-01.org.stics.bench:gateway";
+
+/// How a gateway is started.
+#[derive(Debug, Clone)]
+pub struct GatewayOptions {
+    /// `log`, `immediate` or `write-through`.
+    pub mode: String,
+    /// `PATH:SIZE` of its write log (a fresh file is best: a log names the LUN it caches).
+    pub log: String,
+    pub ram: String,
+    pub read_cache: String,
+}
+
+impl Wan {
+    /// `stics gateway` in `role`'s namespace on 127.0.0.1:3260, caching `remote`.
+    pub fn gateway(&self, b: &Bench, name: &str, role: &str, remote: &str, o: &GatewayOptions) -> Result<Gateway> {
+        let mut cmd = self.exec(role, b.stics());
+        cmd.args(["gateway", "--listen", "127.0.0.1:3260", "--iqn", GATEWAY_IQN, "--remote", remote])
+            .args(["--log", &o.log, "--mode", &o.mode, "--ram", &o.ram, "--read-cache", &o.read_cache])
+            .args(["--metrics", "127.0.0.1:9100"]);
+        let mut proc = b.spawn(name, &mut cmd)?;
+        self.wait_port(&mut proc, role, "127.0.0.1", 3260)?;
+        self.wait_port(&mut proc, role, "127.0.0.1", 9100)?;
+        Ok(Gateway {
+            proc,
+            url: format!("iscsi://127.0.0.1:3260/{GATEWAY_IQN}/0"),
+            metrics: "127.0.0.1:9100".into(),
+            role: role.to_owned(),
+        })
+    }
+
+    /// The gateway's `/status` as JSON.
+    pub fn gateway_status(&self, b: &Bench, g: &Gateway) -> Result<serde_json::Value> {
+        b.need(&["curl"])?;
+        let mut cmd = self.exec(&g.role, Path::new("curl"));
+        cmd.args(["-sf", &format!("http://{}/status", g.metrics)]);
+        let out = b.run(&mut cmd)?;
+        serde_json::from_str(&out.stdout).map_err(|e| Error::Output { what: "gateway /status".into(), detail: e.to_string() })
+    }
+
+    /// Destages everything the gateway holds and returns when the remote has it all.
+    pub fn gateway_drain(&self, b: &Bench, g: &Gateway) -> Result<()> {
+        b.need(&["curl"])?;
+        let mut cmd = self.exec(&g.role, Path::new("curl"));
+        cmd.args(["-sf", "-X", "POST", &format!("http://{}/drain", g.metrics)]);
+        b.run(&mut cmd).map(|_| ())
+    }
+
+    /// Stops the gateway (SIGTERM, dirty data stays in its log), deletes its log file and
+    /// breaks the reservation it held on `remote`, so that another gateway may take the LUN.
+    pub fn gateway_stop(&self, b: &Bench, mut g: Gateway, remote: &str, log_path: &Path) -> Result<()> {
+        g.proc.stop(libc::SIGTERM, Duration::from_secs(60));
+        let text = std::fs::read_to_string(g.proc.log()).unwrap_or_default();
+        let _ = std::fs::remove_file(log_path);
+        if let Some(key) = text.rsplit("key=").next().filter(|_| text.contains("key=")) {
+            let key: String = key.chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
+            let mut cmd = self.exec(&g.role, b.stics());
+            cmd.args(["release", remote, "--holder", &key]);
+            b.run(&mut cmd)?;
+        }
+        Ok(())
+    }
+}
+
 impl Drop for Wan {
     fn drop(&mut self) {
         let _ = Command::new(&self.stics).args(["wan", "--name", &self.name, "down"]).output();
