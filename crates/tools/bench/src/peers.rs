@@ -230,7 +230,7 @@ impl Wan {
         let text = std::fs::read_to_string(g.proc.log()).unwrap_or_default();
         let _ = std::fs::remove_file(log_path);
         if let Some(key) = text.rsplit("key=").next().filter(|_| text.contains("key=")) {
-            let key: String = key.chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
+            let key: String = key.chars().take_while(char::is_ascii_alphanumeric).collect();
             let mut cmd = self.exec(&g.role, b.stics());
             cmd.args(["release", remote, "--holder", &key]);
             b.run(&mut cmd)?;
