@@ -14,11 +14,12 @@
 #  3. (WORKLOADS containing 3) random 4 KiB writes at depth 32 through the gateway in log mode and
 #     in write-through mode, 3x the log's size written at W3_DELAY: throughput ratio (goal >= 0.9x)
 #     and each second's p99 latency as CSV;
-#  4. (WORKLOADS containing 4) seed 004's EMC-tel-like open-loop trace (crates/stics/examples/
-#     openloop.rs: Poisson arrivals at 333 requests/s, 4 blocks of 512 bytes, 89 % writes, over
+#  4. (WORKLOADS containing 4) seed 004's EMC-tel-like open-loop trace (`stics bench replay
+#     --emc-tel`: Poisson arrivals at 333 requests/s, 4 blocks of 512 bytes, 89 % writes, over
 #     900 MB, seed 4) at W4_DELAY, plain iSCSI against the gateway in log and immediate modes:
 #     mean, p99 and worst response, a histogram PNG per path in PLOTS; goals: mean >= 6x better
-#     than plain, p99 < 5 ms in log mode, none over 50 ms;
+#     than plain, p99 < 5 ms in log mode, none over 50 ms (`stics bench trace` is the same
+#     comparison with the paper's numbers and figures);
 #  5. (WORKLOADS containing 5) recovery: with the WAN cut (100 % loss), random 4 KiB writes at
 #     depth 32 fill a W5_LOG log (at most W5_SECONDS); the gateway is killed (SIGKILL), the WAN
 #     restored at W5_DELAY, and the restart timed until it serves; then the log is drained and
@@ -69,8 +70,6 @@ need postmark mkfs.ext4 e2fsck nsenter curl python3 fusermount3
 STICS=$(stics_bin)
 (cd "$STICS_ROOT" && cargo build --quiet --release -p stics-initiator --example qd) || die "cargo build failed"
 QD=$(dirname "$STICS")/examples/qd
-(cd "$STICS_ROOT" && cargo build --quiet --release -p stics --example openloop) || die "cargo build failed"
-OPENLOOP=$(dirname "$STICS")/examples/openloop
 
 NAME=gwbench$$
 IQN=iqn.2024-01.org.stics.bench:remote
@@ -321,13 +320,22 @@ if [[ " $WORKLOADS " == *" 4 "* ]]; then
     for path in plain log immediate; do
         url=$GW_URL
         if [[ $path == plain ]]; then url=$REMOTE; else start_gateway "$path" "$LOG_SIZE" "$RAM"; fi
-        in_host "$OPENLOOP" "$url" --requests "$W4_REQUESTS" --png "$PLOTS/openloop-$path.png" \
-            --title "open loop at $W4_DELAY one-way: $path" >"$WORK/w4-$path.out"
+        in_host "$STICS" bench replay "$url" --emc-tel --requests "$W4_REQUESTS" --json \
+            --plot "$PLOTS/openloop-$path.png" >"$WORK/w4-$path.json" 2>"$WORK/w4-$path.err" ||
+            die "replay through $path failed: $(cat "$WORK/w4-$path.err")"
         [[ $path == plain ]] || stop_gateway
-        read -r _ _ mean _ _ p99 _ max _ < <(awk 'NR == 2' "$WORK/w4-$path.out")
+        # requests writes% mean p50 p99 max (ms) >50ms seconds, from the replay's JSON.
+        summary=$(python3 -c 'import json, sys
+o = json.load(open(sys.argv[1]))
+ms = ["%.3f" % (o[k] * 1e3) for k in ("mean", "p50", "p99", "max")]
+print(o["requests"], "%.1f" % (100 * o["writes"] / o["requests"]), *ms, o["over_50ms"], "%.1f" % o["seconds"])' \
+            "$WORK/w4-$path.json")
+        read -r _ _ mean _ p99 max _ _ <<<"$summary"
         W4M[$path]=$mean W4P[$path]=$p99 W4X[$path]=$max
         echo "-- $path"
-        cat "$WORK/w4-$path.out"
+        printf '%8s %7s %9s %9s %9s %9s %7s %9s\n' requests writes% mean_ms p50_ms p99_ms max_ms ">50ms" seconds
+        read -r -a f <<<"$summary"
+        printf '%8s %7s %9s %9s %9s %9s %7s %9s\n' "${f[@]}"
     done
     for m in log immediate; do
         r=$(ratio "${W4M[plain]}" "${W4M[$m]}")

@@ -128,15 +128,7 @@ pub async fn open(spec: &DeviceSpec, ctx: &OpenContext) -> Result<Arc<dyn BlockD
             Arc::new(file)
         }
         DeviceSpec::Iscsi { url, options } => {
-            let IscsiOptions { sessions, digests } = options;
-            let mut opts = ctx.initiator.clone();
-            if let Some(n) = sessions {
-                opts.sessions = *n;
-            }
-            if let Some(d) = digests {
-                opts.config.offer.header_digest = *d;
-                opts.config.offer.data_digest = *d;
-            }
+            let opts = lun_options(&ctx.initiator, options);
             let lun =
                 Lun::open(url, &opts).await.map_err(|source| OpenError::Iscsi { url: url.to_string(), source })?;
             let lun = Arc::new(lun);
@@ -184,9 +176,59 @@ pub async fn open(spec: &DeviceSpec, ctx: &OpenContext) -> Result<Arc<dyn BlockD
     })
 }
 
+/// The context's initiator settings with a spec's own options in force.
+fn lun_options(base: &LunOptions, options: &IscsiOptions) -> LunOptions {
+    let IscsiOptions { sessions, digests, first_burst, max_burst, max_r2t, max_transfer } = *options;
+    let mut opts = base.clone();
+    let offer = &mut opts.config.offer;
+    if let Some(n) = sessions {
+        opts.sessions = n;
+    }
+    if let Some(d) = digests {
+        offer.header_digest = d;
+        offer.data_digest = d;
+    }
+    if let Some(n) = first_burst {
+        offer.first_burst_length = n;
+    }
+    if let Some(n) = max_burst {
+        offer.max_burst_length = n;
+    }
+    // FirstBurstLength may not exceed MaxBurstLength (RFC 7143 §13.14): a spec that lowers only
+    // the latter below the default first burst lowers the first burst with it.
+    offer.first_burst_length = offer.first_burst_length.min(offer.max_burst_length);
+    if let Some(n) = max_r2t {
+        offer.max_outstanding_r2t = n;
+    }
+    if let Some(n) = max_transfer {
+        opts.max_transfer = n;
+    }
+    opts
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_specs_iscsi_options_override_the_contexts_offer() {
+        let base = LunOptions::default();
+        let spec: DeviceSpec =
+            "iscsi://h/iqn.x/0?first_burst=64KiB&max_burst=256KiB&max_r2t=1&max_transfer=16MiB&digests=on"
+                .parse()
+                .unwrap();
+        let DeviceSpec::Iscsi { options, .. } = spec else { panic!("{spec:?}") };
+        let o = lun_options(&base, &options);
+        let offer = &o.config.offer;
+        assert_eq!((offer.first_burst_length, offer.max_burst_length, offer.max_outstanding_r2t), (65536, 262_144, 1));
+        assert!(offer.header_digest && offer.data_digest);
+        assert_eq!((o.max_transfer, o.sessions), (16 << 20, base.sessions));
+        // Nothing asked for: the context's settings as they were.
+        assert_eq!(lun_options(&base, &IscsiOptions::default()).config.offer, base.config.offer);
+        // A lower max_burst alone takes the first burst down with it.
+        let o = lun_options(&base, &IscsiOptions { max_burst: Some(8192), ..IscsiOptions::default() });
+        assert_eq!((o.config.offer.first_burst_length, o.config.offer.max_burst_length), (8192, 8192));
+    }
 
     async fn open_text(text: &str) -> Result<Arc<dyn BlockDev>, OpenError> {
         open(&text.parse().unwrap(), &OpenContext::default()).await

@@ -12,7 +12,8 @@
 //!
 //! SIZE is bytes or a binary suffix (`1GiB`, `64M`), BLOCK the logical block size (512, 1024,
 //! 2048 or 4096; 512 when left out). The iSCSI query takes the initiator's `target_user` and
-//! `target_password` (mutual CHAP) and this crate's `sessions=N` and `digests=on|off`.
+//! `target_password` (mutual CHAP) and this crate's `sessions=N`, `digests=on|off`,
+//! `first_burst=SIZE`, `max_burst=SIZE`, `max_r2t=N` and `max_transfer=SIZE`.
 //!
 //! A file's trailing `:SIZE` is a size only when it reads as one, so paths may hold `:`; a
 //! trailing `:SIZE:DIGITS` or `::DIGITS` is a size and a block size. A path that ends in such
@@ -56,10 +57,22 @@ pub struct IscsiOptions {
     pub sessions: Option<usize>,
     /// CRC32C header and data digests (`digests=on|off`).
     pub digests: Option<bool>,
+    /// FirstBurstLength to offer (`first_burst=SIZE`): unsolicited data per write.
+    pub first_burst: Option<u32>,
+    /// MaxBurstLength to offer (`max_burst=SIZE`): data per R2T.
+    pub max_burst: Option<u32>,
+    /// MaxOutstandingR2T to offer (`max_r2t=N`): R2Ts one write may have open at once.
+    pub max_r2t: Option<u32>,
+    /// Largest transfer per SCSI command (`max_transfer=SIZE`); bigger requests are split.
+    pub max_transfer: Option<u32>,
 }
 
 /// The most sessions one spec may ask for.
 pub const MAX_SESSIONS: usize = 64;
+/// The largest FirstBurstLength and MaxBurstLength iSCSI can negotiate (24 bits, RFC 7143 §13).
+pub const MAX_BURST: u32 = 16_777_215;
+/// The largest `max_transfer=` a spec may ask for.
+pub const MAX_TRANSFER: u32 = 1 << 30;
 
 /// Devices that wrap another device: `NAME(SPEC, KEY=VALUE, ...)`.
 ///
@@ -137,7 +150,7 @@ pub enum SpecError {
     /// The iSCSI URL is malformed or names no LUN (the initiator's parser says why).
     #[error(transparent)]
     Url(#[from] UrlError),
-    /// A `sessions=` or `digests=` query argument with a bad value.
+    /// An iSCSI query argument (`sessions=`, `digests=`, `first_burst=`, …) with a bad value.
     #[error("bad iSCSI option {piece:?}: {reason}")]
     IscsiOption { piece: String, reason: &'static str },
     /// A wrapper argument that is not `KEY=VALUE`, or a wrapper without the spec it wraps.
@@ -234,7 +247,31 @@ fn iscsi(text: &str) -> Result<DeviceSpec, SpecError> {
                             _ => return Err(bad("digests is on or off")),
                         });
                     }
+                    Some(("first_burst", v)) => {
+                        let why = "first_burst is a size from 512 B to 16 MiB - 1 B, e.g. 64KiB";
+                        options.first_burst = Some(query_size(v, MAX_BURST).ok_or_else(|| bad(why))?);
+                    }
+                    Some(("max_burst", v)) => {
+                        let why = "max_burst is a size from 512 B to 16 MiB - 1 B, e.g. 256KiB";
+                        options.max_burst = Some(query_size(v, MAX_BURST).ok_or_else(|| bad(why))?);
+                    }
+                    Some(("max_r2t", v)) => {
+                        let n = v.parse::<u32>().ok().filter(|n| (1..=65_535).contains(n));
+                        options.max_r2t = Some(n.ok_or_else(|| bad("max_r2t is a number from 1 to 65535"))?);
+                    }
+                    Some(("max_transfer", v)) => {
+                        let why = "max_transfer is a size from 512 B to 1 GiB, e.g. 16MiB";
+                        options.max_transfer = Some(query_size(v, MAX_TRANSFER).ok_or_else(|| bad(why))?);
+                    }
                     _ => rest.push(kv),
+                }
+            }
+            if let (Some(first), Some(max)) = (options.first_burst, options.max_burst) {
+                if first > max {
+                    return Err(SpecError::IscsiOption {
+                        piece: format!("first_burst={}", size_text(first.into())),
+                        reason: "first_burst may not exceed max_burst (RFC 7143 §13.14)",
+                    });
                 }
             }
             if rest.is_empty() {
@@ -246,6 +283,11 @@ fn iscsi(text: &str) -> Result<DeviceSpec, SpecError> {
     };
     url.require_lun()?;
     Ok(DeviceSpec::Iscsi { url, options })
+}
+
+/// A size in a query argument, from 512 bytes to `max`.
+fn query_size(v: &str, max: u32) -> Option<u32> {
+    stics_units::parse_size(v).ok().filter(|n| *n >= 512).and_then(|n| u32::try_from(n).ok()).filter(|n| *n <= max)
 }
 
 impl FromStr for DeviceSpec {
@@ -430,11 +472,16 @@ impl DeviceSpec {
             }
             DeviceSpec::Iscsi { url, options } => {
                 *out += &if secrets { url.unredacted() } else { url.to_string() };
-                let IscsiOptions { sessions, digests } = options;
+                let IscsiOptions { sessions, digests, first_burst, max_burst, max_r2t, max_transfer } = options;
+                let size = |key: &str, n: Option<u32>| n.map(|n| format!("{key}={}", size_text(n.into())));
                 let args = sessions
                     .map(|n| format!("sessions={n}"))
                     .into_iter()
-                    .chain(digests.map(|d| format!("digests={}", if d { "on" } else { "off" })));
+                    .chain(digests.map(|d| format!("digests={}", if d { "on" } else { "off" })))
+                    .chain(size("first_burst", *first_burst))
+                    .chain(size("max_burst", *max_burst))
+                    .chain(max_r2t.map(|n| format!("max_r2t={n}")))
+                    .chain(size("max_transfer", *max_transfer));
                 for a in args {
                     out.push(if out.contains('?') { '&' } else { '?' });
                     *out += &a;
@@ -571,7 +618,7 @@ mod tests {
 
         let s = parse("iscsi://u%p@h/iqn.x/2?sessions=4&target_user=t&target_password=tp&digests=on").unwrap();
         let DeviceSpec::Iscsi { url, options } = &s else { panic!("{s:?}") };
-        assert_eq!(*options, IscsiOptions { sessions: Some(4), digests: Some(true) });
+        assert_eq!(*options, IscsiOptions { sessions: Some(4), digests: Some(true), ..IscsiOptions::default() });
         assert_eq!(url.chap.as_ref().and_then(|c| c.mutual.clone()), Some(("t".into(), "tp".into())));
         assert_eq!(s.to_string(), "iscsi://u%p@h:3260/iqn.x/2?target_user=t&target_password=tp&sessions=4&digests=on");
         assert_eq!(s.redacted().to_string(), "iscsi://u%***@h:3260/iqn.x/2?sessions=4&digests=on");
@@ -595,6 +642,49 @@ mod tests {
         assert!(e.to_string().contains("unknown query argument"), "{e}");
         assert!(!e.to_string().contains("hush"), "{e}");
         assert!(parse("iscsi:/h/iqn.x/0").is_err());
+    }
+
+    #[test]
+    fn burst_options_read_and_print_back() {
+        let s = parse("iscsi://h/iqn.x/0?first_burst=64KiB&max_burst=256k&max_r2t=1&max_transfer=16MiB").unwrap();
+        let DeviceSpec::Iscsi { options, .. } = &s else { panic!("{s:?}") };
+        let want = IscsiOptions {
+            first_burst: Some(65536),
+            max_burst: Some(262_144),
+            max_r2t: Some(1),
+            max_transfer: Some(16 << 20),
+            ..IscsiOptions::default()
+        };
+        assert_eq!(*options, want);
+        let text = "iscsi://h:3260/iqn.x/0?first_burst=64KiB&max_burst=256KiB&max_r2t=1&max_transfer=16MiB";
+        assert_eq!(s.to_string(), text);
+        assert_eq!(parse(text).unwrap(), s);
+        // Sizes that are no whole binary unit print as bytes and still read back.
+        let s = parse("iscsi://h/iqn.x/0?sessions=2&max_burst=16777215&first_burst=1000kB").unwrap();
+        assert_eq!(s.to_string(), "iscsi://h:3260/iqn.x/0?sessions=2&first_burst=1000000&max_burst=16777215");
+        assert_eq!(parse(&s.to_string()).unwrap(), s);
+    }
+
+    #[test]
+    fn bad_burst_options_say_what_is_wrong() {
+        let cases: &[(&str, &str)] = &[
+            ("first_burst=256", "\"first_burst=256\": first_burst is a size from 512 B to 16 MiB - 1 B"),
+            ("first_burst=16MiB", "first_burst is a size from 512 B"),
+            ("first_burst=lots", "\"first_burst=lots\""),
+            ("max_burst=0", "max_burst is a size from 512 B to 16 MiB - 1 B, e.g. 256KiB"),
+            ("max_burst=-4KiB", "\"max_burst=-4KiB\""),
+            ("max_r2t=0", "max_r2t is a number from 1 to 65535"),
+            ("max_r2t=65536", "max_r2t is a number from 1 to 65535"),
+            ("max_transfer=2GiB", "max_transfer is a size from 512 B to 1 GiB"),
+            ("max_burst=64KiB&first_burst=256KiB", "\"first_burst=256KiB\": first_burst may not exceed max_burst"),
+        ];
+        for (query, want) in cases {
+            let e = parse(&format!("iscsi://u%hush@h/iqn.x/0?{query}")).unwrap_err();
+            assert!(matches!(e, SpecError::IscsiOption { .. }), "{query}: {e:?}");
+            let e = e.to_string();
+            assert!(e.contains(want), "{query}: {e}");
+            assert!(!e.contains("hush"), "{query}: {e}");
+        }
     }
 
     #[test]
@@ -704,17 +794,37 @@ mod tests {
                 0u64..16384,
                 proptest::option::of(1usize..=MAX_SESSIONS),
                 proptest::option::of(any::<bool>()),
+                burst_options(),
             )
-                .prop_map(|(host, chap, mutual, port, target, lun, sessions, digests)| {
+                .prop_map(|(host, chap, mutual, port, target, lun, sessions, digests, bursts)| {
                     let chap = chap.map(|(user, secret)| stics_initiator::Chap {
                         user,
                         secret,
                         mutual: mutual.map(|(u, p)| (u.clone(), p)),
                     });
                     let url = IscsiUrl { host, port: port.unwrap_or(3260), target: Some(target), lun: Some(lun), chap };
-                    DeviceSpec::Iscsi { url, options: IscsiOptions { sessions, digests } }
+                    let (first_burst, max_burst, max_r2t, max_transfer) = bursts;
+                    let options = IscsiOptions { sessions, digests, first_burst, max_burst, max_r2t, max_transfer };
+                    DeviceSpec::Iscsi { url, options }
                 }),
         ]
+    }
+
+    /// `first_burst`, `max_burst` (never below the first), `max_r2t` and `max_transfer`, in
+    /// range, as whole bytes or whole binary units.
+    fn burst_options() -> impl Strategy<Value = (Option<u32>, Option<u32>, Option<u32>, Option<u32>)> {
+        let size =
+            |max: u32| prop_oneof![512u32..=max, (1u32..=16, 9u32..=20).prop_map(move |(n, s)| (n << s).min(max))];
+        (
+            proptest::option::of(size(MAX_BURST)),
+            proptest::option::of(size(MAX_BURST)),
+            proptest::option::of(1u32..=65_535),
+            proptest::option::of(size(MAX_TRANSFER)),
+        )
+            .prop_map(|(a, b, r2t, t)| match (a, b) {
+                (Some(a), Some(b)) => (Some(a.min(b)), Some(a.max(b)), r2t, t),
+                _ => (a, b, r2t, t),
+            })
     }
 
     proptest! {

@@ -7,9 +7,12 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Subcommand;
-use stics_bench::exp::{conformance, micro, target};
+use stics_bench::exp::{
+    cache_location, conformance, congestion, delay, micro, packets, postmark, target, trace, write_model,
+};
 use stics_bench::load::{self, Op, Pattern};
 use stics_bench::machine::Machine;
+use stics_bench::replay;
 use stics_bench::{Bench, Options, Report};
 use stics_report::{Column, Format, Table};
 
@@ -58,14 +61,30 @@ struct Common {
 enum Cmd {
     /// Seed 001 Figs. 1-2: depth-1 latency of one cached block (512 B-64 KiB) and 8-deep throughput, with CPU per GiB, stics against tgt.
     Micro(micro::Args),
+    /// Seed 000 Table 1: blocking 8 KiB I/O from one thread, local, on the target and through stics wan at 0-8 ms one way, file and null LUNs and the gateway, beside eq. 1.
+    Delay(delay::Args),
+    /// Seed 003 eqs. 1-4: one write at depth 1 through stics wan (Reno) against RTT, loss and size (4 KiB-16 MiB) with 64 KiB/256 KiB bursts, beside the model, with model/measured ratios.
+    WriteModel(write_model::Args),
     /// stics target against tgt on a page-cached file LUN with qemu-img bench: IOPS, latency, loopback share, CPU per GiB.
     Target(target::Args),
     /// libiscsi's iscsi-test-cu --test=ALL against stics target and tgt, counted strictly; fails if stics fails a test.
     Conformance(conformance::Args),
+    /// Seed 004 Figs. 8-9: an EMC-tel-like trace (or --trace FILE) replayed open loop across stics wan at 8 ms one way, plain iSCSI against the gateway in log and immediate mode: every response time.
+    Trace(trace::Args),
+    /// Seed 004 Figs. 6-7: PostMark small and large pools at block sizes 512 B-8 KiB, plain iSCSI against the gateway (log, immediate) at 100 Mbit/s and 1 Gbit/s.
+    Postmark(postmark::Args),
+    /// Seed 004 Tables 3-4: packets by size, total packets and bytes on the WAN for a PostMark run, plain iSCSI against the gateway.
+    Packets(packets::Args),
+    /// Seed 000 Fig. 5: PostMark with a small cache at the host side, at the storage side or none, against one-way delay 0-8 ms.
+    CacheLocation(cache_location::Args),
+    /// Seed 000 Table 3 / Fig. 6: PostMark at 2 ms one way with background load 0-75 % of 100 Mbit/s, no cache against gateway caches of 0.1-10 % of the working set.
+    Congestion(congestion::Args),
     /// Every experiment above with its defaults, and a Markdown report of them all in --out DIR.
     All,
     /// The load generator the experiments run as a client: closed-loop requests against a device, latency percentiles.
     Load(LoadArgs),
+    /// The trace replayer the experiments run as a client: a block trace (MSR CSV, blkparse) or --emc-tel issued open loop, every response time.
+    Replay(replay::Args),
 }
 
 /// Options of `stics bench load`.
@@ -94,6 +113,15 @@ struct LoadArgs {
     span: u64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Requests sent first on the same connection and not measured (a fresh connection's slow start).
+    #[arg(long, default_value_t = 0, conflicts_with = "arrivals")]
+    warmup: u64,
+    /// Open loop: requests arrive at times drawn from seed003 (lognormal μ = -4.5, σ² = 6.25), lognormal:MU,SIGMA2 or poisson:RATE, whatever the device's speed, and wait in arrival order for one of --depth servers (1: one at a time, seed 003's non-interleaved session); each is timed from its arrival, at random places.
+    #[arg(long, value_parser = load::parse_arrivals)]
+    arrivals: Option<load::Arrivals>,
+    /// Open loop: request sizes drawn from seed003 (the shipped distribution of `stics model`, mean 6 KiB) or a file of "size weight" lines (default: --size every time).
+    #[arg(long, value_parser = load::parse_size_dist, requires = "arrivals")]
+    size_dist: Option<stics_model::SizeDist>,
 }
 
 fn format(c: &Common) -> Format {
@@ -111,6 +139,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Cmd::Load(l) = a.cmd {
         return run_load(&l, format(c));
     }
+    if let Cmd::Replay(r) = a.cmd {
+        return run_replay(&r, format(c), c.plot.as_deref());
+    }
     let stics = std::env::current_exe().context("cannot find the stics binary itself")?;
     let bench = Bench::new(Options {
         stics,
@@ -121,10 +152,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     })?;
     let reports: Vec<Report> = match &a.cmd {
         Cmd::Micro(m) => vec![micro::run(&bench, m)?],
+        Cmd::Delay(d) => vec![delay::run(&bench, d)?],
+        Cmd::WriteModel(w) => vec![write_model::run(&bench, w)?],
         Cmd::Target(t) => vec![target::run(&bench, t)?],
         Cmd::Conformance(x) => vec![conformance::run(&bench, x)?],
+        Cmd::Trace(t) => vec![trace::run(&bench, t)?],
+        Cmd::Postmark(p) => vec![postmark::run(&bench, p)?],
+        Cmd::Packets(p) => vec![packets::run(&bench, p)?],
+        Cmd::CacheLocation(c) => vec![cache_location::run(&bench, c)?],
+        Cmd::Congestion(c) => vec![congestion::run(&bench, c)?],
         Cmd::All => run_all(&bench)?,
-        Cmd::Load(_) => unreachable!("handled above"),
+        Cmd::Load(_) | Cmd::Replay(_) => unreachable!("handled above"),
     };
     let machine = Machine::gather(env!("CARGO_PKG_VERSION"), c.out.is_some());
     for r in &reports {
@@ -152,13 +190,27 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An experiment's options as its subcommand would get them with no arguments.
+fn defaults<T: clap::Args + clap::FromArgMatches>() -> anyhow::Result<T> {
+    let cmd = T::augment_args(clap::Command::new("defaults"));
+    Ok(T::from_arg_matches(&cmd.try_get_matches_from(["defaults"])?)?)
+}
+
 fn run_all(b: &Bench) -> anyhow::Result<Vec<Report>> {
-    let mut out = Vec::new();
-    let steps: [(&str, &dyn Fn() -> stics_bench::Result<Report>); 3] = [
-        ("conformance", &|| conformance::run(b, &conformance::Args { lun: "mem:1GiB".into(), stics_only: false })),
-        ("target", &|| target::run(b, &target::Args { lun_size: 1 << 30 })),
-        ("micro", &|| micro::run(b, &micro::Args { reads: 10_000, threads: 8 })),
+    type Step<'a> = Box<dyn Fn() -> anyhow::Result<Report> + 'a>;
+    let steps: Vec<(&str, Step<'_>)> = vec![
+        ("conformance", Box::new(|| Ok(conformance::run(b, &defaults()?)?))),
+        ("target", Box::new(|| Ok(target::run(b, &defaults()?)?))),
+        ("micro", Box::new(|| Ok(micro::run(b, &defaults()?)?))),
+        ("delay", Box::new(|| Ok(delay::run(b, &defaults()?)?))),
+        ("cache-location", Box::new(|| Ok(cache_location::run(b, &defaults()?)?))),
+        ("congestion", Box::new(|| Ok(congestion::run(b, &defaults()?)?))),
+        ("postmark", Box::new(|| Ok(postmark::run(b, &defaults()?)?))),
+        ("packets", Box::new(|| Ok(packets::run(b, &defaults()?)?))),
+        ("write-model", Box::new(|| Ok(write_model::run(b, &defaults()?)?))),
+        ("trace", Box::new(|| Ok(trace::run(b, &defaults()?)?))),
     ];
+    let mut out = Vec::new();
     for (name, step) in steps {
         b.say(&format!("stics bench {name}"));
         out.push(step().with_context(|| format!("stics bench {name}"))?);
@@ -181,6 +233,33 @@ fn index(reports: &[Report], m: &Machine, quick: bool) -> String {
     s
 }
 
+fn run_replay(r: &replay::Args, format: Format, plot: Option<&std::path::Path>) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let outcome = rt.block_on(async {
+        let ctx = stics_stack::OpenContext::default();
+        let dev = stics_stack::open(&r.device.parse().context("device spec")?, &ctx)
+            .await
+            .with_context(|| format!("cannot open {}", r.device))?;
+        let res = match replay::requests(r, dev.geometry().bytes()) {
+            Ok(requests) => replay::run(Arc::clone(&dev), requests, r.speed).await,
+            Err(e) => Err(e),
+        };
+        ctx.close().await;
+        res.map_err(anyhow::Error::from)
+    })?;
+    if let Some(p) = plot {
+        let fig = trace::histogram_figure("Response times of the replay", &[("replay", &outcome)]);
+        stics_report::plot::draw(&fig, p)?;
+        eprintln!("figure: {}", p.display());
+    }
+    if format == Format::Json {
+        println!("{}", serde_json::to_string(&outcome)?);
+        return Ok(());
+    }
+    print!("{}", replay::table(&outcome)?.render(format)?);
+    Ok(())
+}
+
 fn run_load(l: &LoadArgs, format: Format) -> anyhow::Result<()> {
     let spec = load::Spec {
         size: l.size,
@@ -198,9 +277,40 @@ fn run_load(l: &LoadArgs, format: Format) -> anyhow::Result<()> {
         let dev = stics_stack::open(&l.device.parse().context("device spec")?, &ctx)
             .await
             .with_context(|| format!("cannot open {}", l.device))?;
-        let r = load::run(Arc::clone(&dev), &spec).await;
+        let warm = load::Spec { count: Some(l.warmup), seconds: None, ..spec.clone() };
+        let r = if l.warmup > 0 { load::run(Arc::clone(&dev), &warm).await.map(drop) } else { Ok(()) };
+        let r = match (r, l.arrivals) {
+            (Err(e), _) => Err(e),
+            (Ok(()), None) => load::run(Arc::clone(&dev), &spec).await,
+            (Ok(()), Some(arrivals)) => match l.size_dist.clone().map_or_else(|| load::fixed_size(l.size), Ok) {
+                Ok(sizes) => {
+                    let open = load::OpenSpec {
+                        arrivals,
+                        sizes,
+                        depth: l.depth,
+                        op: l.op,
+                        count: spec.count,
+                        seconds: spec.seconds,
+                        span: l.span,
+                        seed: l.seed,
+                    };
+                    load::run_open(Arc::clone(&dev), &open).await
+                }
+                Err(e) => Err(e),
+            },
+        };
+        let negotiated = ctx.remote_luns().first().and_then(|l| l.sessions().first()).map(|s| {
+            let p = s.params();
+            load::Negotiated {
+                first_burst_length: p.first_burst_length,
+                max_burst_length: p.max_burst_length,
+                max_outstanding_r2t: p.max_outstanding_r2t,
+                immediate_data: p.immediate_data,
+                initial_r2t: p.initial_r2t,
+            }
+        });
         ctx.close().await;
-        r.map_err(anyhow::Error::from)
+        r.map(|o| load::Outcome { warmup: l.warmup, negotiated, ..o }).map_err(anyhow::Error::from)
     })?;
     if format == Format::Json {
         println!("{}", serde_json::to_string(&outcome)?);

@@ -288,6 +288,12 @@ fn print_status(inst: &Instance, s: &Status) {
             p.direction, p.packets, p.bytes, p.dropped, p.released, p.held, p.max_held, p.queue_overflow
         );
     }
+    let heads: Vec<String> = stics_wan::control::SIZE_BUCKETS.iter().map(|(h, _)| format!("{h:>10}")).collect();
+    let _ = writeln!(o, "  {:<14}{}", "frame [B]", heads.join(""));
+    for p in &s.paths {
+        let counts: Vec<String> = p.sizes.iter().map(|n| format!("{n:>10}")).collect();
+        let _ = writeln!(o, "  {:<14}{}", p.direction, counts.join(""));
+    }
     let _ = writeln!(
         o,
         "  {:<14} {:>6} {:>10} {:>13} {:>8} {:>10} {:>9} {:>6}",

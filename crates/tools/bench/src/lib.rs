@@ -4,7 +4,8 @@
 //! and a short reading. The `stics` binary parses the command line and prints the report.
 //!
 //! What lives where: [`env`] is the run's context (processes, commands, progress, scratch space),
-//! [`paper`] the papers' numbers, [`load`] the load generator behind `stics bench load`, [`cu`]
+//! [`paper`] the papers' numbers, [`load`] the load generator behind `stics bench load`, [`trace`]
+//! and [`replay`] the block traces and their open-loop replay behind `stics bench replay`, [`cu`]
 //! the conformance log counter, [`peers`] the targets under test, [`exp`] one module per
 //! experiment. Experiments know the public CLI and crates, never the internals of either.
 
@@ -15,8 +16,10 @@ pub mod load;
 pub mod machine;
 pub mod paper;
 pub mod peers;
+pub mod replay;
 pub mod report;
 pub mod stat;
+pub mod trace;
 
 pub use env::{Bench, Options, Proc};
 pub use report::{Report, Section};

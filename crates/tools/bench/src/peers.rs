@@ -132,12 +132,27 @@ impl Wan {
 
     /// Packets and bytes that crossed the link so far, both directions.
     pub fn counters(&self, b: &Bench) -> Result<(u64, u64)> {
+        let c = self.counts(b)?;
+        Ok((c.packets, c.bytes))
+    }
+
+    /// Packets, bytes and packets by frame length that crossed the link so far, both directions.
+    pub fn counts(&self, b: &Bench) -> Result<Counts> {
         let out = b.run(b.stics_cmd().args(["wan", "--name", &self.name, "status", "--json"]))?;
         let v: serde_json::Value = serde_json::from_str(&out.stdout)
             .map_err(|e| Error::Output { what: "stics wan status --json".into(), detail: e.to_string() })?;
         let paths = v["paths"].as_array().cloned().unwrap_or_default();
         let sum = |k: &str| paths.iter().filter_map(|p| p[k].as_u64()).sum();
-        Ok((sum("packets"), sum("bytes")))
+        let mut sizes = Vec::new();
+        for p in &paths {
+            for (i, n) in p["sizes"].as_array().into_iter().flatten().enumerate() {
+                if sizes.len() <= i {
+                    sizes.push(0);
+                }
+                sizes[i] += n.as_u64().unwrap_or(0);
+            }
+        }
+        Ok(Counts { packets: sum("packets"), bytes: sum("bytes"), sizes })
     }
 
     /// Waits until `addr:port` accepts connections from inside `role`'s namespace.
@@ -163,6 +178,15 @@ impl Wan {
     }
 }
 
+/// Counters of a WAN's link, both directions summed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub packets: u64,
+    pub bytes: u64,
+    /// Packets by Ethernet frame length, in `stics_wan`'s buckets (≤64, 65–127, 128–255, 256–511, 512–1023, ≥1024).
+    pub sizes: Vec<u64>,
+}
+
 /// A `stics gateway` running in a WAN namespace, and how to reach it from there.
 #[derive(Debug)]
 pub struct Gateway {
@@ -171,6 +195,8 @@ pub struct Gateway {
     pub url: String,
     /// `host:port` of its metrics endpoint (`/status`, `/metrics`, `POST /drain`).
     pub metrics: String,
+    /// The URL of the LUN it caches, as it reaches it.
+    pub remote: String,
     role: String,
 }
 
@@ -191,17 +217,33 @@ pub struct GatewayOptions {
 impl Wan {
     /// `stics gateway` in `role`'s namespace on 127.0.0.1:3260, caching `remote`.
     pub fn gateway(&self, b: &Bench, name: &str, role: &str, remote: &str, o: &GatewayOptions) -> Result<Gateway> {
+        self.gateway_at(b, name, role, "127.0.0.1", remote, o)
+    }
+
+    /// `stics gateway` in `role`'s namespace serving on `addr`:3261 (so that it may share the
+    /// namespace with a target on port 3260), caching `remote`.
+    pub fn gateway_at(
+        &self,
+        b: &Bench,
+        name: &str,
+        role: &str,
+        addr: &str,
+        remote: &str,
+        o: &GatewayOptions,
+    ) -> Result<Gateway> {
+        let port = if addr == "127.0.0.1" { 3260 } else { 3261 };
         let mut cmd = self.exec(role, b.stics());
-        cmd.args(["gateway", "--listen", "127.0.0.1:3260", "--iqn", GATEWAY_IQN, "--remote", remote])
+        cmd.args(["gateway", "--listen", &format!("{addr}:{port}"), "--iqn", GATEWAY_IQN, "--remote", remote])
             .args(["--log", &o.log, "--mode", &o.mode, "--ram", &o.ram, "--read-cache", &o.read_cache])
             .args(["--metrics", "127.0.0.1:9100"]);
         let mut proc = b.spawn(name, &mut cmd)?;
-        self.wait_port(&mut proc, role, "127.0.0.1", 3260)?;
+        self.wait_port(&mut proc, role, addr, port)?;
         self.wait_port(&mut proc, role, "127.0.0.1", 9100)?;
         Ok(Gateway {
             proc,
-            url: format!("iscsi://127.0.0.1:3260/{GATEWAY_IQN}/0"),
+            url: format!("iscsi://{addr}:{port}/{GATEWAY_IQN}/0"),
             metrics: "127.0.0.1:9100".into(),
+            remote: remote.to_owned(),
             role: role.to_owned(),
         })
     }
@@ -212,7 +254,8 @@ impl Wan {
         let mut cmd = self.exec(&g.role, Path::new("curl"));
         cmd.args(["-sf", &format!("http://{}/status", g.metrics)]);
         let out = b.run(&mut cmd)?;
-        serde_json::from_str(&out.stdout).map_err(|e| Error::Output { what: "gateway /status".into(), detail: e.to_string() })
+        serde_json::from_str(&out.stdout)
+            .map_err(|e| Error::Output { what: "gateway /status".into(), detail: e.to_string() })
     }
 
     /// Destages everything the gateway holds and returns when the remote has it all.

@@ -45,6 +45,20 @@ pub struct PathStatus {
     pub max_held: u64,
     /// Packets the kernel dropped because the netfilter queue overflowed.
     pub queue_overflow: u64,
+    /// Packets by Ethernet frame length (IP length + 14), in the buckets of [`SIZE_BUCKETS`]
+    /// (seed 004 Table 3).
+    #[serde(default)]
+    pub sizes: Vec<u64>,
+}
+
+/// The packet-length buckets of [`PathStatus::sizes`]: the upper bound of each (inclusive), the
+/// last one open.
+pub const SIZE_BUCKETS: [(&str, u64); 6] =
+    [("<=64", 64), ("65-127", 127), ("128-255", 255), ("256-511", 511), ("512-1023", 1023), (">=1024", u64::MAX)];
+
+/// The bucket of [`SIZE_BUCKETS`] a packet of `len` bytes falls in.
+pub fn size_bucket(len: u64) -> usize {
+    SIZE_BUCKETS.iter().position(|&(_, top)| len <= top).unwrap_or(SIZE_BUCKETS.len() - 1)
 }
 
 /// Counters of one direction's bottleneck queue (the `tbf` qdisc).
@@ -113,5 +127,16 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(serde_json::to_string(&Request::Stop).unwrap().contains("\"stop\""));
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    #[test]
+    fn packet_lengths_fall_in_the_papers_buckets() {
+        let b: Vec<usize> = [0, 64, 65, 127, 128, 511, 512, 1023, 1024, 1500, 65535].map(size_bucket).to_vec();
+        assert_eq!(b, vec![0, 0, 1, 1, 2, 3, 4, 4, 5, 5, 5]);
     }
 }

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::background::{Pacer, SizeMix, ETH_HEADER};
-use crate::control::{BackgroundStatus, LinkStatus, PathStatus, Reply, Request, Status};
+use crate::control::{size_bucket, BackgroundStatus, LinkStatus, PathStatus, Reply, Request, Status, SIZE_BUCKETS};
 use crate::instance::{run_cmd, run_plan, Instance};
 use crate::loss::LossModel;
 use crate::nfq::{self, Msg, Verdict};
@@ -49,6 +49,7 @@ struct PathCounters {
     held: AtomicU64,
     held_bytes: AtomicU64,
     max_held: AtomicU64,
+    sizes: [AtomicU64; SIZE_BUCKETS.len()],
 }
 
 #[derive(Default)]
@@ -293,6 +294,7 @@ fn status(inst: &Instance, shared: &Shared) -> Status {
                 held_bytes: c.held_bytes.load(Relaxed),
                 max_held: c.max_held.load(Relaxed),
                 queue_overflow: overflow.get(d.index()).copied().unwrap_or(0),
+                sizes: c.sizes.iter().map(|n| n.load(Relaxed)).collect(),
             }
         })
         .collect();
@@ -408,6 +410,7 @@ fn run_path(shared: &Shared, dir: Dir, sock: &NfqSocket) -> Result<()> {
             generation = g;
         }
         let (mut rx, mut packets, mut bytes, mut dropped) = (0, 0, 0, 0);
+        let mut sizes = [0u64; SIZE_BUCKETS.len()];
         while rx < RX_BATCH {
             let n = sock.recv_batch(&mut batch)?;
             if n == 0 {
@@ -421,6 +424,8 @@ fn run_path(shared: &Shared, dir: Dir, sock: &NfqSocket) -> Result<()> {
                     if let Msg::Packet { id, len, stamp_ns, .. } = m {
                         packets += 1;
                         bytes += u64::from(len);
+                        // Bucketed by Ethernet frame length, as seed 004 counts them (a pure ACK is 66 bytes).
+                        sizes[size_bucket(u64::from(len + ETH_HEADER))] += 1;
                         if loss.lose(&mut rng) {
                             // Drops go first in the datagram, before any batch that covers their id.
                             nfq::push_verdict(&mut out, queue, id, Verdict::Drop, false);
@@ -451,6 +456,9 @@ fn run_path(shared: &Shared, dir: Dir, sock: &NfqSocket) -> Result<()> {
             c.packets.fetch_add(packets, Relaxed);
             c.bytes.fetch_add(bytes, Relaxed);
             c.dropped.fetch_add(dropped, Relaxed);
+            for (n, add) in c.sizes.iter().zip(sizes) {
+                n.fetch_add(add, Relaxed);
+            }
         }
         c.held.store(line.len() as u64, Relaxed);
         c.held_bytes.store(line.bytes(), Relaxed);

@@ -1,9 +1,17 @@
 //! One module per experiment of `stics bench`; each has its clap `Args` and a `run` that returns
 //! a [`crate::Report`].
 
+pub mod cache_location;
 pub mod conformance;
+pub mod congestion;
+pub mod delay;
+pub mod fs;
 pub mod micro;
+pub mod packets;
+pub mod postmark;
 pub mod target;
+pub mod trace;
+pub mod write_model;
 
 use std::process::Command;
 

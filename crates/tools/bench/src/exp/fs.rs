@@ -1,0 +1,230 @@
+//! PostMark on ext4 over a LUN, the way seeds 000, 002 and 004 run it: the LUN exported as a file
+//! by `stics mount` in a WAN namespace, ext4 on it through a loop device mounted `-o sync` (so the
+//! run reaches the device instead of the page cache), timed, with the WAN's packets and bytes
+//! counted around it and `e2fsck -fn` after it. Shared by postmark, packets, cache-location and
+//! congestion.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::peers::{Gateway, Wan};
+use crate::{Bench, Error, Proc, Result};
+
+/// A PostMark configuration (its defaults: file sizes 500 B to 9.77 KB).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pool {
+    pub files: u64,
+    pub transactions: u64,
+    /// Read and write block size.
+    pub block: u64,
+}
+
+impl Pool {
+    /// Bytes the pool holds on average: files × the mean of PostMark's default sizes.
+    pub fn working_set(&self) -> u64 {
+        self.files * (500 + 10_000) / 2
+    }
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Default)]
+pub struct Run {
+    /// PostMark's own run time.
+    pub seconds: f64,
+    /// Packets and IP bytes on the emulated link, both directions, from mkfs done to the gateway
+    /// drained after the run (what the run made cross the WAN, destage included).
+    pub packets: u64,
+    pub bytes: u64,
+    /// Packets by IP length (stics_wan's buckets).
+    pub sizes: Vec<u64>,
+    /// Bytes the host wrote to the LUN (the loop device's count).
+    pub host_bytes: u64,
+    /// Seconds the gateway took to destage what the run left behind.
+    pub drain_seconds: f64,
+    /// `e2fsck -fn` found nothing.
+    pub fsck_clean: bool,
+}
+
+/// Unmounts what a run mounted, also when it fails half way.
+struct Mounts {
+    fs: PathBuf,
+    lun: PathBuf,
+    export: Option<Proc>,
+}
+
+impl Drop for Mounts {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.fs).output();
+        if let Some(mut p) = self.export.take() {
+            p.stop(libc::SIGTERM, Duration::from_secs(20));
+        }
+        let _ = Command::new("umount").arg("-l").arg(&self.lun).output();
+    }
+}
+
+fn mounted(path: &Path) -> bool {
+    let needle = format!(" {} ", path.display());
+    std::fs::read_to_string("/proc/mounts").is_ok_and(|m| m.contains(&needle))
+}
+
+/// Sectors written to the block device behind `fs`, in bytes.
+fn written(b: &Bench, fs: &Path) -> Result<u64> {
+    let out = b.run(Command::new("findmnt").args(["-n", "-o", "SOURCE"]).arg(fs))?;
+    let dev = out.stdout.trim().trim_start_matches("/dev/").to_owned();
+    let stat = std::fs::read_to_string(format!("/sys/block/{dev}/stat"))?;
+    let sectors: u64 = stat
+        .split_whitespace()
+        .nth(6)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| Error::Output { what: format!("/sys/block/{dev}/stat"), detail: stat.clone() })?;
+    Ok(sectors * 512)
+}
+
+/// Runs PostMark `pool` on a fresh ext4 of `fs_mib` MiB over `url`, from `role`'s namespace of
+/// `wan`. With `gateway`, it is drained before counting starts and after the run.
+pub fn postmark(
+    b: &Bench,
+    wan: &Wan,
+    role: &str,
+    url: &str,
+    fs_mib: u64,
+    pool: &Pool,
+    gateway: Option<&Gateway>,
+) -> Result<Run> {
+    b.need(&["postmark", "mkfs.ext4", "e2fsck", "nsenter", "findmnt"])?;
+    let lun = b.work().join("export");
+    let fs = b.work().join("fs");
+    std::fs::File::create(&lun)?;
+    std::fs::create_dir_all(&fs)?;
+    // `stics wan exec` enters a mount namespace of its own; the export must be mounted in ours.
+    let mut cmd = wan.exec(role, Path::new("nsenter"));
+    cmd.arg(format!("--mount=/proc/{}/ns/mnt", std::process::id()))
+        .arg("--")
+        .arg(b.stics())
+        .args(["mount", url])
+        .arg(&lun);
+    let mut m = Mounts { fs: fs.clone(), lun: lun.clone(), export: None };
+    let mut export = b.spawn("export", &mut cmd)?;
+    export.wait_until(Duration::from_secs(30), || mounted(&lun))?;
+    m.export = Some(export);
+    b.run(
+        Command::new("mkfs.ext4")
+            .args(["-F", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard"])
+            .arg(&lun)
+            .arg(format!("{fs_mib}M")),
+    )?;
+    b.run(Command::new("mount").args(["-o", "loop,sync"]).arg(&lun).arg(&fs))?;
+    if let Some(g) = gateway {
+        wan.gateway_drain(b, g)?;
+    }
+    let c0 = wan.counts(b)?;
+    let w0 = written(b, &fs)?;
+    let cfg = b.work().join("pm.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "set location {}\nset number {}\nset transactions {}\nset read {}\nset write {}\nrun\nquit\n",
+            fs.display(),
+            pool.files,
+            pool.transactions,
+            pool.block,
+            pool.block
+        ),
+    )?;
+    let seconds = b.run(Command::new("postmark").arg(&cfg))?.secs;
+    b.run(Command::new("sync").arg("-f").arg(&fs))?;
+    let host_bytes = written(b, &fs)? - w0;
+    b.run(Command::new("umount").arg(&fs))?;
+    let t = std::time::Instant::now();
+    if let Some(g) = gateway {
+        wan.gateway_drain(b, g)?;
+    }
+    let drain_seconds = t.elapsed().as_secs_f64();
+    let c1 = wan.counts(b)?;
+    let fsck_clean = Command::new("e2fsck").arg("-fn").arg(&lun).output().is_ok_and(|o| o.status.success());
+    drop(m);
+    Ok(Run {
+        seconds,
+        packets: c1.packets - c0.packets,
+        bytes: c1.bytes - c0.bytes,
+        sizes: c1.sizes.iter().zip(&c0.sizes).map(|(a, b)| a - b).collect(),
+        host_bytes,
+        drain_seconds,
+        fsck_clean,
+    })
+}
+
+/// The ext4 the PostMark experiments make: 512 MiB, 256 MiB for `--quick` (mkfs writes its
+/// inode tables through the path under test).
+pub fn fs_mib(b: &Bench) -> u64 {
+    if b.quick() {
+        256
+    } else {
+        512
+    }
+}
+
+/// How the host reaches the LUN in a comparison.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Via {
+    /// Straight to the remote target: plain iSCSI.
+    Plain,
+    /// Through a gateway in `side`'s namespace ("host" or "storage").
+    Gateway { mode: String, ram: String, read_cache: String, log: String, side: &'static str },
+}
+
+impl Via {
+    /// A host-side gateway with the default sizes (64 MiB RAM, 256 MiB read cache, 512 MiB log).
+    pub fn gateway(mode: &str) -> Via {
+        Via::Gateway {
+            mode: mode.to_owned(),
+            ram: "64MiB".into(),
+            read_cache: "256MiB".into(),
+            log: "512MiB".into(),
+            side: "host",
+        }
+    }
+
+    /// "plain", or the gateway's mode (and side when it is not the host's).
+    pub fn label(&self) -> String {
+        match self {
+            Via::Plain => "plain".into(),
+            Via::Gateway { mode, side: "host", .. } => mode.clone(),
+            Via::Gateway { mode, side, .. } => format!("{mode} ({side})"),
+        }
+    }
+}
+
+/// PostMark from the host namespace over `remote` (a target in the storage namespace), either
+/// straight or through a fresh gateway that is stopped, its log removed and its reservation
+/// released afterwards.
+pub fn postmark_via(b: &Bench, wan: &Wan, remote: &str, via: &Via, fs_mib: u64, pool: &Pool) -> Result<Run> {
+    match via {
+        Via::Plain => postmark(b, wan, "host", remote, fs_mib, pool, None),
+        Via::Gateway { mode, ram, read_cache, log, side } => {
+            let path = b.work().join("gateway-log.img");
+            let _ = std::fs::remove_file(&path);
+            let o = crate::peers::GatewayOptions {
+                mode: mode.clone(),
+                log: format!("{}:{log}", path.display()),
+                ram: ram.clone(),
+                read_cache: read_cache.clone(),
+            };
+            let g = if *side == "host" {
+                wan.gateway(b, "gateway", "host", remote, &o)?
+            } else {
+                // Beside the target, in its namespace (its traffic to the target never crosses
+                // the WAN); the host reaches the gateway over the WAN.
+                let addr = wan.addr(b, side)?;
+                wan.gateway_at(b, "gateway", side, &addr, remote, &o)?
+            };
+            let remote_of_gateway = g.remote.clone();
+            // The host's mkfs, PostMark and e2fsck talk to the gateway; it is drained around the run.
+            let url = g.url.clone();
+            let run = postmark(b, wan, "host", &url, fs_mib, pool, Some(&g));
+            wan.gateway_stop(b, g, &remote_of_gateway, &path)?;
+            run
+        }
+    }
+}
