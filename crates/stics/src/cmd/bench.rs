@@ -150,18 +150,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         keep: c.keep.clone(),
         progress: std::io::stderr().is_terminal(),
     })?;
+    let b = &bench;
+    let mut errors = Vec::new();
     let reports: Vec<Report> = match &a.cmd {
-        Cmd::Micro(m) => vec![micro::run(&bench, m)?],
-        Cmd::Delay(d) => vec![delay::run(&bench, d)?],
-        Cmd::WriteModel(w) => vec![write_model::run(&bench, w)?],
-        Cmd::Target(t) => vec![target::run(&bench, t)?],
-        Cmd::Conformance(x) => vec![conformance::run(&bench, x)?],
-        Cmd::Trace(t) => vec![trace::run(&bench, t)?],
-        Cmd::Postmark(p) => vec![postmark::run(&bench, p)?],
-        Cmd::Packets(p) => vec![packets::run(&bench, p)?],
-        Cmd::CacheLocation(c) => vec![cache_location::run(&bench, c)?],
-        Cmd::Congestion(c) => vec![congestion::run(&bench, c)?],
-        Cmd::All => run_all(&bench)?,
+        Cmd::Micro(m) => vec![with_commands(b, || micro::run(b, m))?],
+        Cmd::Delay(d) => vec![with_commands(b, || delay::run(b, d))?],
+        Cmd::WriteModel(w) => vec![with_commands(b, || write_model::run(b, w))?],
+        Cmd::Target(t) => vec![with_commands(b, || target::run(b, t))?],
+        Cmd::Conformance(x) => vec![with_commands(b, || conformance::run(b, x))?],
+        Cmd::Trace(t) => vec![with_commands(b, || trace::run(b, t))?],
+        Cmd::Postmark(p) => vec![with_commands(b, || postmark::run(b, p))?],
+        Cmd::Packets(p) => vec![with_commands(b, || packets::run(b, p))?],
+        Cmd::CacheLocation(x) => vec![with_commands(b, || cache_location::run(b, x))?],
+        Cmd::Congestion(x) => vec![with_commands(b, || congestion::run(b, x))?],
+        Cmd::All => run_all(b, &mut errors),
         Cmd::Load(_) | Cmd::Replay(_) => unreachable!("handled above"),
     };
     let machine = Machine::gather(env!("CARGO_PKG_VERSION"), c.out.is_some());
@@ -173,7 +175,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
         }
         if let Some(dir) = &c.out {
-            let d = r.write(dir, &bench.commands(), &machine)?;
+            let d = r.write(dir, &r.commands, &machine)?;
             eprintln!("report: {}", d.join("report.md").display());
         }
     }
@@ -185,37 +187,59 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let failed: Vec<&str> = reports.iter().flat_map(Report::failed_checks).collect();
     if !failed.is_empty() {
-        bail!("failed: {}", failed.join("; "));
+        errors.push(format!("failed: {}", failed.join("; ")));
+    }
+    if !errors.is_empty() {
+        bail!("{}", errors.join("\n"));
     }
     Ok(())
 }
 
-/// An experiment's options as its subcommand would get them with no arguments.
-fn defaults<T: clap::Args + clap::FromArgMatches>() -> anyhow::Result<T> {
-    let cmd = T::augment_args(clap::Command::new("defaults"));
-    Ok(T::from_arg_matches(&cmd.try_get_matches_from(["defaults"])?)?)
+/// Runs one experiment and gives its report the commands it ran, after the command line that
+/// asked for it.
+fn with_commands(b: &Bench, run: impl FnOnce() -> stics_bench::Result<Report>) -> anyhow::Result<Report> {
+    let first = b.commands().len();
+    let mut r = run()?;
+    let invocation = std::env::args().collect::<Vec<_>>().join(" ");
+    r.commands = std::iter::once(format!("# {invocation}")).chain(b.commands().into_iter().skip(first)).collect();
+    Ok(r)
 }
 
-fn run_all(b: &Bench) -> anyhow::Result<Vec<Report>> {
+/// An experiment's options as its subcommand would get them with no arguments.
+fn defaults<T: clap::Args + clap::FromArgMatches>() -> stics_bench::Result<T> {
+    let cmd = T::augment_args(clap::Command::new("defaults"));
+    let bad = |e: clap::Error| stics_bench::Error::Invalid(e.to_string());
+    T::from_arg_matches(&cmd.try_get_matches_from(["defaults"]).map_err(bad)?).map_err(bad)
+}
+
+/// Every experiment with its defaults; one that fails is reported in `errors` and the others
+/// still run.
+fn run_all(b: &Bench, errors: &mut Vec<String>) -> Vec<Report> {
     type Step<'a> = Box<dyn Fn() -> anyhow::Result<Report> + 'a>;
     let steps: Vec<(&str, Step<'_>)> = vec![
-        ("conformance", Box::new(|| Ok(conformance::run(b, &defaults()?)?))),
-        ("target", Box::new(|| Ok(target::run(b, &defaults()?)?))),
-        ("micro", Box::new(|| Ok(micro::run(b, &defaults()?)?))),
-        ("delay", Box::new(|| Ok(delay::run(b, &defaults()?)?))),
-        ("cache-location", Box::new(|| Ok(cache_location::run(b, &defaults()?)?))),
-        ("congestion", Box::new(|| Ok(congestion::run(b, &defaults()?)?))),
-        ("postmark", Box::new(|| Ok(postmark::run(b, &defaults()?)?))),
-        ("packets", Box::new(|| Ok(packets::run(b, &defaults()?)?))),
-        ("write-model", Box::new(|| Ok(write_model::run(b, &defaults()?)?))),
-        ("trace", Box::new(|| Ok(trace::run(b, &defaults()?)?))),
+        ("conformance", Box::new(|| with_commands(b, || conformance::run(b, &defaults()?)))),
+        ("target", Box::new(|| with_commands(b, || target::run(b, &defaults()?)))),
+        ("micro", Box::new(|| with_commands(b, || micro::run(b, &defaults()?)))),
+        ("delay", Box::new(|| with_commands(b, || delay::run(b, &defaults()?)))),
+        ("cache-location", Box::new(|| with_commands(b, || cache_location::run(b, &defaults()?)))),
+        ("congestion", Box::new(|| with_commands(b, || congestion::run(b, &defaults()?)))),
+        ("postmark", Box::new(|| with_commands(b, || postmark::run(b, &defaults()?)))),
+        ("packets", Box::new(|| with_commands(b, || packets::run(b, &defaults()?)))),
+        ("write-model", Box::new(|| with_commands(b, || write_model::run(b, &defaults()?)))),
+        ("trace", Box::new(|| with_commands(b, || trace::run(b, &defaults()?)))),
     ];
     let mut out = Vec::new();
     for (name, step) in steps {
         b.say(&format!("stics bench {name}"));
-        out.push(step().with_context(|| format!("stics bench {name}"))?);
+        match step() {
+            Ok(r) => out.push(r),
+            Err(e) => {
+                b.say(&format!("stics bench {name} failed: {e:#}"));
+                errors.push(format!("stics bench {name}: {e:#}"));
+            }
+        }
     }
-    Ok(out)
+    out
 }
 
 /// The top page of `stics bench all --out DIR`: the machine, then each report.

@@ -33,6 +33,8 @@ pub struct Report {
     /// Pass/fail statements for experiments that are also tests (conformance); a benchmark
     /// prints and does not judge, so most have none.
     pub checks: Vec<(String, bool)>,
+    /// The command line that asked for the experiment and every command it ran, in order.
+    pub commands: Vec<String>,
 }
 
 impl Report {
@@ -43,6 +45,7 @@ impl Report {
             sections: Vec::new(),
             notes: Vec::new(),
             checks: Vec::new(),
+            commands: Vec::new(),
         }
     }
 

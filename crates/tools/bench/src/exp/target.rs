@@ -17,8 +17,11 @@ pub struct Args {
 }
 
 /// name, requests (full, quick), depth, bytes per request
-const WORKLOADS: &[(&str, u64, u64, u64, u64)] =
-    &[("4k-qd32", 200_000, 20_000, 32, 4096), ("8k-qd1", 20_000, 2_000, 1, 8192), ("1M-qd8", 6_000, 600, 8, 1 << 20)];
+const WORKLOADS: &[(&str, u64, u64, u64, u64)] = &[
+    ("4k-qd32", 200_000, 50_000, 32, 4096),
+    ("8k-qd1", 20_000, 10_000, 1, 8192),
+    ("1M-qd8", 6_000, 2_000, 8, 1 << 20),
+];
 
 pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let lun = if b.quick() { a.lun_size.min(256 << 20) } else { a.lun_size };
