@@ -71,3 +71,26 @@ fn delay_adds_two_one_way_delays_to_each_blocking_request() {
         }
     }
 }
+
+#[test]
+fn packets_counts_the_wan_traffic_of_postmark_and_the_messages_of_each_call() {
+    let _serial = stics_testkit::proc::one_at_a_time();
+    let v = bench(&["packets"]);
+    let traffic = rows(&v, 0);
+    let paths: Vec<&str> = traffic.iter().filter_map(|r| r["path"].as_str()).collect();
+    assert_eq!(paths, ["paper: iSCSI", "paper: STICS", "plain", "log", "immediate"]);
+    for r in &traffic[2..] {
+        let total = positive(r, "packets");
+        // The buckets partition the packets.
+        let sum: f64 = (0..6).map(|i| r[format!("b{i}")].as_f64().unwrap()).sum();
+        assert!((sum - total).abs() < 0.5, "{r}");
+        positive(r, "host_bytes");
+    }
+    let calls = rows(&v, 1);
+    assert_eq!(calls.len(), 17);
+    for r in &calls {
+        // A cold cache must read the path before any call three directories down can act.
+        positive(r, "cold_3");
+        assert!(r["cold_3_sync"].as_f64() >= r["cold_3"].as_f64(), "{r}");
+    }
+}

@@ -49,6 +49,11 @@ pub struct Args {
     /// Print the traffic counters when stopping.
     #[arg(long)]
     pub stats: bool,
+    /// Write the remote LUNs' iSCSI traffic counters (commands, PDUs, bytes, round trips) as JSON
+    /// to FILE whenever the process gets SIGUSR1, and once more when it stops: how a benchmark
+    /// counts the messages one system call costs.
+    #[arg(long, value_name = "FILE")]
+    pub counters: Option<std::path::PathBuf>,
     /// Put the STICS cache inside this process, with its write log at PATH[:SIZE] (seed 004's
     /// "software STICS"): the same as mounting `cache(URL, log=PATH[:SIZE], mode=MODE)`.
     #[arg(long, value_name = "PATH[:SIZE]")]
@@ -123,11 +128,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
+        let mut usr1 = signal(SignalKind::user_defined1())?;
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         loop {
             tokio::select! {
                 _ = term.recv() => return Ok::<bool, std::io::Error>(true),
                 _ = int.recv() => return Ok(true),
+                _ = usr1.recv() => if let Some(path) = &args.counters {
+                    if let Err(e) = write_counters(path, &remote) {
+                        tracing::warn!(file = %path.display(), "cannot write the counters: {e}");
+                    }
+                },
                 _ = tick.tick() => if mounted.is_finished() { return Ok(false) },
             }
         }
@@ -152,6 +163,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         s.zeroings.load(Relaxed),
     );
     let joined = mounted.join();
+    if let Some(path) = &args.counters {
+        write_counters(path, &remote)?;
+    }
     rt.block_on(devices.close());
     if created {
         let _ = std::fs::remove_file(&args.file);
@@ -167,4 +181,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     joined.context("FUSE request loop")?;
     Ok(())
+}
+
+/// Writes the counters of `luns`, summed, to `path` as one JSON object; through a temporary file
+/// and a rename, so that a reader never sees half of it.
+fn write_counters(path: &std::path::Path, luns: &[Arc<stics_initiator::Lun>]) -> std::io::Result<()> {
+    let c = luns.iter().map(|l| l.counters()).fold(stics_initiator::counters::Snapshot::default(), |a, b| a + b);
+    let json = serde_json::json!({
+        "commands": c.commands,
+        "pdus_sent": c.pdus_sent,
+        "pdus_received": c.pdus_received,
+        "bytes_sent": c.bytes_sent,
+        "bytes_received": c.bytes_received,
+        "round_trips": c.round_trips,
+        "retries": c.retries,
+        "reconnects": c.reconnects,
+    });
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, json.to_string() + "\n")?;
+    std::fs::rename(&tmp, path)
 }

@@ -6,6 +6,7 @@ pub mod conformance;
 pub mod congestion;
 pub mod delay;
 pub mod fs;
+pub mod messages;
 pub mod micro;
 pub mod packets;
 pub mod postmark;
