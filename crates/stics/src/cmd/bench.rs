@@ -257,13 +257,20 @@ fn index(reports: &[Report], m: &Machine, quick: bool) -> String {
     s
 }
 
+/// Opens the device a client runs against (an iscsi:// URL or any device spec); the context is
+/// closed by the caller when the run is over.
+async fn open_device(text: &str) -> anyhow::Result<(stics_stack::OpenContext, Arc<dyn stics_block::BlockDev>)> {
+    let ctx = stics_stack::OpenContext::default();
+    let dev = stics_stack::open(&text.parse().context("device spec")?, &ctx)
+        .await
+        .with_context(|| format!("cannot open {text}"))?;
+    Ok((ctx, dev))
+}
+
 fn run_replay(r: &replay::Args, format: Format, plot: Option<&std::path::Path>) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let outcome = rt.block_on(async {
-        let ctx = stics_stack::OpenContext::default();
-        let dev = stics_stack::open(&r.device.parse().context("device spec")?, &ctx)
-            .await
-            .with_context(|| format!("cannot open {}", r.device))?;
+        let (ctx, dev) = open_device(&r.device).await?;
         let res = match replay::requests(r, dev.geometry().bytes()) {
             Ok(requests) => replay::run(Arc::clone(&dev), requests, r.speed).await,
             Err(e) => Err(e),
@@ -297,10 +304,7 @@ fn run_load(l: &LoadArgs, format: Format) -> anyhow::Result<()> {
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let outcome = rt.block_on(async {
-        let ctx = stics_stack::OpenContext::default();
-        let dev = stics_stack::open(&l.device.parse().context("device spec")?, &ctx)
-            .await
-            .with_context(|| format!("cannot open {}", l.device))?;
+        let (ctx, dev) = open_device(&l.device).await?;
         let warm = load::Spec { count: Some(l.warmup), seconds: None, ..spec.clone() };
         let r = if l.warmup > 0 { load::run(Arc::clone(&dev), &warm).await.map(drop) } else { Ok(()) };
         let r = match (r, l.arrivals) {

@@ -54,10 +54,6 @@ impl Bench {
         Ok(Bench { opts, work, _tmp: tmp, commands: Mutex::new(Vec::new()), bars })
     }
 
-    pub fn options(&self) -> &Options {
-        &self.opts
-    }
-
     pub fn quick(&self) -> bool {
         self.opts.quick
     }

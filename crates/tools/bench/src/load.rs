@@ -85,6 +85,16 @@ pub struct Negotiated {
     pub initial_r2t: bool,
 }
 
+impl Outcome {
+    /// What `stics bench load --json` printed, for the experiments that run it as a client.
+    pub fn from_json(stdout: &str) -> crate::Result<Outcome> {
+        serde_json::from_str(stdout.trim()).map_err(|e| crate::Error::Output {
+            what: "stics bench load".into(),
+            detail: format!("{e}: {}", stdout.trim()),
+        })
+    }
+}
+
 /// Why a run could not go on.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {

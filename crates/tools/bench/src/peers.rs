@@ -48,15 +48,19 @@ impl Drop for Target {
 /// `stics target` serving `luns` (device specs) on 127.0.0.1, LUN 0 in the URL.
 pub fn stics_target(b: &Bench, name: &str, luns: &[&str]) -> Result<Target> {
     let port = free_port()?;
-    let mut cmd = b.stics_cmd();
-    cmd.args(["target", "--listen", &format!("127.0.0.1:{port}"), "--iqn", STICS_IQN]);
+    let addr = format!("127.0.0.1:{port}");
+    let mut proc = b.spawn(name, target_args(&mut b.stics_cmd(), &addr, luns))?;
+    proc.wait_until(Duration::from_secs(20), || accepts(&addr))?;
+    Ok(Target { proc, url: format!("iscsi://{addr}/{STICS_IQN}/0"), ctl: None })
+}
+
+/// `cmd` (the `stics` binary) made `stics target` serving `luns` on `listen` under [`STICS_IQN`].
+fn target_args<'a>(cmd: &'a mut Command, listen: &str, luns: &[&str]) -> &'a mut Command {
+    cmd.args(["target", "--listen", listen, "--iqn", STICS_IQN]);
     for l in luns {
         cmd.args(["--lun", l]);
     }
-    let mut proc = b.spawn(name, &mut cmd)?;
-    let addr = format!("127.0.0.1:{port}");
-    proc.wait_until(Duration::from_secs(20), || accepts(&addr))?;
-    Ok(Target { proc, url: format!("iscsi://{addr}/{STICS_IQN}/0"), ctl: None })
+    cmd
 }
 
 /// tgtd serving `file` as LUN 1 on 127.0.0.1.
@@ -130,12 +134,6 @@ impl Wan {
         Ok(b.run(b.stics_cmd().args(["wan", "--name", &self.name, "addr", role]))?.stdout.trim().to_owned())
     }
 
-    /// Packets and bytes that crossed the link so far, both directions.
-    pub fn counters(&self, b: &Bench) -> Result<(u64, u64)> {
-        let c = self.counts(b)?;
-        Ok((c.packets, c.bytes))
-    }
-
     /// Packets, bytes and packets by frame length that crossed the link so far, both directions.
     pub fn counts(&self, b: &Bench) -> Result<Counts> {
         let out = b.run(b.stics_cmd().args(["wan", "--name", &self.name, "status", "--json"]))?;
@@ -167,12 +165,8 @@ impl Wan {
     pub fn stics_target(&self, b: &Bench, name: &str, role: &str, luns: &[&str]) -> Result<Target> {
         let addr = self.addr(b, role)?;
         let port = 3260;
-        let mut cmd = self.exec(role, b.stics());
-        cmd.args(["target", "--listen", &format!("{addr}:{port}"), "--iqn", STICS_IQN]);
-        for l in luns {
-            cmd.args(["--lun", l]);
-        }
-        let mut proc = b.spawn(name, &mut cmd)?;
+        let listen = format!("{addr}:{port}");
+        let mut proc = b.spawn(name, target_args(&mut self.exec(role, b.stics()), &listen, luns))?;
         self.wait_port(&mut proc, role, &addr, port)?;
         Ok(Target { proc, url: format!("iscsi://{addr}:{port}/{STICS_IQN}/0"), ctl: None })
     }

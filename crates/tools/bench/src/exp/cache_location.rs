@@ -23,19 +23,6 @@ pub struct Args {
     pub transactions: u64,
 }
 
-/// A gateway whose RAM buffer and read cache are `bytes` each, on `side`.
-fn cache(bytes: u64, side: &'static str) -> Via {
-    let size = format!("{}KiB", bytes.div_ceil(1024).max(64));
-    Via::Gateway {
-        mode: "log".into(),
-        ram: size.clone(),
-        read_cache: size,
-        // The smallest log that takes a RAM buffer and a pipeline of epochs (the cache's minimum).
-        log: "256MiB".into(),
-        side,
-    }
-}
-
 pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let pool = Pool {
         files: if b.quick() { a.files.min(100) } else { a.files },
@@ -46,10 +33,10 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let tenth = pool.working_set() / 10;
     let vias = [
         ("none", Via::Plain),
-        ("host, 1 MiB", cache(1 << 20, "host")),
-        ("storage, 1 MiB", cache(1 << 20, "storage")),
-        ("host, 10 %", cache(tenth, "host")),
-        ("storage, 10 %", cache(tenth, "storage")),
+        ("host, 1 MiB", Via::small_cache(1 << 20, "host")),
+        ("storage, 1 MiB", Via::small_cache(1 << 20, "storage")),
+        ("host, 10 %", Via::small_cache(tenth, "host")),
+        ("storage, 10 %", Via::small_cache(tenth, "storage")),
     ];
     let wan = Wan::up(b, &format!("sbcl{}", std::process::id()), &["--delay", "0ms"])?;
     let lun = b.work().join("remote.img");

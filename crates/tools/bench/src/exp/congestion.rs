@@ -30,11 +30,6 @@ pub struct Args {
     pub transactions: u64,
 }
 
-fn cache(bytes: u64) -> Via {
-    let size = format!("{}KiB", bytes.div_ceil(1024).max(64));
-    Via::Gateway { mode: "log".into(), ram: size.clone(), read_cache: size, log: "256MiB".into(), side: "host" }
-}
-
 pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let pool = Pool {
         files: if b.quick() { a.files.min(100) } else { a.files },
@@ -43,8 +38,12 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     };
     let loads: Vec<u32> = if b.quick() { vec![0, 55] } else { a.loads.clone() };
     let ws = pool.working_set();
-    let vias =
-        [("no cache", Via::Plain), ("0.1 %", cache(ws / 1000)), ("1 %", cache(ws / 100)), ("10 %", cache(ws / 10))];
+    let vias = [
+        ("no cache", Via::Plain),
+        ("0.1 %", Via::small_cache(ws / 1000, "host")),
+        ("1 %", Via::small_cache(ws / 100, "host")),
+        ("10 %", Via::small_cache(ws / 10, "host")),
+    ];
     let wan = Wan::up(b, &format!("sbcg{}", std::process::id()), &["--delay", &a.delay, "--rate", &a.rate])?;
     let lun = b.work().join("remote.img");
     std::fs::File::create(&lun)?.set_len(1 << 30)?;

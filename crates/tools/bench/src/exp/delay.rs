@@ -10,7 +10,7 @@ use super::scaled;
 use crate::load::Outcome;
 use crate::paper;
 use crate::peers::{random_file, stics_target, GatewayOptions, Wan};
-use crate::{Bench, Error, Report, Result, Stat};
+use crate::{Bench, Report, Result, Stat};
 
 /// Options of `stics bench delay`.
 #[derive(Debug, Clone, clap::Args)]
@@ -64,12 +64,7 @@ fn load(b: &Bench, p: &Path<'_>, a: &Args, op: &str, pattern: &str, span: u64) -
     let (size, span) = (a.size.to_string(), span.to_string());
     cmd.args(["bench", "load", &p.url, "--json", "--depth", "1", "--size", &size, "--op", op, "--pattern", pattern])
         .args(["--count", &count, "--seconds", &secs, "--span", &span]);
-    parse(&b.run(&mut cmd)?.stdout)
-}
-
-fn parse(stdout: &str) -> Result<Outcome> {
-    serde_json::from_str(stdout.trim())
-        .map_err(|e| Error::Output { what: "stics bench load".into(), detail: format!("{e}: {stdout}") })
+    Outcome::from_json(&b.run(&mut cmd)?.stdout)
 }
 
 /// The four benchmarks on one path, `b.reps()` times: throughput and mean response of each.

@@ -40,25 +40,49 @@ pub struct Run {
     pub sizes: Vec<u64>,
     /// Bytes the host wrote to the LUN (the loop device's count).
     pub host_bytes: u64,
-    /// Seconds the gateway took to destage what the run left behind.
-    pub drain_seconds: f64,
     /// `e2fsck -fn` found nothing.
     pub fsck_clean: bool,
 }
 
-/// Unmounts what a run mounted, also when it fails half way.
-struct Mounts {
-    fs: PathBuf,
-    lun: PathBuf,
-    export: Option<Proc>,
+/// A LUN exported as a file by `stics mount`, and the folder ext4 on it is mounted at; ext4 is
+/// unmounted and the export stopped when this drops, also when a run fails half way.
+pub struct Export {
+    pub proc: Proc,
+    /// The exported LUN, as a file.
+    pub lun: PathBuf,
+    /// Where ext4 on it is mounted.
+    pub fs: PathBuf,
 }
 
-impl Drop for Mounts {
+impl Export {
+    /// Starts `cmd`, a `stics mount URL LUN` (perhaps inside a namespace) exporting onto `lun`,
+    /// and waits until the export is mounted; `fs` is made for ext4 to be mounted at.
+    pub fn start(b: &Bench, name: &str, cmd: &mut Command, lun: PathBuf, fs: PathBuf) -> Result<Export> {
+        std::fs::File::create(&lun)?;
+        std::fs::create_dir_all(&fs)?;
+        let mut e = Export { proc: b.spawn(name, cmd)?, lun, fs };
+        let lun = e.lun.clone();
+        e.proc.wait_until(Duration::from_secs(30), || mounted(&lun))?;
+        Ok(e)
+    }
+
+    /// A fresh ext4 of `mib` MiB on the export, its inode tables and journal written now rather
+    /// than by ext4lazyinit during a run.
+    pub fn mkfs(&self, b: &Bench, mib: u64) -> Result<()> {
+        b.run(
+            Command::new("mkfs.ext4")
+                .args(["-F", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard"])
+                .arg(&self.lun)
+                .arg(format!("{mib}M")),
+        )
+        .map(|_| ())
+    }
+}
+
+impl Drop for Export {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.fs).output();
-        if let Some(mut p) = self.export.take() {
-            p.stop(libc::SIGTERM, Duration::from_secs(20));
-        }
+        self.proc.stop(libc::SIGTERM, Duration::from_secs(20));
         let _ = Command::new("umount").arg("-l").arg(&self.lun).output();
     }
 }
@@ -94,9 +118,6 @@ pub fn postmark(
 ) -> Result<Run> {
     b.need(&["postmark", "mkfs.ext4", "e2fsck", "nsenter", "findmnt"])?;
     let lun = b.work().join("export");
-    let fs = b.work().join("fs");
-    std::fs::File::create(&lun)?;
-    std::fs::create_dir_all(&fs)?;
     // `stics wan exec` enters a mount namespace of its own; the export must be mounted in ours.
     let mut cmd = wan.exec(role, Path::new("nsenter"));
     cmd.arg(format!("--mount=/proc/{}/ns/mnt", std::process::id()))
@@ -104,22 +125,15 @@ pub fn postmark(
         .arg(b.stics())
         .args(["mount", url])
         .arg(&lun);
-    let mut m = Mounts { fs: fs.clone(), lun: lun.clone(), export: None };
-    let mut export = b.spawn("export", &mut cmd)?;
-    export.wait_until(Duration::from_secs(30), || mounted(&lun))?;
-    m.export = Some(export);
-    b.run(
-        Command::new("mkfs.ext4")
-            .args(["-F", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard"])
-            .arg(&lun)
-            .arg(format!("{fs_mib}M")),
-    )?;
-    b.run(Command::new("mount").args(["-o", "loop,sync"]).arg(&lun).arg(&fs))?;
+    let m = Export::start(b, "export", &mut cmd, lun, b.work().join("fs"))?;
+    m.mkfs(b, fs_mib)?;
+    let (lun, fs) = (&m.lun, &m.fs);
+    b.run(Command::new("mount").args(["-o", "loop,sync"]).arg(lun).arg(fs))?;
     if let Some(g) = gateway {
         wan.gateway_drain(b, g)?;
     }
     let c0 = wan.counts(b)?;
-    let w0 = written(b, &fs)?;
+    let w0 = written(b, fs)?;
     let cfg = b.work().join("pm.cfg");
     std::fs::write(
         &cfg,
@@ -133,16 +147,14 @@ pub fn postmark(
         ),
     )?;
     let seconds = b.run(Command::new("postmark").arg(&cfg))?.secs;
-    b.run(Command::new("sync").arg("-f").arg(&fs))?;
-    let host_bytes = written(b, &fs)? - w0;
-    b.run(Command::new("umount").arg(&fs))?;
-    let t = std::time::Instant::now();
+    b.run(Command::new("sync").arg("-f").arg(fs))?;
+    let host_bytes = written(b, fs)? - w0;
+    b.run(Command::new("umount").arg(fs))?;
     if let Some(g) = gateway {
         wan.gateway_drain(b, g)?;
     }
-    let drain_seconds = t.elapsed().as_secs_f64();
     let c1 = wan.counts(b)?;
-    let fsck_clean = Command::new("e2fsck").arg("-fn").arg(&lun).output().is_ok_and(|o| o.status.success());
+    let fsck_clean = Command::new("e2fsck").arg("-fn").arg(lun).output().is_ok_and(|o| o.status.success());
     drop(m);
     Ok(Run {
         seconds,
@@ -150,7 +162,6 @@ pub fn postmark(
         bytes: c1.bytes - c0.bytes,
         sizes: c1.sizes.iter().zip(&c0.sizes).map(|(a, b)| a - b).collect(),
         host_bytes,
-        drain_seconds,
         fsck_clean,
     })
 }
@@ -184,6 +195,14 @@ impl Via {
             log: "512MiB".into(),
             side: "host",
         }
+    }
+
+    /// A `log`-mode gateway on `side` whose RAM buffer and read cache hold `bytes` each (at least
+    /// 64 KiB), over the smallest log that takes a RAM buffer and a pipeline of epochs (the
+    /// cache's minimum): seed 000's small caches.
+    pub fn small_cache(bytes: u64, side: &'static str) -> Via {
+        let size = format!("{}KiB", bytes.div_ceil(1024).max(64));
+        Via::Gateway { mode: "log".into(), ram: size.clone(), read_cache: size, log: "256MiB".into(), side }
     }
 
     /// "plain", or the gateway's mode (and side when it is not the host's).

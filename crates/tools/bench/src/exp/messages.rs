@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use stics_report::{Column, Table};
 
+use super::fs::Export;
 use crate::paper;
 use crate::peers::stics_target;
-use crate::{Bench, Error, Proc, Result};
+use crate::{Bench, Error, Result};
 
 /// The calls of seed 002 Table 2, in its order.
 pub const OPS: [&str; 17] = [
@@ -56,21 +57,19 @@ fn fixture(dir: &Path, v: &str) -> Result<()> {
     Ok(())
 }
 
-/// `stics mount --counters` and ext4 on it, mounted, with the counters readable.
-struct Export {
-    proc: Proc,
-    lun: PathBuf,
-    fs: PathBuf,
+/// The export, with the initiator's counters readable.
+struct Counted {
+    export: Export,
     counters: PathBuf,
 }
 
-impl Export {
+impl Counted {
     /// The initiator's command count now.
     fn commands(&mut self) -> Result<u64> {
         let _ = std::fs::remove_file(&self.counters);
-        self.proc.signal(libc::SIGUSR1);
+        self.export.proc.signal(libc::SIGUSR1);
         let path = self.counters.clone();
-        self.proc.wait_until(Duration::from_secs(10), || path.exists())?;
+        self.export.proc.wait_until(Duration::from_secs(10), || path.exists())?;
         let text = std::fs::read_to_string(&self.counters)?;
         let v: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| Error::Output { what: "stics mount --counters".into(), detail: e.to_string() })?;
@@ -78,32 +77,24 @@ impl Export {
     }
 
     fn mount(&self, b: &Bench) -> Result<()> {
-        b.run(Command::new("mount").args(["-o", "loop"]).arg(&self.lun).arg(&self.fs)).map(|_| ())
+        b.run(Command::new("mount").args(["-o", "loop"]).arg(&self.export.lun).arg(&self.export.fs)).map(|_| ())
     }
 
     /// Unmounts ext4 (writing back everything) and drops every cache, so the next mount starts cold.
     fn unmount_cold(&self, b: &Bench) -> Result<()> {
-        b.run(Command::new("umount").arg(&self.fs))?;
+        b.run(Command::new("umount").arg(&self.export.fs))?;
         std::fs::write("/proc/sys/vm/drop_caches", "3\n")?;
         Ok(())
     }
 }
 
-impl Drop for Export {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.fs).output();
-        self.proc.stop(libc::SIGTERM, Duration::from_secs(20));
-        let _ = Command::new("umount").arg("-l").arg(&self.lun).output();
-    }
-}
-
 /// Runs one call and returns the commands it cost until it returned and until `sync` after it.
-fn measure(b: &Bench, e: &mut Export, op: &str, dir: &str, v: &str) -> Result<(u64, u64)> {
+fn measure(b: &Bench, e: &mut Counted, op: &str, dir: &str, v: &str) -> Result<(u64, u64)> {
     let code = format!("import os\n{}\n", call(op, dir, v));
     let c0 = e.commands()?;
     b.run(Command::new("python3").arg("-c").arg(&code))?;
     let c1 = e.commands()?;
-    b.run(Command::new("sync").arg("-f").arg(&e.fs))?;
+    b.run(Command::new("sync").arg("-f").arg(&e.export.fs))?;
     let c2 = e.commands()?;
     Ok((c1 - c0, c2 - c0))
 }
@@ -116,27 +107,14 @@ pub fn table(b: &Bench) -> Result<Table> {
     std::fs::File::create(&lun_file)?.set_len(512 << 20)?;
     let target = stics_target(b, "messages-target", &[&format!("file:{}", lun_file.display())])?;
     let lun = b.work().join("messages-export");
-    let fs = b.work().join("messages-fs");
-    std::fs::File::create(&lun)?;
-    std::fs::create_dir_all(&fs)?;
     let counters = b.work().join("counters.json");
     let mut cmd = b.stics_cmd();
     cmd.args(["mount", &target.url]).arg(&lun).arg("--counters").arg(&counters);
-    let mut proc = b.spawn("messages-export", &mut cmd)?;
-    let l = lun.clone();
-    let needle = format!(" {} ", l.display());
-    proc.wait_until(Duration::from_secs(30), || {
-        std::fs::read_to_string("/proc/mounts").is_ok_and(|m| m.contains(&needle))
-    })?;
-    let mut e = Export { proc, lun, fs, counters };
-    b.run(
-        Command::new("mkfs.ext4")
-            .args(["-F", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard"])
-            .arg(&e.lun)
-            .arg("256M"),
-    )?;
+    let export = Export::start(b, "messages-export", &mut cmd, lun, b.work().join("messages-fs"))?;
+    export.mkfs(b, 256)?;
+    let mut e = Counted { export, counters };
     e.mount(b)?;
-    let depths = [(0u32, e.fs.clone()), (3, e.fs.join("a/b/c"))];
+    let depths = [(0u32, e.export.fs.clone()), (3, e.export.fs.join("a/b/c"))];
     for (_, d) in &depths {
         for op in OPS {
             for v in ["cold", "warmup", "warm"] {

@@ -246,9 +246,7 @@ fn load(b: &Bench, wan: &Wan, url: &str, size: u64, count: u64, warmup: u64, bud
     cmd.args(["bench", "load", url, "--json", "--op", "write", "--depth", "1", "--pattern", "seq"])
         .args(["--size", &size.to_string(), "--count", &count.to_string(), "--warmup", &warmup.to_string()])
         .args(["--seconds", &format!("{budget:.3}s")]);
-    let out = b.run(&mut cmd)?;
-    serde_json::from_str(out.stdout.trim())
-        .map_err(|e| Error::Output { what: "stics bench load".into(), detail: format!("{e}: {}", out.stdout.trim()) })
+    Outcome::from_json(&b.run(&mut cmd)?.stdout)
 }
 
 /// The token bucket of the WAN's rate limiter toward the storage side, bytes, as `tc` shows it.
@@ -463,10 +461,7 @@ fn dynamic(
                     idle_restart(b, wan, true)?;
                 }
                 let o = o?;
-                let measured: Outcome = serde_json::from_str(o.stdout.trim()).map_err(|e| Error::Output {
-                    what: "stics bench load --arrivals".into(),
-                    detail: format!("{e}: {}", o.stdout.trim()),
-                })?;
+                let measured = Outcome::from_json(&o.stdout)?;
                 let cfg = |requests, warmup, seed| SimConfig {
                     model: m,
                     arrivals: TRAFFIC,
