@@ -1,5 +1,5 @@
 //! IOPS and latency through the library at several queue depths, random or sequential, reads or
-//! writes (for scripts/bench-initiator.sh and scripts/bench-gateway.sh).
+//! writes (for scripts/bench-initiator.sh).
 //!
 //! `cargo run --release -p stics-initiator --example qd -- iscsi://127.0.0.1:3260/IQN/1 --depths 1,32`
 

@@ -50,8 +50,51 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("stics: {e:#}");
+            eprintln!("stics: {}", explain(&e));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// An error and its causes on one line. The library errors name their source in their own
+/// message, so a cause already said is left out, and a context its cause repeats gives way to it.
+fn explain(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let m = cause.to_string();
+        if parts.iter().any(|p| p.contains(&m)) {
+            continue;
+        }
+        match parts.last_mut() {
+            Some(last) if m.starts_with(last.as_str()) => *last = m,
+            _ => parts.push(m),
+        }
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_said_once() {
+        #[derive(Debug)]
+        struct Connect(std::io::Error);
+        impl std::fmt::Display for Connect {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "cannot connect to h:1: {}", self.0)
+            }
+        }
+        impl std::error::Error for Connect {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let e = anyhow::Error::new(Connect(io)).context("cannot connect to h:1").context("load");
+        assert_eq!(explain(&e), "load: cannot connect to h:1: Connection refused");
+        let plain = anyhow::anyhow!("disk full").context("cannot write x");
+        assert_eq!(explain(&plain), "cannot write x: disk full");
     }
 }

@@ -94,3 +94,122 @@ fn packets_counts_the_wan_traffic_of_postmark_and_the_messages_of_each_call() {
         assert!(r["cold_3_sync"].as_f64() >= r["cold_3"].as_f64(), "{r}");
     }
 }
+
+/// PIDs whose parent is `parent`, with their start times (so that a PID that came round again is
+/// not taken for the same process).
+fn children_of(parent: u32) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{name}/stat")) else { continue };
+        let f: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split_whitespace().collect();
+        if f[1] == parent.to_string() {
+            out.push((name, f[19].to_owned()));
+        }
+    }
+    out
+}
+
+fn still_running(pid: &str, start: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let f: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split_whitespace().collect();
+        f[19] == start && f[0] != "Z"
+    })
+}
+
+#[test]
+fn an_interrupted_run_stops_its_processes_and_leaves_no_mount_namespace_or_scratch() {
+    let _serial = stics_testkit::proc::one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_stics"))
+        .args(["bench", "packets", "--quick", "--reps", "1", "--no-calls"])
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let under_tmp = || {
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+        mounts.lines().filter(|l| l.contains(&*tmp.path().to_string_lossy())).map(str::to_owned).collect::<Vec<_>>()
+    };
+    // Interrupt it with PostMark running on ext4 over the export, through the WAN.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    while !under_tmp().iter().any(|l| l.contains(" ext4 ")) {
+        assert!(child.try_wait().unwrap().is_none(), "stics bench ended before PostMark started");
+        assert!(std::time::Instant::now() < deadline, "no ext4 mounted after 180 s");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let kids = children_of(pid);
+    assert!(kids.len() >= 2, "target, gateway or export, and PostMark: {kids:?}");
+    assert!(Command::new("kill").args(["-INT", &pid.to_string()]).status().unwrap().success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "stics bench still running 60 s after SIGINT");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    for (p, start) in &kids {
+        assert!(!still_running(p, start), "child {p} survived: {stderr}");
+    }
+    assert_eq!(under_tmp(), Vec::<String>::new());
+    let netns = String::from_utf8(Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).unwrap();
+    assert!(!netns.contains(&format!("sbpk{pid}-")), "{netns}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "scratch left behind: {left:?}");
+}
+
+#[test]
+fn wan_measures_each_promise_of_the_emulator() {
+    let _serial = stics_testkit::proc::one_at_a_time();
+    let v = bench(&["wan"]);
+    let rs = rows(&v, 0);
+    let names: Vec<&str> = rs.iter().filter_map(|r| r["measurement"].as_str()).collect();
+    for want in ["plain veth: ping", "emulator, no delay: iperf3", "--delay 5ms: ping", "--rate 100mbit", "reno: loss"]
+    {
+        assert!(names.iter().any(|n| n.contains(want)), "{want} missing from {names:?}");
+    }
+    for r in &rs {
+        positive(r, "value");
+    }
+    // Every bound the emulator promises was checked, and bench exits non-zero when one fails.
+    assert_eq!(rs.iter().filter(|r| r["verdict"] == "pass").count(), 6, "{rs:?}");
+}
+
+#[test]
+fn interop_runs_every_check_on_both_targets() {
+    let _serial = stics_testkit::proc::one_at_a_time();
+    let v = bench(&["interop"]);
+    let rs = rows(&v, 0);
+    assert_eq!(rs.len(), 10, "{rs:?}");
+    for r in &rs {
+        assert_eq!(r["verdict"], "ok", "{r}");
+    }
+}
+
+#[test]
+fn gateway_measures_both_modes_and_both_restarts() {
+    let _serial = stics_testkit::proc::one_at_a_time();
+    let v = bench(&["gateway"]);
+    let modes: Vec<Value> = rows(&v, 0);
+    assert_eq!(modes.iter().map(|r| r["mode"].as_str().unwrap()).collect::<Vec<_>>(), ["write-through", "log"]);
+    for r in &modes {
+        positive(r, "iops");
+        // A write-through write waits for the remote: one round trip of 16 ms at least.
+        if r["mode"] == "write-through" {
+            assert!(positive(r, "mean") > 0.016, "{r}");
+        }
+    }
+    let restarts = rows(&v, 1);
+    assert_eq!(restarts.len(), 2, "{restarts:?}");
+    // The WAN was cut while writes went on: the log held dirty data when the gateway was killed.
+    positive(&restarts[0], "dirty");
+    positive(&restarts[0], "restart");
+    positive(&restarts[1], "restart");
+}

@@ -46,3 +46,53 @@ fn replay_names_the_line_of_a_corrupt_trace() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("line 2") && err.contains("Erase"), "{err}");
 }
+
+/// Runs `stics ARGS` with `PATH` set to `path`, expecting a failure within 60 s; returns stderr.
+fn fails(args: &[&str], path: Option<&std::path::Path>) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stics"));
+    cmd.args(args);
+    if let Some(p) = path {
+        cmd.env("PATH", p);
+    }
+    let mut child = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "stics {args:?} still running after 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "stics {args:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+#[test]
+fn bad_input_gets_a_message_naming_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("t.txt");
+    std::fs::write(&garbage, "this is not a block trace\nnor is this\n").unwrap();
+    let t = garbage.to_str().unwrap();
+    let err = fails(&["bench", "replay", "mem:1MiB", "--trace", t], None);
+    assert!(err.contains("format"), "{err}");
+
+    // Nothing listens on port 1 of loopback.
+    let err = fails(&["bench", "load", "iscsi://127.0.0.1:1/iqn.2024-01.org.example:none/0"], None);
+    assert!(err.contains("127.0.0.1:1"), "{err}");
+
+    // A PATH without tgt: the experiment says which package to install before starting anything.
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    for tool in ["qemu-img", "ip", "iptables", "nsenter"] {
+        if let Some(p) =
+            std::env::split_paths(&std::env::var_os("PATH").unwrap()).map(|d| d.join(tool)).find(|p| p.is_file())
+        {
+            std::os::unix::fs::symlink(p, bin.join(tool)).unwrap();
+        }
+    }
+    let err = fails(&["bench", "micro", "--quick"], Some(&bin));
+    assert!(err.contains("tgtd is missing") && err.contains("apt-get install tgt"), "{err}");
+}

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use stics_bench::exp::{
-    cache_location, conformance, congestion, delay, micro, packets, postmark, target, trace, write_model,
+    cache_location, conformance, congestion, delay, gateway, interop, micro, packets, postmark, target, trace, wan,
+    write_model,
 };
 use stics_bench::load::{self, Op, Pattern};
 use stics_bench::machine::Machine;
@@ -79,6 +80,12 @@ enum Cmd {
     CacheLocation(cache_location::Args),
     /// Seed 000 Table 3 / Fig. 6: PostMark at 2 ms one way with background load 0-75 % of 100 Mbit/s, no cache against gateway caches of 0.1-10 % of the working set.
     Congestion(congestion::Args),
+    /// The gateway across stics wan at 8 ms: random writes past the log's size in log against write-through mode (destage stalls), and the restart on a full log after SIGKILL against an empty one.
+    Gateway(gateway::Args),
+    /// stics target (and tgt) with libiscsi's tools, qemu-img convert both ways, and ext4 + PostMark over qemu-storage-daemon's FUSE export, checked with e2fsck.
+    Interop(interop::Args),
+    /// stics wan against its promises (delay, rate, loss against Mathis' model) and its overhead against a plain veth pair.
+    Wan(wan::Args),
     /// Every experiment above with its defaults, and a Markdown report of them all in --out DIR.
     All,
     /// The load generator the experiments run as a client: closed-loop requests against a device, latency percentiles.
@@ -143,6 +150,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         return run_replay(&r, format(c), c.plot.as_deref());
     }
     let stics = std::env::current_exe().context("cannot find the stics binary itself")?;
+    stics_bench::env::clean_up_on_interrupt().context("cannot catch SIGINT and SIGTERM")?;
     let bench = Bench::new(Options {
         stics,
         quick: c.quick,
@@ -163,6 +171,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Cmd::Packets(p) => vec![with_commands(b, || packets::run(b, p))?],
         Cmd::CacheLocation(x) => vec![with_commands(b, || cache_location::run(b, x))?],
         Cmd::Congestion(x) => vec![with_commands(b, || congestion::run(b, x))?],
+        Cmd::Wan(x) => vec![with_commands(b, || wan::run(b, x))?],
+        Cmd::Interop(x) => vec![with_commands(b, || interop::run(b, x))?],
+        Cmd::Gateway(x) => vec![with_commands(b, || gateway::run(b, x))?],
         Cmd::All => run_all(b, &mut errors),
         Cmd::Load(_) | Cmd::Replay(_) => unreachable!("handled above"),
     };
@@ -217,7 +228,9 @@ fn defaults<T: clap::Args + clap::FromArgMatches>() -> stics_bench::Result<T> {
 fn run_all(b: &Bench, errors: &mut Vec<String>) -> Vec<Report> {
     type Step<'a> = Box<dyn Fn() -> anyhow::Result<Report> + 'a>;
     let steps: Vec<(&str, Step<'_>)> = vec![
+        ("wan", Box::new(|| with_commands(b, || wan::run(b, &defaults()?)))),
         ("conformance", Box::new(|| with_commands(b, || conformance::run(b, &defaults()?)))),
+        ("interop", Box::new(|| with_commands(b, || interop::run(b, &defaults()?)))),
         ("target", Box::new(|| with_commands(b, || target::run(b, &defaults()?)))),
         ("micro", Box::new(|| with_commands(b, || micro::run(b, &defaults()?)))),
         ("delay", Box::new(|| with_commands(b, || delay::run(b, &defaults()?)))),
@@ -227,6 +240,7 @@ fn run_all(b: &Bench, errors: &mut Vec<String>) -> Vec<Report> {
         ("packets", Box::new(|| with_commands(b, || packets::run(b, &defaults()?)))),
         ("write-model", Box::new(|| with_commands(b, || write_model::run(b, &defaults()?)))),
         ("trace", Box::new(|| with_commands(b, || trace::run(b, &defaults()?)))),
+        ("gateway", Box::new(|| with_commands(b, || gateway::run(b, &defaults()?)))),
     ];
     let mut out = Vec::new();
     for (name, step) in steps {

@@ -1,9 +1,11 @@
 //! The context of one `stics bench` run: where the `stics` binary is, scratch space, the commands
-//! run (kept for the report), child processes ended by PID, and progress bars.
+//! run (kept for the report), child processes ended by PID, progress bars, and the clean-up of an
+//! interrupted run.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -44,6 +46,7 @@ impl Bench {
             }
             None => {
                 let t = tempfile::Builder::new().prefix("stics-bench.").tempdir()?;
+                live().scratch.push(t.path().to_owned());
                 (t.path().to_owned(), Some(t))
             }
         };
@@ -110,7 +113,11 @@ impl Bench {
         self.record(cmd);
         let cpu0 = children_cpu();
         let t0 = Instant::now();
-        let out = cmd.stdin(Stdio::null()).output().map_err(|e| spawn_error(cmd, &e))?;
+        let child = {
+            let _live = live();
+            cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()
+        };
+        let out = child.and_then(Child::wait_with_output).map_err(|e| spawn_error(cmd, &e))?;
         let secs = t0.elapsed().as_secs_f64();
         let cpu = children_cpu() - cpu0;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -131,8 +138,10 @@ impl Bench {
         self.record(cmd);
         let log = self.work.join(format!("{name}.log"));
         let f = std::fs::File::create(&log)?;
-        let child =
-            cmd.stdin(Stdio::null()).stdout(f.try_clone()?).stderr(f).spawn().map_err(|e| spawn_error(cmd, &e))?;
+        let child = {
+            let _live = live();
+            cmd.stdin(Stdio::null()).stdout(f.try_clone()?).stderr(f).spawn().map_err(|e| spawn_error(cmd, &e))?
+        };
         Ok(Proc { child: Some(child), name: name.to_owned(), log })
     }
 
@@ -262,6 +271,157 @@ impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// What an interrupted run has to undo that dropping its guards would have undone: mounts and WAN
+/// instances (processes need no list: every child of this process is one the run started).
+#[derive(Debug, Default)]
+struct Live {
+    /// Mount points, unmounted (lazily) last first.
+    mounts: Vec<PathBuf>,
+    /// `stics wan` instances: the binary and the name.
+    wans: Vec<(PathBuf, String)>,
+    /// Network namespaces of the run's own.
+    netns: Vec<String>,
+    /// Scratch folders to remove.
+    scratch: Vec<PathBuf>,
+}
+
+static LIVE: Mutex<Live> =
+    Mutex::new(Live { mounts: Vec::new(), wans: Vec::new(), netns: Vec::new(), scratch: Vec::new() });
+
+/// The registry, held while a child is started so that the clean-up never misses one: once it has
+/// begun it keeps the lock until the process exits, and a run that tries to start more waits.
+fn live() -> MutexGuard<'static, Live> {
+    LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Notes a mount point (or a WAN instance) an interrupted run must undo; [`forget`] it again once
+/// its guard has undone it.
+pub fn remember(what: Undo) {
+    let mut l = live();
+    match what {
+        Undo::Mount(p) => l.mounts.push(p),
+        Undo::Wan { stics, name } => l.wans.push((stics, name)),
+        Undo::Netns(n) => l.netns.push(n),
+    }
+}
+
+/// Drops an entry [`remember`] made.
+pub fn forget(what: &Undo) {
+    let mut l = live();
+    match what {
+        Undo::Mount(p) => l.mounts.retain(|m| m != p),
+        Undo::Wan { name, .. } => l.wans.retain(|(_, n)| n != name),
+        Undo::Netns(name) => l.netns.retain(|n| n != name),
+    }
+}
+
+/// Something that outlives this process unless undone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Undo {
+    /// A mount point.
+    Mount(PathBuf),
+    /// A `stics wan` instance (its namespaces and emulator), taken down with `stics wan down`.
+    Wan { stics: PathBuf, name: String },
+    /// A network namespace, deleted with `ip netns del`.
+    Netns(String),
+}
+
+/// The write end of the pipe the signal handler wakes the clean-up thread through.
+static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_signal(signal: libc::c_int) {
+    let fd = SIGNAL_PIPE.load(Ordering::Relaxed);
+    let byte = signal as u8;
+    // SAFETY: write(2) is async-signal-safe; the buffer is a local byte.
+    let _ = unsafe { libc::write(fd, (&raw const byte).cast(), 1) };
+}
+
+/// Makes SIGINT, SIGTERM and SIGHUP end the run cleanly: children are stopped (SIGTERM, then
+/// SIGKILL after 5 s), file systems unmounted, WAN instances taken down and scratch space removed,
+/// then the process exits with 128 + the signal. Called once by the binary; tests do not install it.
+pub fn clean_up_on_interrupt() -> Result<()> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 fills the two-element array we pass.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    SIGNAL_PIPE.store(fds[1], Ordering::Relaxed);
+    let read_fd = fds[0];
+    std::thread::Builder::new().name("interrupt".into()).spawn(move || {
+        let mut byte = 0u8;
+        // SAFETY: read(2) into a local byte from the pipe this thread owns.
+        while unsafe { libc::read(read_fd, (&raw mut byte).cast(), 1) } != 1 {}
+        clean_up(i32::from(byte));
+    })?;
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: a zeroed sigaction with only the handler and SA_RESTART set is valid; on_signal
+        // only performs the async-signal-safe write(2).
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&raw mut sa.sa_mask);
+            if libc::sigaction(signal, &raw const sa, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error().into());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn clean_up(signal: i32) -> ! {
+    let l = live();
+    eprintln!("stics bench: interrupted (signal {signal}); stopping its processes and cleaning up");
+    for m in l.mounts.iter().rev() {
+        let _ = Command::new("umount").arg("-l").arg(m).stdin(Stdio::null()).output();
+    }
+    stop_children(Duration::from_secs(5));
+    for (stics, name) in l.wans.iter().rev() {
+        let _ = Command::new(stics).args(["wan", "--name", name, "down"]).stdin(Stdio::null()).output();
+    }
+    for n in &l.netns {
+        let _ = Command::new("ip").args(["netns", "del", n]).stdin(Stdio::null()).output();
+    }
+    for d in &l.scratch {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    std::process::exit(128 + signal);
+}
+
+/// The PIDs of this process's children that have not exited (zombies are left out).
+fn children() -> Vec<i32> {
+    let me = std::process::id().to_string();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                let rest = stat.rfind(')').map_or("", |i| &stat[i + 1..]);
+                let mut f = rest.split_whitespace();
+                let state = f.next();
+                f.next() == Some(me.as_str()) && state != Some("Z")
+            })
+        })
+        .collect()
+}
+
+/// SIGTERM to every child, SIGKILL to those still running after `grace`. A PID whose parent is
+/// this process is one this run started, so nothing else is signalled (a guard of the run may reap
+/// a child between the scan and the signal, but its PID cannot come round again that fast).
+fn stop_children(grace: Duration) {
+    let kill = |sig| {
+        for pid in children() {
+            // SAFETY: kill(2) on a child of ours that has not been reaped.
+            unsafe { libc::kill(pid, sig) };
+        }
+    };
+    kill(libc::SIGTERM);
+    let deadline = Instant::now() + grace;
+    while !children().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    kill(libc::SIGKILL);
 }
 
 /// A TCP port on 127.0.0.1 that nothing listens on now.

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::env::{accepts, free_port};
+use crate::env::{accepts, free_port, Undo};
 use crate::{Bench, Error, Proc, Result};
 
 /// The IQN `stics bench` serves its stics targets under.
@@ -113,7 +113,11 @@ impl Wan {
     /// `stics wan --name NAME up ARGS…` (root, iproute2, iptables).
     pub fn up(b: &Bench, name: &str, args: &[&str]) -> Result<Wan> {
         b.need(&["ip", "iptables"])?;
-        b.run(b.stics_cmd().args(["wan", "--name", name, "up"]).args(args))?;
+        crate::env::remember(Undo::Wan { stics: b.stics().to_owned(), name: name.to_owned() });
+        if let Err(e) = b.run(b.stics_cmd().args(["wan", "--name", name, "up"]).args(args)) {
+            drop(Wan { name: name.to_owned(), stics: b.stics().to_owned() });
+            return Err(e);
+        }
         Ok(Wan { name: name.to_owned(), stics: b.stics().to_owned() })
     }
 
@@ -136,9 +140,7 @@ impl Wan {
 
     /// Packets, bytes and packets by frame length that crossed the link so far, both directions.
     pub fn counts(&self, b: &Bench) -> Result<Counts> {
-        let out = b.run(b.stics_cmd().args(["wan", "--name", &self.name, "status", "--json"]))?;
-        let v: serde_json::Value = serde_json::from_str(&out.stdout)
-            .map_err(|e| Error::Output { what: "stics wan status --json".into(), detail: e.to_string() })?;
+        let v = self.status(b)?;
         let paths = v["paths"].as_array().cloned().unwrap_or_default();
         let sum = |k: &str| paths.iter().filter_map(|p| p[k].as_u64()).sum();
         let mut sizes = Vec::new();
@@ -151,6 +153,13 @@ impl Wan {
             }
         }
         Ok(Counts { packets: sum("packets"), bytes: sum("bytes"), sizes })
+    }
+
+    /// `stics wan status --json`: the link's settings and each path's counters.
+    pub fn status(&self, b: &Bench) -> Result<serde_json::Value> {
+        let out = b.run(b.stics_cmd().args(["wan", "--name", &self.name, "status", "--json"]))?;
+        serde_json::from_str(&out.stdout)
+            .map_err(|e| Error::Output { what: "stics wan status --json".into(), detail: e.to_string() })
     }
 
     /// Waits until `addr:port` accepts connections from inside `role`'s namespace.
@@ -279,5 +288,6 @@ impl Wan {
 impl Drop for Wan {
     fn drop(&mut self) {
         let _ = Command::new(&self.stics).args(["wan", "--name", &self.name, "down"]).output();
+        crate::env::forget(&Undo::Wan { stics: self.stics.clone(), name: self.name.clone() });
     }
 }

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::env::{forget, remember, Undo};
 use crate::peers::{Gateway, Wan};
 use crate::{Bench, Error, Proc, Result};
 
@@ -60,7 +61,18 @@ impl Export {
     pub fn start(b: &Bench, name: &str, cmd: &mut Command, lun: PathBuf, fs: PathBuf) -> Result<Export> {
         std::fs::File::create(&lun)?;
         std::fs::create_dir_all(&fs)?;
-        let mut e = Export { proc: b.spawn(name, cmd)?, lun, fs };
+        // Unmounted last first when a run is interrupted: ext4, then the export under it.
+        remember(Undo::Mount(lun.clone()));
+        remember(Undo::Mount(fs.clone()));
+        let proc = match b.spawn(name, cmd) {
+            Ok(p) => p,
+            Err(e) => {
+                forget(&Undo::Mount(fs));
+                forget(&Undo::Mount(lun));
+                return Err(e);
+            }
+        };
+        let mut e = Export { proc, lun, fs };
         let lun = e.lun.clone();
         e.proc.wait_until(Duration::from_secs(30), || mounted(&lun))?;
         Ok(e)
@@ -84,6 +96,8 @@ impl Drop for Export {
         let _ = Command::new("umount").arg("-l").arg(&self.fs).output();
         self.proc.stop(libc::SIGTERM, Duration::from_secs(20));
         let _ = Command::new("umount").arg("-l").arg(&self.lun).output();
+        forget(&Undo::Mount(self.fs.clone()));
+        forget(&Undo::Mount(self.lun.clone()));
     }
 }
 

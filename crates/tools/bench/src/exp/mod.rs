@@ -6,12 +6,15 @@ pub mod conformance;
 pub mod congestion;
 pub mod delay;
 pub mod fs;
+pub mod gateway;
+pub mod interop;
 pub mod messages;
 pub mod micro;
 pub mod packets;
 pub mod postmark;
 pub mod target;
 pub mod trace;
+pub mod wan;
 pub mod write_model;
 
 use std::process::Command;
