@@ -121,14 +121,15 @@ fn still_running(pid: &str, start: &str) -> bool {
 fn an_interrupted_run_stops_its_processes_and_leaves_no_mount_namespace_or_scratch() {
     let _serial = stics_testkit::proc::one_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_stics"))
-        .args(["bench", "packets", "--quick", "--reps", "1", "--no-calls"])
-        .env("TMPDIR", tmp.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
+    let logs = tempfile::tempdir().unwrap();
+    let err_file = logs.path().join("stderr");
+    let mut child = stics_testkit::proc::spawn(
+        Command::new(env!("CARGO_BIN_EXE_stics"))
+            .args(["bench", "packets", "--quick", "--reps", "1", "--no-calls"])
+            .env("TMPDIR", tmp.path()),
+        Some(&err_file),
+    );
+    let pid = child.pid();
     let under_tmp = || {
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
         mounts.lines().filter(|l| l.contains(&*tmp.path().to_string_lossy())).map(str::to_owned).collect::<Vec<_>>()
@@ -136,24 +137,16 @@ fn an_interrupted_run_stops_its_processes_and_leaves_no_mount_namespace_or_scrat
     // Interrupt it with PostMark running on ext4 over the export, through the WAN.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
     while !under_tmp().iter().any(|l| l.contains(" ext4 ")) {
-        assert!(child.try_wait().unwrap().is_none(), "stics bench ended before PostMark started");
+        assert!(child.alive(), "stics bench ended before PostMark started");
         assert!(std::time::Instant::now() < deadline, "no ext4 mounted after 180 s");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let kids = children_of(pid);
     assert!(kids.len() >= 2, "target, gateway or export, and PostMark: {kids:?}");
-    assert!(Command::new("kill").args(["-INT", &pid.to_string()]).status().unwrap().success());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(std::time::Instant::now() < deadline, "stics bench still running 60 s after SIGINT");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert!(child.signal("INT"));
+    let status = child.wait_exit(std::time::Duration::from_secs(60));
+    let stderr = std::fs::read_to_string(&err_file).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(130), "(none: still running 60 s after SIGINT) {stderr}");
     assert!(stderr.contains("interrupted"), "{stderr}");
     for (p, start) in &kids {
         assert!(!still_running(p, start), "child {p} survived: {stderr}");

@@ -49,23 +49,17 @@ fn replay_names_the_line_of_a_corrupt_trace() {
 
 /// Runs `stics ARGS` with `PATH` set to `path`, expecting a failure within 60 s; returns stderr.
 fn fails(args: &[&str], path: Option<&std::path::Path>) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let err_file = dir.path().join("stderr");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_stics"));
     cmd.args(args);
     if let Some(p) = path {
         cmd.env("PATH", p);
     }
-    let mut child = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(std::time::Instant::now() < deadline, "stics {args:?} still running after 60 s");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-    assert_eq!(status.code(), Some(1), "stics {args:?}: {err}");
+    let mut child = stics_testkit::proc::spawn(&mut cmd, Some(&err_file));
+    let status = child.wait_exit(std::time::Duration::from_secs(60));
+    let err = std::fs::read_to_string(&err_file).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "stics {args:?} (none: still running after 60 s): {err}");
     assert!(!err.contains("panicked"), "{err}");
     err
 }

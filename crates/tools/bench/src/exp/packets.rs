@@ -3,6 +3,7 @@
 //! packet, plain iSCSI against the gateway, beside the paper's counts; and seed 002 Tables 2–3,
 //! the iSCSI messages each file-system call costs (see [`super::messages`]).
 
+use stics_report::plot::{Figure, Series};
 use stics_report::{Column, Table};
 
 use super::fs::{postmark_via, Pool, Via};
@@ -59,8 +60,11 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         Column::new("seconds", "run", "s", 1.0),
     ]);
     let mut t = Table::new(cols)?;
+    let mut series = Vec::new();
     // The paper's rows first, as printed.
     for (row, label) in [("iSCSI", "paper: iSCSI"), ("STICS", "paper: STICS")] {
+        let counts: Vec<f64> = BUCKETS.iter().map(|c| paper::base("004", "Table 3", row, c)).collect();
+        series.push(Series::line(label, buckets(&counts)));
         let mut cells = vec![label.into()];
         cells.extend(BUCKETS.iter().map(|c| paper::base("004", "Table 3", row, c).into()));
         let total = paper::base("004", "Table 4", row, "total packets");
@@ -81,6 +85,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         bar.inc(1);
         let mut cells = vec![via.label().into()];
         cells.extend(r.sizes.iter().map(|&n| (n as f64).into()));
+        series.push(Series::line(via.label(), buckets(&r.sizes.iter().map(|&n| n as f64).collect::<Vec<_>>())));
         let full = r.sizes.last().copied().unwrap_or(0) as f64;
         let partial = r.packets as f64 - full;
         cells.extend([
@@ -109,7 +114,14 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
             pool.files, pool.transactions, a.rate, a.delay
         ),
         t,
-        None,
+        Some(Figure {
+            title: "WAN packets by Ethernet frame length, PostMark".into(),
+            x_label: "frame length bucket (1: ≤64 B, 2: 65–127, 3: 128–255, 4: 256–511, 5: 512–1023, 6: >1024)".into(),
+            y_label: "packets".into(),
+            log_x: false,
+            log_y: true,
+            series,
+        }),
     );
     if let Some(t) = messages {
         r.section(
@@ -149,4 +161,9 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
          its own epoch and only overwrites within an epoch are absorbed.",
     );
     Ok(r)
+}
+
+/// `(bucket number from 1, count)` for a figure; empty buckets are left out of the log scale.
+fn buckets(counts: &[f64]) -> Vec<(f64, f64)> {
+    counts.iter().enumerate().filter(|(_, &n)| n > 0.0).map(|(i, &n)| (i as f64 + 1.0, n)).collect()
 }
