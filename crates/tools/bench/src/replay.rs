@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use stics_block::BlockDev;
 use stics_report::{Column, Table};
 
+use crate::load::LoadError;
 use crate::trace::{self, Filter, Format, Parser, Request, Shape, TraceError};
 
 /// Options of `stics bench replay`: the device and where its requests come from.
@@ -122,27 +123,28 @@ pub enum ReplayError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{0}")]
-    Spec(String),
-    #[error("request at LBA {lba} failed: {source}")]
-    Io {
-        lba: u64,
-        #[source]
-        source: stics_block::BlockError,
-    },
+    /// A bad parameter or a failed request: the load generator's errors.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+}
+
+impl ReplayError {
+    fn spec(message: impl Into<String>) -> ReplayError {
+        LoadError::Spec(message.into()).into()
+    }
 }
 
 /// Where a request lands on a device of `num_blocks` blocks of `bs` bytes: `(lba, blocks,
 /// folded)`.
 fn place(q: &Request, bs: u64, num_blocks: u64) -> Result<(u64, u64, bool), ReplayError> {
     if q.len > MAX_REQUEST {
-        return Err(ReplayError::Spec(format!("a request of {} bytes is larger than {MAX_REQUEST}", q.len)));
+        return Err(ReplayError::spec(format!("a request of {} bytes is larger than {MAX_REQUEST}", q.len)));
     }
     let lba = q.offset / bs;
     // A request of no bytes still costs a round trip: it moves one block.
     let blocks = (q.offset % bs + q.len).div_ceil(bs).max(1);
     if blocks > num_blocks {
-        return Err(ReplayError::Spec(format!("a request of {blocks} blocks does not fit a device of {num_blocks}")));
+        return Err(ReplayError::spec(format!("a request of {blocks} blocks does not fit a device of {num_blocks}")));
     }
     let last_start = num_blocks - blocks;
     if lba > last_start {
@@ -157,7 +159,7 @@ where
     I: IntoIterator<Item = Result<Request, TraceError>> + Send + 'static,
 {
     if !(speed.is_finite() && speed > 0.0) {
-        return Err(ReplayError::Spec(format!("the speed must be a positive number, not {speed}")));
+        return Err(ReplayError::spec(format!("the speed must be a positive number, not {speed}")));
     }
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let stop = Arc::new(AtomicBool::new(false));
@@ -180,9 +182,9 @@ where
         }
     }
     let seconds = start.elapsed().as_secs_f64();
-    let (folded, max_lag) = issuer.await.map_err(|e| ReplayError::Spec(format!("the issuer failed: {e}")))??;
+    let (folded, max_lag) = issuer.await.map_err(|e| ReplayError::spec(format!("the issuer failed: {e}")))??;
     if responses.is_empty() {
-        return Err(ReplayError::Spec("the trace holds no requests".into()));
+        return Err(ReplayError::spec("the trace holds no requests"));
     }
     responses.sort_by(|a, b| a.at.total_cmp(&b.at));
     Ok(summarise(responses, seconds, folded, max_lag.as_secs_f64()))
@@ -215,8 +217,8 @@ where
         let q = q?;
         let (lba, blocks, moved) = place(&q, bs, g.num_blocks)?;
         folded += u64::from(moved);
-        let bytes = usize::try_from(blocks * bs).map_err(|_| ReplayError::Spec("request too large".into()))?;
-        let count = u32::try_from(blocks).map_err(|_| ReplayError::Spec("request too large".into()))?;
+        let bytes = usize::try_from(blocks * bs).map_err(|_| ReplayError::spec("request too large"))?;
+        let count = u32::try_from(blocks).map_err(|_| ReplayError::spec("request too large"))?;
         let data = if q.write {
             if payload.len() < bytes {
                 payload = Bytes::from((0..bytes).map(|i| (i % 251) as u8 + 1).collect::<Vec<u8>>());
@@ -239,7 +241,7 @@ where
             };
             let r = r.map(|()| Response { at, rt: issued.elapsed().as_secs_f32(), write });
             // The receiver is gone only when the replay already failed.
-            let _ = tx.send(r.map_err(|source| ReplayError::Io { lba, source }));
+            let _ = tx.send(r.map_err(|source| ReplayError::Load(LoadError::Io { lba, source })));
         });
     }
     Ok((folded, max_lag))
@@ -336,11 +338,11 @@ mod tests {
     async fn refuses_what_cannot_be_replayed() {
         let dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 16));
         let none: [Result<Request, TraceError>; 0] = [];
-        assert!(matches!(run(Arc::clone(&dev), none, 1.0).await, Err(ReplayError::Spec(_))));
+        assert!(matches!(run(Arc::clone(&dev), none, 1.0).await, Err(ReplayError::Load(LoadError::Spec(_)))));
         let big = [Ok(Request { at: 0.0, write: false, offset: 0, len: 16 * 512 + 1 })];
-        assert!(matches!(run(Arc::clone(&dev), big, 1.0).await, Err(ReplayError::Spec(_))));
+        assert!(matches!(run(Arc::clone(&dev), big, 1.0).await, Err(ReplayError::Load(LoadError::Spec(_)))));
         let one = [Ok(Request { at: 0.0, write: false, offset: 0, len: 512 })];
-        assert!(matches!(run(Arc::clone(&dev), one, 0.0).await, Err(ReplayError::Spec(_))));
+        assert!(matches!(run(Arc::clone(&dev), one, 0.0).await, Err(ReplayError::Load(LoadError::Spec(_)))));
         let bad = [Ok(Request { at: 0.0, write: false, offset: 0, len: 512 }), Err(TraceError::UnknownFormat)];
         assert!(matches!(run(dev, bad, 1.0).await, Err(ReplayError::Trace(_))));
     }

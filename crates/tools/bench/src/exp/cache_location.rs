@@ -5,7 +5,7 @@
 use stics_report::plot::{Figure, Series};
 use stics_report::{Column, Table};
 
-use super::fs::{postmark_via, Pool, Via};
+use super::fs::{postmark_via, PoolArgs, Via};
 use crate::peers::Wan;
 use crate::{Bench, Report, Result, Stat};
 
@@ -15,20 +15,12 @@ pub struct Args {
     /// One-way delays, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "0ms,1ms,2ms,4ms,8ms")]
     pub delays: Vec<String>,
-    /// PostMark files (`--quick`: 100).
-    #[arg(long, default_value_t = 1_000)]
-    pub files: u64,
-    /// PostMark transactions (`--quick`: 200).
-    #[arg(long, default_value_t = 5_000)]
-    pub transactions: u64,
+    #[command(flatten)]
+    pub pool: PoolArgs,
 }
 
 pub fn run(b: &Bench, a: &Args) -> Result<Report> {
-    let pool = Pool {
-        files: if b.quick() { a.files.min(100) } else { a.files },
-        transactions: if b.quick() { a.transactions.min(200) } else { a.transactions },
-        block: 4096,
-    };
+    let pool = a.pool.pool(b);
     let delays: Vec<String> = if b.quick() { vec!["0ms".into(), "2ms".into()] } else { a.delays.clone() };
     let tenth = pool.working_set() / 10;
     let vias = [

@@ -5,7 +5,7 @@
 use stics_report::plot::{Figure, Series};
 use stics_report::{Column, Table};
 
-use super::fs::{postmark_via, Pool, Via};
+use super::fs::{postmark_via, PoolArgs, Via};
 use crate::paper;
 use crate::peers::Wan;
 use crate::{Bench, Report, Result, Stat};
@@ -22,20 +22,12 @@ pub struct Args {
     /// Link rate (seed 000: 100 Mbit/s).
     #[arg(long, default_value = "100mbit")]
     pub rate: String,
-    /// PostMark files (`--quick`: 100).
-    #[arg(long, default_value_t = 1_000)]
-    pub files: u64,
-    /// PostMark transactions (`--quick`: 200).
-    #[arg(long, default_value_t = 5_000)]
-    pub transactions: u64,
+    #[command(flatten)]
+    pub pool: PoolArgs,
 }
 
 pub fn run(b: &Bench, a: &Args) -> Result<Report> {
-    let pool = Pool {
-        files: if b.quick() { a.files.min(100) } else { a.files },
-        transactions: if b.quick() { a.transactions.min(200) } else { a.transactions },
-        block: 4096,
-    };
+    let pool = a.pool.pool(b);
     let loads: Vec<u32> = if b.quick() { vec![0, 55] } else { a.loads.clone() };
     let ws = pool.working_set();
     let vias = [

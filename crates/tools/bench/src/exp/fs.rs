@@ -180,6 +180,27 @@ pub fn postmark(
     })
 }
 
+/// PostMark's size on the command line of the seed 000 experiments (cache-location, congestion),
+/// 4 KiB blocks.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PoolArgs {
+    /// PostMark files (`--quick`: 100).
+    #[arg(long, default_value_t = 1_000)]
+    pub files: u64,
+    /// PostMark transactions (`--quick`: 200).
+    #[arg(long, default_value_t = 5_000)]
+    pub transactions: u64,
+}
+
+impl PoolArgs {
+    /// The pool asked for, scaled down for `--quick`.
+    pub fn pool(&self, b: &Bench) -> Pool {
+        let (files, transactions) =
+            if b.quick() { (self.files.min(100), self.transactions.min(200)) } else { (self.files, self.transactions) };
+        Pool { files, transactions, block: 4096 }
+    }
+}
+
 /// The ext4 the PostMark experiments make: 512 MiB, 256 MiB for `--quick` (mkfs writes its
 /// inode tables through the path under test).
 pub fn fs_mib(b: &Bench) -> u64 {

@@ -139,12 +139,11 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         Column::new("drain", "drained in", "s", 1.0),
     ])?;
     let t0 = Instant::now();
-    let g = wan.gateway(b, "gateway", "host", &target.url, &o)?;
+    let mut g = wan.gateway(b, "gateway", "host", &target.url, &o)?;
     let restart_full = t0.elapsed().as_secs_f64();
     let t0 = Instant::now();
     wan.gateway_drain(b, &g)?;
     let drain = t0.elapsed().as_secs_f64();
-    let mut g = g;
     g.proc.stop(libc::SIGTERM, Duration::from_secs(60));
     drop(g);
     t.push(vec![

@@ -83,7 +83,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         let (ok, detail) = convert(b, &image, &target.url)?;
         record("qemu-img convert", ok, detail)?;
 
-        let (ok, detail) = postmark(b, name, &target, iqn, lun_no, files, transactions)?;
+        let (ok, detail) = postmark(b, name, &portal, iqn, lun_no, files, transactions)?;
         record("ext4 + PostMark + e2fsck", ok, detail)?;
         drop(target);
         std::fs::remove_file(&lun)?;
@@ -155,13 +155,12 @@ fn convert(b: &Bench, image: &std::path::Path, url: &str) -> Result<(bool, Strin
 fn postmark(
     b: &Bench,
     name: &str,
-    target: &Target,
+    portal: &str,
     iqn: &str,
     lun: u32,
     files: u64,
     transactions: u64,
 ) -> Result<(bool, String)> {
-    let portal = portal(target);
     let portal = portal.trim_start_matches("iscsi://");
     let export = b.work().join(format!("{name}-export"));
     let mut qsd = Command::new("qemu-storage-daemon");
