@@ -204,6 +204,10 @@ impl SticsTarget {
         cmd.args(&self.options.args).envs(self.options.env.iter().map(|(k, v)| (k, v)));
         self.proc = spawn(&mut cmd, self.options.stderr.as_deref());
         assert!(wait_port(self.port, START), "stics target did not listen on {}", self.port);
+        // Another test's listener on a port both were given would answer for a target that
+        // failed to bind it; such a target has exited by now.
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(self.proc.alive(), "stics target exited right after starting on {}", self.port);
     }
 
     /// The backing file made by [`SticsTarget::with_file_lun`].

@@ -106,15 +106,22 @@ pub fn spawn_stics<S: AsRef<std::ffi::OsStr>>(
 }
 
 /// True once 127.0.0.1:`port` accepts a TCP connection, false if it did not within `limit`.
+///
+/// A connection to itself does not count: with nothing listening, a connect whose ephemeral
+/// source port happens to be `port` opens simultaneously onto its own socket and succeeds.
 pub fn wait_port(port: u16, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+    loop {
+        if let Ok(s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            if s.local_addr().ok() != s.peer_addr().ok() {
+                return true;
+            }
+        }
         if Instant::now() > deadline {
             return false;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    true
 }
 
 /// Runs a command and returns its stdout, failing the test with its output when it fails.

@@ -429,10 +429,12 @@ pub fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// True once `addr` accepts a TCP connection.
+/// True once `addr` accepts a TCP connection; a connect that opened onto its own socket (its
+/// ephemeral source port being the one asked for) does not count.
 pub fn accepts(addr: &str) -> bool {
-    addr.parse::<std::net::SocketAddr>()
-        .is_ok_and(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_millis(200)).is_ok())
+    let Ok(a) = addr.parse::<std::net::SocketAddr>() else { return false };
+    std::net::TcpStream::connect_timeout(&a, Duration::from_millis(200))
+        .is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok())
 }
 
 /// The full path of `tool` on the PATH.
