@@ -1,11 +1,13 @@
-//! What the stics tests stand on: process guards and peers (tgt, `stics target`), free ports and a
-//! cutting proxy, one raw iSCSI client, data patterns that a checker can verify, a
-//! fault-injecting block device, and a verified workload through the initiator.
+//! What the stics tests stand on: process guards and peers (tgt, `stics target`, a throwaway
+//! Ceph cluster), free ports and a cutting proxy, one raw iSCSI client, data patterns that a
+//! checker can verify, a fault-injecting block device, and a verified workload through the
+//! initiator.
 //!
 //! A dev-dependency only: no library or binary of the workspace may depend on it.
 
 #![forbid(unsafe_code)]
 
+pub mod ceph;
 pub mod client;
 pub mod faults;
 pub mod net;

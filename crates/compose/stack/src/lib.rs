@@ -1,8 +1,8 @@
 //! The device stack: one spec language and one [`open`] for every stics block device, nested.
 //!
 //! A [`DeviceSpec`] names a device as text (`mem:1GiB`, `file:/srv/a.img:10G:4096`,
-//! `iscsi://host/IQN/0`, and wrappers around any of them, `NAME(SPEC, KEY=VALUE, ...)`);
-//! [`open`] builds it, inner devices first, as an `Arc<dyn BlockDev>`. The target serves what it
+//! `iscsi://host/IQN/0`, `rbd:pool/image` (opened only in a build with the `rbd` feature), and
+//! wrappers around any of them, `NAME(SPEC, KEY=VALUE, ...)`); [`open`] builds it, inner devices first, as an `Arc<dyn BlockDev>`. The target serves what it
 //! returns over iSCSI and `stics mount` exports it through FUSE; neither knows the backends.
 //!
 //! **Architecture Invariant:** the only place that turns text into devices: it knows every
@@ -14,5 +14,8 @@ mod open;
 mod spec;
 mod syntax;
 
-pub use open::{open, OpenContext, OpenError};
-pub use spec::{CacheSpec, DeviceSpec, IscsiOptions, Layer, LayerArgs, Redacted, SpecError, LAYERS, MAX_SESSIONS};
+pub use open::{open, OpenContext, OpenError, RbdDefaults, DEFAULT_RBD_TIMEOUT_SECS};
+pub use spec::{
+    CacheSpec, DeviceSpec, IscsiOptions, Layer, LayerArgs, RbdSpec, Redacted, SpecError, LAYERS, MAX_RBD_TIMEOUT_SECS,
+    MAX_SESSIONS,
+};

@@ -8,7 +8,7 @@ use stics_block::{BlockDev, FileDev, MemDev, NullDev, DEFAULT_BLOCK_SIZE};
 use stics_cache::{Cache, CacheOptions};
 use stics_initiator::{Lun, LunOptions};
 
-use crate::spec::{valid_block_size, DeviceSpec, IscsiOptions, Layer};
+use crate::spec::{valid_block_size, DeviceSpec, IscsiOptions, Layer, RbdSpec};
 
 /// Size a new log file is created at when `log=PATH` gives none.
 pub const DEFAULT_LOG_BYTES: u64 = 1 << 30;
@@ -21,6 +21,8 @@ pub struct OpenContext {
     /// How remote LUNs are reached: the initiator's name, digests, timers and recovery policy,
     /// sessions per LUN, largest transfer. A spec's own options override these.
     pub initiator: LunOptions,
+    /// How `rbd:` images reach their cluster when their spec does not say.
+    pub rbd: RbdDefaults,
     remote: Mutex<Vec<Arc<Lun>>>,
     caches: Mutex<Vec<Arc<Cache>>>,
 }
@@ -28,7 +30,12 @@ pub struct OpenContext {
 impl OpenContext {
     /// A context whose remote LUNs are opened with `initiator`.
     pub fn new(initiator: LunOptions) -> OpenContext {
-        OpenContext { initiator, remote: Mutex::new(Vec::new()), caches: Mutex::new(Vec::new()) }
+        OpenContext {
+            initiator,
+            rbd: RbdDefaults::default(),
+            remote: Mutex::new(Vec::new()),
+            caches: Mutex::new(Vec::new()),
+        }
     }
 
     fn remote(&self) -> MutexGuard<'_, Vec<Arc<Lun>>> {
@@ -64,6 +71,23 @@ impl OpenContext {
     }
 }
 
+/// The cluster settings of `rbd:` specs that leave them out (a target's `[rbd]` config table).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RbdDefaults {
+    /// The cluster's config file; librbd's own search (`CEPH_CONF`, /etc/ceph/ceph.conf) when None.
+    pub conf: Option<PathBuf>,
+    /// The client id (`admin` when None).
+    pub id: Option<String>,
+    /// The keyring; the config file's when None.
+    pub keyring: Option<PathBuf>,
+    /// Seconds reaching the cluster and opening an image may take ([`DEFAULT_RBD_TIMEOUT_SECS`]
+    /// when None).
+    pub timeout_secs: Option<u64>,
+}
+
+/// How long reaching a Ceph cluster and opening an image may take unless told otherwise.
+pub const DEFAULT_RBD_TIMEOUT_SECS: u64 = 10;
+
 /// Why a device could not be opened.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -82,6 +106,20 @@ pub enum OpenError {
         #[source]
         source: stics_initiator::Error,
     },
+    /// The RBD image could not be opened (`image` as `rbd:POOL/IMAGE[@SNAP]`).
+    #[cfg(feature = "rbd")]
+    #[error("cannot open rbd:{image}: {source}")]
+    Rbd {
+        image: String,
+        #[source]
+        source: stics_rbd::RbdError,
+    },
+    /// An `rbd:` spec given to a build without Ceph.
+    #[error(
+        "rbd:{0}: this stics was built without Ceph RBD support (build it with `cargo build --release -p stics \
+         --features rbd`, which needs Debian's librbd-dev)"
+    )]
+    RbdNotBuilt(String),
     /// The cache's log could not be opened or recovered.
     #[error("cache log {log}: {source}")]
     Cache {
@@ -135,6 +173,7 @@ pub async fn open(spec: &DeviceSpec, ctx: &OpenContext) -> Result<Arc<dyn BlockD
             ctx.remote().push(Arc::clone(&lun));
             lun
         }
+        DeviceSpec::Rbd(r) => open_rbd(r, &ctx.rbd).await?,
         // A wrapper opens its inner spec first (the future is recursive, hence the box), then
         // builds itself around the device it got.
         DeviceSpec::Layer(Layer::Cache(c)) => {
@@ -174,6 +213,39 @@ pub async fn open(spec: &DeviceSpec, ctx: &OpenContext) -> Result<Arc<dyn BlockD
             cache
         }
     })
+}
+
+/// `pool/image[@snap]`, for messages.
+fn rbd_name(r: &RbdSpec) -> String {
+    match &r.snap {
+        Some(s) => format!("{}/{}@{s}", r.pool, r.image),
+        None => format!("{}/{}", r.pool, r.image),
+    }
+}
+
+/// Opens an RBD image with the spec's settings, else the context's.
+#[cfg(feature = "rbd")]
+async fn open_rbd(r: &RbdSpec, defaults: &RbdDefaults) -> Result<Arc<dyn BlockDev>, OpenError> {
+    let secs = r.timeout_secs.or(defaults.timeout_secs).unwrap_or(DEFAULT_RBD_TIMEOUT_SECS);
+    let opts = stics_rbd::RbdOptions {
+        conf: r.conf.clone().or_else(|| defaults.conf.clone()),
+        id: r.id.clone().or_else(|| defaults.id.clone()),
+        keyring: r.keyring.clone().or_else(|| defaults.keyring.clone()),
+        block_size: r.block_size,
+        connect_timeout: std::time::Duration::from_secs(secs),
+        options: Vec::new(),
+    };
+    let dev = stics_rbd::RbdDev::open(&r.pool, &r.image, r.snap.as_deref(), &opts)
+        .await
+        .map_err(|source| OpenError::Rbd { image: rbd_name(r), source })?;
+    Ok(Arc::new(dev))
+}
+
+/// Refuses an RBD image in a build without librbd.
+#[cfg(not(feature = "rbd"))]
+#[allow(clippy::unused_async)]
+async fn open_rbd(r: &RbdSpec, _defaults: &RbdDefaults) -> Result<Arc<dyn BlockDev>, OpenError> {
+    Err(OpenError::RbdNotBuilt(rbd_name(r)))
 }
 
 /// The context's initiator settings with a spec's own options in force.

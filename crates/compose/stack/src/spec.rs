@@ -7,13 +7,17 @@
 //!         | "null:" SIZE [":" BLOCK]           reads zeros, drops writes
 //!         | "file:" PATH [":" [SIZE] ":" BLOCK] | "file:" PATH [":" SIZE]
 //!         | "iscsi://" [user ["%" secret] "@"] host [":" port] "/" IQN "/" LUN ["?" query]
+//!         | "rbd:" POOL "/" IMAGE ["@" SNAP] ["?" query]
 //! wrapper = NAME "(" spec { "," KEY "=" VALUE } ")"
 //! ```
 //!
 //! SIZE is bytes or a binary suffix (`1GiB`, `64M`), BLOCK the logical block size (512, 1024,
 //! 2048 or 4096; 512 when left out). The iSCSI query takes the initiator's `target_user` and
 //! `target_password` (mutual CHAP) and this crate's `sessions=N`, `digests=on|off`,
-//! `first_burst=SIZE`, `max_burst=SIZE`, `max_r2t=N` and `max_transfer=SIZE`.
+//! `first_burst=SIZE`, `max_burst=SIZE`, `max_r2t=N` and `max_transfer=SIZE`. The RBD query
+//! takes `conf=PATH` (the cluster's ceph.conf), `id=NAME` (the client, `admin` for
+//! `client.admin`), `keyring=PATH`, `block=512|4096` and `timeout=SECONDS` (how long
+//! reaching the cluster may take); a snapshot is served read-only.
 //!
 //! A file's trailing `:SIZE` is a size only when it reads as one, so paths may hold `:`; a
 //! trailing `:SIZE:DIGITS` or `::DIGITS` is a size and a block size. A path that ends in such
@@ -31,7 +35,7 @@ use stics_initiator::{IscsiUrl, UrlError};
 use crate::syntax;
 
 /// The leaf kinds, for error messages.
-const KINDS: &str = "mem, null, file, iscsi";
+const KINDS: &str = "mem, null, file, iscsi, rbd";
 
 /// A block device as a spec names it. Wrappers hold the spec of the device they wrap, so a spec
 /// is a tree whose leaves are backends and remote LUNs.
@@ -46,6 +50,8 @@ pub enum DeviceSpec {
     File { path: PathBuf, size: Option<u64>, block_size: u32 },
     /// A LUN of a remote iSCSI target; its geometry is the target's.
     Iscsi { url: IscsiUrl, options: IscsiOptions },
+    /// An image (or a snapshot of one, read-only) in a Ceph cluster's RBD pool.
+    Rbd(RbdSpec),
     /// A device that wraps another one.
     Layer(Layer),
 }
@@ -66,6 +72,30 @@ pub struct IscsiOptions {
     /// Largest transfer per SCSI command (`max_transfer=SIZE`); bigger requests are split.
     pub max_transfer: Option<u32>,
 }
+
+/// `rbd:POOL/IMAGE[@SNAP]` and its query: which image, and how to reach its cluster. What is
+/// left out comes from [`crate::OpenContext::rbd`], then from librbd's defaults (`CEPH_CONF`,
+/// /etc/ceph/ceph.conf, `client.admin`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RbdSpec {
+    pub pool: String,
+    pub image: String,
+    /// A snapshot to serve (read-only) instead of the image's head.
+    pub snap: Option<String>,
+    /// The cluster's config file (`conf=`).
+    pub conf: Option<PathBuf>,
+    /// The client id (`id=`): `admin` is `client.admin`.
+    pub id: Option<String>,
+    /// The keyring (`keyring=`).
+    pub keyring: Option<PathBuf>,
+    /// Logical block size served (`block=`; 512 when not given).
+    pub block_size: u32,
+    /// Seconds reaching the cluster and opening the image may take (`timeout=`).
+    pub timeout_secs: Option<u64>,
+}
+
+/// The longest `timeout=` an `rbd:` spec may ask for, in seconds.
+pub const MAX_RBD_TIMEOUT_SECS: u64 = 600;
 
 /// The most sessions one spec may ask for.
 pub const MAX_SESSIONS: usize = 64;
@@ -120,7 +150,7 @@ pub enum SpecError {
     /// Neither `KIND:ARGS` nor `NAME(...)`.
     #[error(
         "bad device spec {text:?}: expected mem:SIZE[:BLOCK], null:SIZE[:BLOCK], file:PATH[:SIZE[:BLOCK]], \
-         iscsi://[user[%secret]@]host[:port]/IQN/LUN or WRAPPER(SPEC, KEY=VALUE, ...)"
+         iscsi://[user[%secret]@]host[:port]/IQN/LUN, rbd:POOL/IMAGE[@SNAP] or WRAPPER(SPEC, KEY=VALUE, ...)"
     )]
     Syntax { text: String },
     /// `KIND:` with a kind that is not a backend.
@@ -153,6 +183,9 @@ pub enum SpecError {
     /// An iSCSI query argument (`sessions=`, `digests=`, `first_burst=`, …) with a bad value.
     #[error("bad iSCSI option {piece:?}: {reason}")]
     IscsiOption { piece: String, reason: &'static str },
+    /// An `rbd:` spec that names no image, or a query argument with a bad value.
+    #[error("bad RBD spec {piece:?}: {reason}")]
+    Rbd { piece: String, reason: &'static str },
     /// A wrapper argument that is not `KEY=VALUE`, or a wrapper without the spec it wraps.
     #[error("bad argument {piece:?} of {kind}(...): {reason}")]
     LayerArg { kind: String, piece: String, reason: &'static str },
@@ -285,6 +318,54 @@ fn iscsi(text: &str) -> Result<DeviceSpec, SpecError> {
     Ok(DeviceSpec::Iscsi { url, options })
 }
 
+/// `POOL/IMAGE[@SNAP][?KEY=VALUE&...]` of `rbd:`.
+fn rbd(rest: &str) -> Result<DeviceSpec, SpecError> {
+    let (name, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let bad = |piece: &str, reason| SpecError::Rbd { piece: piece.to_owned(), reason };
+    let (pool, image) = name.split_once('/').ok_or_else(|| bad(name, "expected rbd:POOL/IMAGE[@SNAP]"))?;
+    let (image, snap) = match image.split_once('@') {
+        Some((i, s)) => (i, Some(s)),
+        None => (image, None),
+    };
+    let fine =
+        |n: &str| !n.is_empty() && !n.contains(['/', '@', '?', '&', ',', '(', ')']) && !n.contains(char::is_whitespace);
+    if !fine(pool) || !fine(image) || snap.is_some_and(|s| !fine(s)) {
+        return Err(bad(name, "pool, image and snapshot names are non-empty, without / @ ? & , ( ) or spaces"));
+    }
+    let mut r = RbdSpec {
+        pool: pool.to_owned(),
+        image: image.to_owned(),
+        snap: snap.map(str::to_owned),
+        conf: None,
+        id: None,
+        keyring: None,
+        block_size: DEFAULT_BLOCK_SIZE,
+        timeout_secs: None,
+    };
+    for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+        match kv.split_once('=') {
+            Some(("conf", v)) if !v.is_empty() => r.conf = Some(v.into()),
+            Some(("keyring", v)) if !v.is_empty() => r.keyring = Some(v.into()),
+            Some(("id", v)) if fine(v) => r.id = Some(v.to_owned()),
+            Some(("block", v)) => {
+                r.block_size = match v {
+                    "512" => 512,
+                    "4096" => 4096,
+                    _ => return Err(bad(kv, "block is 512 or 4096")),
+                };
+            }
+            Some(("timeout", v)) => {
+                let n = v.trim_end_matches('s').parse::<u64>().ok().filter(|n| (1..=MAX_RBD_TIMEOUT_SECS).contains(n));
+                r.timeout_secs = Some(n.ok_or_else(|| bad(kv, "timeout is whole seconds from 1 to 600"))?);
+            }
+            _ => {
+                return Err(bad(kv, "known options: conf=PATH, id=NAME, keyring=PATH, block=512|4096, timeout=SECONDS"))
+            }
+        }
+    }
+    Ok(DeviceSpec::Rbd(r))
+}
+
 /// A size in a query argument, from 512 bytes to `max`.
 fn query_size(v: &str, max: u32) -> Option<u32> {
     stics_units::parse_size(v).ok().filter(|n| *n >= 512).and_then(|n| u32::try_from(n).ok()).filter(|n| *n <= max)
@@ -306,6 +387,7 @@ impl FromStr for DeviceSpec {
                     "mem" => sized(rest).map(|(size, block_size)| DeviceSpec::Mem { size, block_size }),
                     "null" => sized(rest).map(|(size, block_size)| DeviceSpec::Null { size, block_size }),
                     "file" => file(rest),
+                    "rbd" => rbd(rest),
                     _ => Err(SpecError::UnknownKind { kind: kind.to_owned() }),
                 }
             }
@@ -484,6 +566,24 @@ impl DeviceSpec {
                     .chain(size("max_transfer", *max_transfer));
                 for a in args {
                     out.push(if out.contains('?') { '&' } else { '?' });
+                    *out += &a;
+                }
+            }
+            DeviceSpec::Rbd(r) => {
+                *out += &format!("rbd:{}/{}", r.pool, r.image);
+                if let Some(s) = &r.snap {
+                    *out += &format!("@{s}");
+                }
+                let args = r
+                    .conf
+                    .iter()
+                    .map(|p| format!("conf={}", p.display()))
+                    .chain(r.id.iter().map(|i| format!("id={i}")))
+                    .chain(r.keyring.iter().map(|p| format!("keyring={}", p.display())))
+                    .chain((r.block_size != DEFAULT_BLOCK_SIZE).then(|| format!("block={}", r.block_size)))
+                    .chain(r.timeout_secs.map(|n| format!("timeout={n}")));
+                for (i, a) in args.enumerate() {
+                    out.push(if i == 0 { '?' } else { '&' });
                     *out += &a;
                 }
             }
@@ -807,7 +907,75 @@ mod tests {
                     let options = IscsiOptions { sessions, digests, first_burst, max_burst, max_r2t, max_transfer };
                     DeviceSpec::Iscsi { url, options }
                 }),
+            (
+                "[a-z0-9._-]{1,8}",
+                "[a-zA-Z0-9._-]{1,12}",
+                proptest::option::of("[a-z0-9._-]{1,8}"),
+                proptest::option::of("/[a-z0-9._/-]{1,20}"),
+                proptest::option::of(name),
+                proptest::option::of("/[a-z0-9._/-]{1,20}"),
+                prop_oneof![Just(512u32), Just(4096)],
+                proptest::option::of(1u64..=MAX_RBD_TIMEOUT_SECS),
+            )
+                .prop_map(|(pool, image, snap, conf, id, keyring, block_size, timeout_secs)| {
+                    DeviceSpec::Rbd(RbdSpec {
+                        pool,
+                        image,
+                        snap,
+                        conf: conf.map(Into::into),
+                        id,
+                        keyring: keyring.map(Into::into),
+                        block_size,
+                        timeout_secs,
+                    })
+                }),
         ]
+    }
+
+    #[test]
+    fn rbd_specs_name_pool_image_snapshot_and_how_to_reach_the_cluster() {
+        let r = |pool: &str, image: &str, snap: Option<&str>| RbdSpec {
+            pool: pool.into(),
+            image: image.into(),
+            snap: snap.map(Into::into),
+            conf: None,
+            id: None,
+            keyring: None,
+            block_size: 512,
+            timeout_secs: None,
+        };
+        assert_eq!(parse("rbd:rbd/img0").unwrap(), DeviceSpec::Rbd(r("rbd", "img0", None)));
+        assert_eq!(parse("rbd:p/i@s1").unwrap(), DeviceSpec::Rbd(r("p", "i", Some("s1"))));
+        let full = parse("rbd:p/i?conf=/etc/c.conf&id=gw&keyring=/k&block=4096&timeout=5").unwrap();
+        let want = RbdSpec {
+            conf: Some("/etc/c.conf".into()),
+            id: Some("gw".into()),
+            keyring: Some("/k".into()),
+            block_size: 4096,
+            timeout_secs: Some(5),
+            ..r("p", "i", None)
+        };
+        assert_eq!(full, DeviceSpec::Rbd(want));
+        assert_eq!(full.to_string(), "rbd:p/i?conf=/etc/c.conf&id=gw&keyring=/k&block=4096&timeout=5");
+        let inner = parse("cache(rbd:p/i?conf=/c, log=/l)").unwrap();
+        assert!(matches!(inner, DeviceSpec::Layer(Layer::Cache(c)) if matches!(*c.inner, DeviceSpec::Rbd(_))));
+        for (bad, says) in [
+            ("rbd:", "rbd:POOL/IMAGE"),
+            ("rbd:pool", "rbd:POOL/IMAGE"),
+            ("rbd:/img", "non-empty"),
+            ("rbd:p/", "non-empty"),
+            ("rbd:p/i@", "non-empty"),
+            ("rbd:p/i/j", "without /"),
+            ("rbd:p/i?block=8192", "512 or 4096"),
+            ("rbd:p/i?block=1024", "512 or 4096"),
+            ("rbd:p/i?timeout=0", "1 to 600"),
+            ("rbd:p/i?pool=x", "known options"),
+            ("rbd:p/i?conf=", "known options"),
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(matches!(e, SpecError::Rbd { .. }), "{bad}: {e:?}");
+            assert!(e.to_string().contains(says), "{bad}: {e}");
+        }
     }
 
     /// `first_burst`, `max_burst` (never below the first), `max_r2t` and `max_transfer`, in

@@ -140,6 +140,11 @@ pub trait BlockDev: Send + Sync + 'static {
         None
     }
 
+    /// True when the device refuses every write (a snapshot): it is served write-protected.
+    fn read_only(&self) -> bool {
+        false
+    }
+
     /// True when [`BlockDev::discard`] frees space (thin provisioning).
     fn supports_discard(&self) -> bool {
         false
@@ -163,6 +168,23 @@ pub trait BlockDev: Send + Sync + 'static {
 
     /// Makes every completed write durable.
     async fn flush(&self) -> Result<(), BlockError>;
+
+    /// Compares the blocks at `lba` with `compare` and, only if they are equal, writes `write`
+    /// (as long as `compare`) there, in one step that no writer of the medium can come between
+    /// (SCSI COMPARE AND WRITE). `Ok(None)` once written; `Ok(Some(offset))` with the first byte
+    /// of `compare` that differs, and nothing written. A device without such a step (the
+    /// default) says [`BlockError::Unsupported`], and the caller compares and writes under a
+    /// lock of its own, atomic against its own writers only.
+    async fn compare_and_write(
+        &self,
+        lba: u64,
+        compare: Bytes,
+        write: Bytes,
+        fua: bool,
+    ) -> Result<Option<u64>, BlockError> {
+        let _ = (lba, compare, write, fua);
+        Err(BlockError::Unsupported("compare and write"))
+    }
 
     /// Writes zeros to `blocks` blocks from `lba`. The default is [`write_zeros_by_writes`];
     /// devices with a cheaper way to zero (WRITE SAME, a hole that reads as zeros) override it.

@@ -550,12 +550,21 @@ impl Device {
             return Err(Fail::from(Sense::invalid_field_in_iu()).with_xfer(total));
         }
         let _excl = lu.write_lock.write().await;
+        let fua = fua || !lu.wce.load(Ordering::Relaxed);
+        let (compare, write) = (cmd.data_out.slice(..half as usize), cmd.data_out.slice(half as usize..));
+        // The medium's own step, when it has one, also keeps out writers that do not go
+        // through this target; the lock above keeps out those that do.
+        match lu.dev.compare_and_write(lba, compare, write.clone(), fua).await {
+            Ok(None) => return Ok(Done::out(total)),
+            Ok(Some(at)) => return Err(Fail::from(Sense::miscompare(at as u32)).with_xfer(total)),
+            Err(BlockError::Unsupported(_)) => {}
+            Err(e) => return Err(block_error(e, true)),
+        }
         let have = lu.dev.read(lba, u32::from(blocks)).await.map_err(|e| block_error(e, false))?;
         if let Some(at) = first_difference(&have, &cmd.data_out[..half as usize]) {
             return Err(Fail::from(Sense::miscompare(at as u32)).with_xfer(total));
         }
-        let fua = fua || !lu.wce.load(Ordering::Relaxed);
-        lu.dev.write(lba, cmd.data_out.slice(half as usize..), fua).await.map_err(|e| block_error(e, true))?;
+        lu.dev.write(lba, write, fua).await.map_err(|e| block_error(e, true))?;
         Ok(Done::out(total))
     }
 

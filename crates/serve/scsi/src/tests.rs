@@ -466,6 +466,46 @@ async fn compare_and_write_miscompare_reports_offset() {
     assert_eq!(run(&d, &n, &caw, 2048, &[0u8; 2048]).await.status, 2);
 }
 
+/// A device with a compare-and-write step of its own, which says "differs at byte 42" to
+/// every request and counts them; reads and writes go to RAM.
+struct CawDev(MemDev, std::sync::atomic::AtomicU32);
+
+#[async_trait]
+impl BlockDev for CawDev {
+    fn geometry(&self) -> Geometry {
+        self.0.geometry()
+    }
+    fn volatile_cache(&self) -> bool {
+        false
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
+        self.0.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
+        self.0.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> Result<(), BlockError> {
+        Ok(())
+    }
+    async fn compare_and_write(&self, _: u64, _: Bytes, _: Bytes, _: bool) -> Result<Option<u64>, BlockError> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Some(42))
+    }
+}
+
+#[tokio::test]
+async fn compare_and_write_uses_the_devices_own_step_when_it_has_one() {
+    let dev = Arc::new(CawDev(MemDev::new(512, 64), std::sync::atomic::AtomicU32::new(0)));
+    let d = Device::new(vec![Arc::new(LogicalUnit::new(dev.clone(), LuConfig::default()))]);
+    let n = nexus(1);
+    let caw = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 1, 0, 0];
+    // Blocks of zeros compared with zeros: equal here, yet the device's answer counts.
+    let r = run(&d, &n, &caw, 1024, &[0u8; 1024]).await;
+    assert_eq!(sense(&r), (0x0e, 0x1d, 0));
+    assert_eq!(&r.sense.as_ref().unwrap()[3..7], &42u32.to_be_bytes());
+    assert_eq!(dev.1.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
 /// A device that writes block by block and yields between blocks, so that unlocked
 /// read-compare-write sequences would interleave with other writes.
 struct SlowDev(MemDev);

@@ -43,6 +43,44 @@ pub struct Config {
     /// The targets, each with its own LUNs.
     #[serde(default, rename = "target")]
     pub targets: Vec<TargetConfig>,
+    /// How `rbd:` LUNs reach their Ceph cluster when their spec does not say.
+    #[serde(default, skip_serializing_if = "RbdConfig::is_default")]
+    pub rbd: RbdConfig,
+}
+
+/// The `[rbd]` table: the Ceph cluster of every `rbd:` LUN whose spec names none.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RbdConfig {
+    /// The cluster's config file (librbd's search, `CEPH_CONF` then /etc/ceph/ceph.conf, if unset).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conf: Option<std::path::PathBuf>,
+    /// The client id: `admin` (the default) is `client.admin`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The client's keyring (the config file's `keyring` if unset).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keyring: Option<std::path::PathBuf>,
+    /// Seconds reaching the cluster and opening an image may take before the target refuses to
+    /// start (10 if unset).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connect_timeout_secs: Option<u64>,
+}
+
+impl RbdConfig {
+    fn is_default(&self) -> bool {
+        *self == RbdConfig::default()
+    }
+
+    /// As the device stack takes it.
+    pub fn defaults(&self) -> stics_stack::RbdDefaults {
+        stics_stack::RbdDefaults {
+            conf: self.conf.clone(),
+            id: self.id.clone(),
+            keyring: self.keyring.clone(),
+            timeout_secs: self.connect_timeout_secs,
+        }
+    }
 }
 
 fn default_listen() -> Vec<String> {
@@ -206,6 +244,7 @@ impl Default for Config {
                 mutual_chap: None,
                 initiators: Vec::new(),
             }],
+            rbd: RbdConfig::default(),
         }
     }
 }
@@ -303,6 +342,14 @@ impl Config {
         range("session_output_buffer_bytes", l.session_output_buffer_bytes, 1 << 20, 1 << 40)?;
         range("target_output_buffer_bytes", l.target_output_buffer_bytes, l.session_output_buffer_bytes, 1 << 44)?;
         range("warning_interval_secs", l.warning_interval_secs, 1, 86_400)?;
+        if let Some(n) = self.rbd.connect_timeout_secs {
+            if !(1..=stics_stack::MAX_RBD_TIMEOUT_SECS).contains(&n) {
+                return Err(invalid(format!(
+                    "rbd.connect_timeout_secs = {n} is outside 1..={}",
+                    stics_stack::MAX_RBD_TIMEOUT_SECS
+                )));
+            }
+        }
         check_chap("discovery", self.discovery.chap.as_ref(), self.discovery.mutual_chap.as_ref())?;
         let mut seen = std::collections::HashSet::new();
         for t in &self.targets {
@@ -478,6 +525,25 @@ mod tests {
         let c = Config::from_toml(include_str!("../../../../examples/target.toml")).unwrap();
         assert!(c.discovery.chap.is_some());
         assert_eq!(c.targets.len(), 2);
+    }
+
+    #[test]
+    fn the_rbd_table_sets_how_rbd_luns_reach_their_cluster() {
+        let t = "[[target]]\niqn=\"iqn.2024-01.a:b\"\nluns=[\"rbd:rbd/img\"]\n";
+        let c = Config::from_toml(t).unwrap();
+        assert_eq!(c.rbd, RbdConfig::default());
+        assert!(!c.to_toml_redacted().contains("rbd]"), "an empty [rbd] table is not printed");
+        let c = Config::from_toml(&format!(
+            "{t}[rbd]\nconf=\"/c.conf\"\nid=\"gw\"\nkeyring=\"/k\"\nconnect_timeout_secs=3\n"
+        ))
+        .unwrap();
+        let d = c.rbd.defaults();
+        assert_eq!(d.conf.as_deref(), Some(std::path::Path::new("/c.conf")));
+        assert_eq!((d.id.as_deref(), d.timeout_secs), (Some("gw"), Some(3)));
+        assert!(c.to_toml_redacted().contains("connect_timeout_secs = 3"));
+        let e = Config::from_toml(&format!("{t}[rbd]\nconnect_timeout_secs=0\n")).unwrap_err();
+        assert!(e.to_string().contains("rbd.connect_timeout_secs"), "{e}");
+        assert!(Config::from_toml(&format!("{t}[rbd]\npool=\"x\"\n")).is_err(), "unknown keys are refused");
     }
 
     #[test]

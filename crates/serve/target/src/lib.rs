@@ -28,7 +28,7 @@ pub mod session;
 pub mod textreq;
 pub mod warn;
 
-pub use config::{Config, ConfigError, Credentials, DiscoveryConfig, Limits, TargetConfig};
+pub use config::{Config, ConfigError, Credentials, DiscoveryConfig, Limits, RbdConfig, TargetConfig};
 pub use server::Server;
 
 impl From<ConfigError> for TargetError {

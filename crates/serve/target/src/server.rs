@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::config::{Config, ConfigError, Limits};
+use crate::config::{Config, ConfigError, Limits, RbdConfig};
 use crate::conn::SessionHandle;
 use crate::login::{Policy, TargetAuth};
 use crate::registry::{Registry, SessionCtl};
@@ -94,8 +94,11 @@ impl Server {
     }
 
     /// [`Server::bind`] with LUNs opened in `devices` (how `iscsi://` LUNs log in).
-    pub async fn bind_with(config: &Config, devices: OpenContext) -> Result<Server, TargetError> {
+    pub async fn bind_with(config: &Config, mut devices: OpenContext) -> Result<Server, TargetError> {
         config.validate()?;
+        if config.rbd != RbdConfig::default() {
+            devices.rbd = config.rbd.defaults();
+        }
         let mut targets = Vec::new();
         let mut auths = Vec::new();
         for t in &config.targets {
@@ -123,6 +126,7 @@ impl Server {
                     naa_id: (0x6u64 << 60) | (id >> 4),
                     // The Block Limits VPD page reports exactly the command size the target takes.
                     max_transfer_bytes: u64::from(config.limits.max_command_bytes),
+                    read_only: dev.read_only(),
                     ..LuConfig::default()
                 };
                 luns.push(Arc::new(LogicalUnit::new(dev, cfg)));

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use stics_bench::exp::{
-    cache_location, conformance, congestion, delay, gateway, interop, micro, packets, postmark, target, trace, wan,
-    write_model,
+    cache_location, conformance, congestion, delay, gateway, interop, micro, packets, postmark, rbd, target, trace,
+    wan, write_model,
 };
 use stics_bench::load::{self, Op, Pattern};
 use stics_bench::machine::Machine;
@@ -86,7 +86,9 @@ enum Cmd {
     Interop(interop::Args),
     /// stics wan against its promises (delay, rate, loss against Mathis' model) and its overhead against a plain veth pair.
     Wan(wan::Args),
-    /// Every experiment above with its defaults, and a Markdown report of them all in --out DIR.
+    /// stics target serving a Ceph RBD image against tgt's rbd backing store (tgt-rbd) and rbd bench on the same image: 4 KiB random reads and writes at depths 1 and 32, 1 MiB at depth 8; needs a stics built with --features rbd and a Ceph cluster (--conf, or a throwaway one from scripts/ceph-cluster.sh). Not part of `all`.
+    Rbd(rbd::Args),
+    /// Every experiment above but rbd (which needs a Ceph build) with its defaults, and a Markdown report of them all in --out DIR.
     All,
     /// The load generator the experiments run as a client: closed-loop requests against a device, latency percentiles.
     Load(LoadArgs),
@@ -174,6 +176,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Cmd::Wan(x) => vec![with_commands(b, || wan::run(b, x))?],
         Cmd::Interop(x) => vec![with_commands(b, || interop::run(b, x))?],
         Cmd::Gateway(x) => vec![with_commands(b, || gateway::run(b, x))?],
+        Cmd::Rbd(x) => vec![with_commands(b, || rbd::run(b, x))?],
         Cmd::All => run_all(b, &mut errors),
         Cmd::Load(_) | Cmd::Replay(_) => unreachable!("handled above"),
     };

@@ -23,9 +23,11 @@ pub struct Args {
 
     /// A LUN, numbered from 0 in the order given: mem:SIZE, null:SIZE (reads zeros, drops
     /// writes), file:PATH[:SIZE] (created at SIZE if missing; block devices work too) or
-    /// iscsi://[user[%secret]@]host[:port]/IQN/LUN (a LUN of another target, served through);
-    /// :BLOCK after a size sets the block size (mem:1GiB:4096). Default: one mem:1GiB LUN when
-    /// there is no config file.
+    /// iscsi://[user[%secret]@]host[:port]/IQN/LUN (a LUN of another target, served through)
+    /// or rbd:POOL/IMAGE[@SNAP][?conf=PATH&id=NAME&keyring=PATH&block=4096&timeout=SECS] (a
+    /// Ceph RBD image, with the rbd build feature; a snapshot is served read-only, an image is
+    /// held under RBD's exclusive lock so no second target can serve it); :BLOCK after a size
+    /// sets the block size (mem:1GiB:4096). Default: one mem:1GiB LUN when there is no config file.
     #[arg(long, value_name = "SPEC")]
     pub lun: Vec<String>,
 

@@ -273,8 +273,9 @@ impl Drop for Proc {
     }
 }
 
-/// What an interrupted run has to undo that dropping its guards would have undone: mounts and WAN
-/// instances (processes need no list: every child of this process is one the run started).
+/// What an interrupted run has to undo that dropping its guards would have undone: mounts, WAN
+/// instances and clean-up commands (processes need no list: every child of this process is one
+/// the run started; daemons that left it, such as a throwaway Ceph cluster's, have their command).
 #[derive(Debug, Default)]
 struct Live {
     /// Mount points, unmounted (lazily) last first.
@@ -285,10 +286,17 @@ struct Live {
     netns: Vec<String>,
     /// Scratch folders to remove.
     scratch: Vec<PathBuf>,
+    /// Clean-up commands (program and arguments), run last first once the children are stopped.
+    commands: Vec<(PathBuf, Vec<String>)>,
 }
 
-static LIVE: Mutex<Live> =
-    Mutex::new(Live { mounts: Vec::new(), wans: Vec::new(), netns: Vec::new(), scratch: Vec::new() });
+static LIVE: Mutex<Live> = Mutex::new(Live {
+    mounts: Vec::new(),
+    wans: Vec::new(),
+    netns: Vec::new(),
+    scratch: Vec::new(),
+    commands: Vec::new(),
+});
 
 /// The registry, held while a child is started so that the clean-up never misses one: once it has
 /// begun it keeps the lock until the process exits, and a run that tries to start more waits.
@@ -296,14 +304,15 @@ fn live() -> MutexGuard<'static, Live> {
     LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Notes a mount point (or a WAN instance) an interrupted run must undo; [`forget`] it again once
-/// its guard has undone it.
+/// Notes a mount point (or a WAN instance, a namespace, a clean-up command) an interrupted run
+/// must undo; [`forget`] it again once its guard has undone it.
 pub fn remember(what: Undo) {
     let mut l = live();
     match what {
         Undo::Mount(p) => l.mounts.push(p),
         Undo::Wan { stics, name } => l.wans.push((stics, name)),
         Undo::Netns(n) => l.netns.push(n),
+        Undo::Command { program, args } => l.commands.push((program, args)),
     }
 }
 
@@ -314,6 +323,11 @@ pub fn forget(what: &Undo) {
         Undo::Mount(p) => l.mounts.retain(|m| m != p),
         Undo::Wan { name, .. } => l.wans.retain(|(_, n)| n != name),
         Undo::Netns(name) => l.netns.retain(|n| n != name),
+        Undo::Command { program, args } => {
+            if let Some(i) = l.commands.iter().rposition(|(p, a)| p == program && a == args) {
+                l.commands.remove(i);
+            }
+        }
     }
 }
 
@@ -326,6 +340,10 @@ pub enum Undo {
     Wan { stics: PathBuf, name: String },
     /// A network namespace, deleted with `ip netns del`.
     Netns(String),
+    /// A command that undoes something the run set up outside its children (stops a throwaway
+    /// Ceph cluster's daemons, removes an image from a cluster that stays): run after the
+    /// children are stopped, last remembered first, before the scratch space is removed.
+    Command { program: PathBuf, args: Vec<String> },
 }
 
 /// The write end of the pipe the signal handler wakes the clean-up thread through.
@@ -383,6 +401,9 @@ fn clean_up(signal: i32) -> ! {
     }
     for n in &l.netns {
         let _ = Command::new("ip").args(["netns", "del", n]).stdin(Stdio::null()).output();
+    }
+    for (program, args) in l.commands.iter().rev() {
+        let _ = Command::new(program).args(args).stdin(Stdio::null()).output();
     }
     for d in &l.scratch {
         let _ = std::fs::remove_dir_all(d);
@@ -453,6 +474,7 @@ pub fn package_of(tool: &str) -> &str {
         "mkfs.ext4" | "e2fsck" => "e2fsprogs",
         "nsenter" | "losetup" | "mount" => "util-linux",
         "ip" => "iproute2",
+        "rbd" | "ceph" => "ceph-common",
         t => t,
     }
 }

@@ -83,6 +83,82 @@ pub fn tgt(b: &Bench, name: &str, file: &Path) -> Result<Target> {
     Ok(t)
 }
 
+/// Where Debian's tgt-rbd installs tgt's rbd backing store.
+const TGT_BS_RBD: &str = "/usr/lib/tgt/backing-store/bs_rbd.so";
+
+/// tgtd serving the Ceph RBD image `image` (`POOL/NAME`) of the cluster whose config file is
+/// `conf` as LUN 1 on 127.0.0.1, through tgt's `rbd` backing store (Debian: tgt-rbd), which
+/// opens the image with librbd when the LUN is made. librbd's cache is off (`CEPH_ARGS`, which
+/// the backing store reads), as `stics target` runs it: a completed write is in the OSDs, not
+/// acknowledged early from the client's memory. End it with [`Target::close`], so that the image
+/// is closed (and its exclusive lock given back) before tgtd goes.
+pub fn tgt_rbd(b: &Bench, name: &str, image: &str, conf: &Path) -> Result<Target> {
+    b.need(&["tgtd", "tgtadm"])?;
+    let port = free_port()?;
+    let ctl = port % 30000 + 1000;
+    let addr = format!("127.0.0.1:{port}");
+    let ceph_args = std::env::var("CEPH_ARGS").map_or_else(|_| String::new(), |a| a + " ") + "--rbd-cache=false";
+    // Through env(1), so that the commands of the report show the setting; env execs tgtd, whose
+    // PID stays the one spawned.
+    let mut cmd = Command::new("env");
+    cmd.arg(format!("CEPH_ARGS={ceph_args}"));
+    cmd.args(["tgtd", "-f", "-C", &ctl.to_string(), "--iscsi", &format!("portal={addr}")]);
+    let mut proc = b.spawn(name, &mut cmd)?;
+    proc.wait_until(Duration::from_secs(20), || accepts(&addr))?;
+    let c = ctl.to_string();
+    let adm = |args: &[&str]| -> Result<()> {
+        b.run(Command::new("tgtadm").args(["-C", &c, "--lld", "iscsi"]).args(args)).map(|_| ())
+    };
+    let t = Target { proc, url: format!("iscsi://{addr}/{TGT_IQN}/1"), ctl: Some(ctl) };
+    adm(&["--op", "new", "--mode", "target", "--tid", "1", "-T", TGT_IQN])?;
+    let bsopts = format!("conf={}", conf.display());
+    let lun = ["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "--bstype", "rbd"];
+    if let Err(e) = adm(&[&lun[..], &["--backing-store", image, "--bsopts", &bsopts]].concat()) {
+        if !Path::new(TGT_BS_RBD).exists() {
+            return Err(Error::Missing {
+                tool: format!("tgt's rbd backing store ({TGT_BS_RBD})"),
+                package: "tgt-rbd".into(),
+            });
+        }
+        // tgtadm only says "invalid request"; tgtd's log says why librbd refused.
+        let log = std::fs::read_to_string(t.proc.log()).unwrap_or_default();
+        return Err(Error::Command {
+            command: format!("tgt's rbd backing store opening {image}"),
+            status: e.to_string(),
+            stderr: crate::env::tail(&log),
+        });
+    }
+    adm(&["--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL"])?;
+    Ok(t)
+}
+
+impl Target {
+    /// Ends the target after it has let go of what it serves: tgt deletes its LUN and target
+    /// (closing an RBD image, which gives its exclusive lock back) and exits; `stics target` gets
+    /// SIGTERM and closes its LUNs. Either is killed if it has not gone within 30 s.
+    pub fn close(mut self, b: &Bench) {
+        let limit = Duration::from_secs(30);
+        let Some(ctl) = self.ctl else {
+            self.proc.stop(libc::SIGTERM, limit);
+            return;
+        };
+        let c = ctl.to_string();
+        for args in [
+            &["--op", "delete", "--mode", "logicalunit", "--tid", "1", "--lun", "1"][..],
+            &["--op", "delete", "--mode", "target", "--tid", "1", "--force"],
+            &["--op", "delete", "--mode", "system"],
+        ] {
+            let _ = b.run(Command::new("tgtadm").args(["-C", &c, "--lld", "iscsi"]).args(args));
+        }
+        // tgtd exits by itself once the system is deleted (then `kill` only reaps it); SIGTERM is
+        // the fallback.
+        match self.proc.wait_until(limit, || false) {
+            Err(Error::Command { .. }) => self.proc.kill(),
+            _ => self.proc.stop(libc::SIGTERM, Duration::from_secs(2)),
+        }
+    }
+}
+
 /// A file of `bytes` random bytes, read once so that both targets serve it from the page cache.
 pub fn random_file(b: &Bench, name: &str, bytes: u64) -> Result<PathBuf> {
     use rand::RngCore;

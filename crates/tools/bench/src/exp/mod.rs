@@ -12,6 +12,7 @@ pub mod messages;
 pub mod micro;
 pub mod packets;
 pub mod postmark;
+pub mod rbd;
 pub mod target;
 pub mod trace;
 pub mod wan;
