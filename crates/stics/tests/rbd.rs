@@ -1,5 +1,5 @@
-//! `stics target` over Ceph RBD images (`rbd:POOL/IMAGE`), each test on a throwaway cluster of
-//! its own (`scripts/ceph-cluster.sh`): libiscsi's suite, qemu-img in and out with `rbd export`
+//! `stics target` over Ceph RBD images (`rbd:POOL/IMAGE`) on throwaway clusters
+//! (`scripts/ceph-cluster.sh`; one shared by the single-OSD tests): libiscsi's suite, qemu-img in and out with `rbd export`
 //! seeing what was written, ext4 and PostMark, one writer per image under RBD's exclusive lock,
 //! read-only snapshots, an unreachable cluster, and an OSD lost under a verified workload.
 //! Built only with the `rbd` feature; without a cluster these tests fail, they never skip.
@@ -75,7 +75,7 @@ fn sha256(path: &Path) -> String {
 #[test]
 fn rbd_lun_passes_iscsi_test_cu_all() {
     let _one = one_at_a_time();
-    let ceph = Ceph::start(1);
+    let ceph = Ceph::shared();
     ceph.create_image("cu", "1G");
     let lun = ceph.spec("cu", "");
     let keep = tempfile::tempdir().unwrap();
@@ -102,7 +102,7 @@ fn rbd_lun_passes_iscsi_test_cu_all() {
 #[test]
 fn rbd_lun_carries_qemu_img_ext4_and_postmark_and_rbd_export_sees_what_was_written() {
     let _one = one_at_a_time();
-    let ceph = Ceph::start(1);
+    let ceph = Ceph::shared();
     ceph.create_image("disk", "256M");
     let dir = ceph.dir();
     let t = target(&[&ceph.spec("disk", "")], &dir.join("target.log"));
@@ -153,7 +153,7 @@ fn rbd_lun_carries_qemu_img_ext4_and_postmark_and_rbd_export_sees_what_was_writt
 #[test]
 fn rbd_image_has_one_writer_and_snapshots_are_served_read_only() {
     let _one = one_at_a_time();
-    let ceph = Ceph::start(1);
+    let ceph = Ceph::shared();
     ceph.create_image("one", "64M");
     let dir = ceph.dir();
     let spec = ceph.spec("one", "");

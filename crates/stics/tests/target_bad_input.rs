@@ -294,22 +294,3 @@ fn mutual_chap_from_the_environment_authenticates_both_ways_and_no_secret_is_log
     assert!(!text.contains(secret) && !text.contains(mutual), "a CHAP secret appears in the log: {text}");
     assert!(!text.contains("wrong-secret-xyz2"), "a tried secret appears in the log");
 }
-
-/// A build without the `rbd` feature parses an `rbd:` LUN and refuses it with how to get a build
-/// that serves it; a malformed one is refused for what is wrong with it.
-#[cfg(not(feature = "rbd"))]
-#[test]
-fn rbd_lun_in_a_build_without_ceph_says_how_to_build_one() {
-    let run = |lun: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_stics"))
-            .args(["target", "--listen", "127.0.0.1:0", "--lun", lun])
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{lun} was served");
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
-    let err = run("rbd:rbd/img0?conf=/etc/ceph/ceph.conf");
-    assert!(err.contains("rbd:rbd/img0") && err.contains("--features rbd"), "{err}");
-    let err = run("rbd:rbd");
-    assert!(err.contains("rbd:POOL/IMAGE"), "{err}");
-}

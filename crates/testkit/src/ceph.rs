@@ -40,6 +40,31 @@ impl Ceph {
         Ceph { dir, conf, script }
     }
 
+    /// One single-OSD cluster for every test of this test binary that asks, started by the
+    /// first. It lives in a static, which is never dropped, so a watcher process stops it once
+    /// this process has exited, however it exits.
+    pub fn shared() -> &'static Ceph {
+        static SHARED: std::sync::OnceLock<Ceph> = std::sync::OnceLock::new();
+        SHARED.get_or_init(|| {
+            let c = Ceph::start(1);
+            let watcher = format!(
+                "while kill -0 {} 2>/dev/null; do sleep 1; done; bash '{}' stop '{}'; rm -rf '{}'",
+                std::process::id(),
+                c.script.display(),
+                c.conf.parent().unwrap_or(Path::new(".")).display(),
+                c.dir.path().display()
+            );
+            Command::new("setsid")
+                .args(["bash", "-c", &watcher])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("start the watcher that stops the shared Ceph cluster");
+            c
+        })
+    }
+
     /// The cluster's config file (for `CEPH_CONF`, `rbd -c`, `conf=` of an `rbd:` spec).
     pub fn conf(&self) -> &Path {
         &self.conf

@@ -282,6 +282,18 @@ fn lun_options(base: &LunOptions, options: &IscsiOptions) -> LunOptions {
 mod tests {
     use super::*;
 
+    /// A build without the `rbd` feature reads an `rbd:` spec and refuses to open it, saying how
+    /// to get a build that does.
+    #[cfg(not(feature = "rbd"))]
+    #[tokio::test]
+    async fn an_rbd_image_in_a_build_without_ceph_says_how_to_build_one() {
+        let spec: DeviceSpec = "rbd:rbd/img0@s?conf=/etc/ceph/ceph.conf".parse().unwrap();
+        let e = open(&spec, &OpenContext::default()).await.err().unwrap();
+        assert!(matches!(&e, OpenError::RbdNotBuilt(name) if name == "rbd/img0@s"), "{e:?}");
+        let e = e.to_string();
+        assert!(e.starts_with("rbd:rbd/img0@s: ") && e.contains("--features rbd"), "{e}");
+    }
+
     #[test]
     fn a_specs_iscsi_options_override_the_contexts_offer() {
         let base = LunOptions::default();
