@@ -54,7 +54,8 @@ impl Ceph {
                 c.conf.parent().unwrap_or(Path::new(".")).display(),
                 c.dir.path().display()
             );
-            Command::new("setsid")
+            #[expect(clippy::zombie_processes, reason = "the watcher outlives this process by design")]
+            let _watcher = Command::new("setsid")
                 .args(["bash", "-c", &watcher])
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::null())
