@@ -5,7 +5,7 @@
 //! Built only with the `rbd` feature; without a cluster these tests fail, they never skip.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -37,24 +37,15 @@ fn target(luns: &[&str], log: &Path) -> SticsTarget {
 /// Runs `stics target` with `lun`, expecting it to refuse to start; its stderr and how long it took.
 fn refused(lun: &str, limit: Duration) -> (String, Duration) {
     let t = Instant::now();
-    let port = free_port();
-    let child = Command::new(BIN)
-        .args(["target", "--listen", &format!("127.0.0.1:{port}"), "--iqn", IQN, "--lun", lun])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let guard = std::thread::spawn(move || {
-        std::thread::sleep(limit);
-        let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
-    });
-    let out = child.wait_with_output().unwrap();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let args = ["target", "--listen", &listen, "--iqn", IQN, "--lun", lun];
+    let mut g = spawn_stics(Path::new(BIN), &args, &[], Some(log.path()));
+    let status = g.wait_exit(limit);
     let took = t.elapsed();
-    drop(guard);
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!out.status.success(), "stics target served {lun} where it should have refused:\n{err}");
-    assert!(took < limit, "stics target neither served nor refused {lun} within {limit:?}:\n{err}");
+    let err = std::fs::read_to_string(log.path()).unwrap_or_default();
+    let status = status.unwrap_or_else(|| panic!("stics target neither served nor refused {lun} within {limit:?}:\n{err}"));
+    assert!(!status.success(), "stics target served {lun} where it should have refused:\n{err}");
     (err, took)
 }
 
