@@ -65,21 +65,30 @@ fn target_args<'a>(cmd: &'a mut Command, listen: &str, luns: &[&str]) -> &'a mut
 
 /// tgtd serving `file` as LUN 1 on 127.0.0.1.
 pub fn tgt(b: &Bench, name: &str, file: &Path) -> Result<Target> {
+    let t = tgtd(b, name, None)?;
+    t.tgtadm(b, &["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "-b", &file.to_string_lossy()])?;
+    t.tgtadm(b, &["--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL"])?;
+    Ok(t)
+}
+
+/// tgtd on a free loopback port (with `ceph_args` in its environment as `CEPH_ARGS`) with
+/// target 1 made and no LUN yet.
+fn tgtd(b: &Bench, name: &str, ceph_args: Option<&str>) -> Result<Target> {
     b.need(&["tgtd", "tgtadm"])?;
     let port = free_port()?;
     let ctl = port % 30000 + 1000;
     let addr = format!("127.0.0.1:{port}");
-    let mut proc =
-        b.spawn(name, Command::new("tgtd").args(["-f", "-C", &ctl.to_string(), "--iscsi", &format!("portal={addr}")]))?;
+    // Through env(1), so that the commands of the report show the setting; env execs tgtd, whose
+    // PID stays the one spawned.
+    let mut cmd = Command::new("env");
+    if let Some(a) = ceph_args {
+        cmd.arg(format!("CEPH_ARGS={a}"));
+    }
+    cmd.args(["tgtd", "-f", "-C", &ctl.to_string(), "--iscsi", &format!("portal={addr}")]);
+    let mut proc = b.spawn(name, &mut cmd)?;
     proc.wait_until(Duration::from_secs(20), || accepts(&addr))?;
-    let c = ctl.to_string();
-    let adm = |args: &[&str]| -> Result<()> {
-        b.run(Command::new("tgtadm").args(["-C", &c, "--lld", "iscsi"]).args(args)).map(|_| ())
-    };
     let t = Target { proc, url: format!("iscsi://{addr}/{TGT_IQN}/1"), ctl: Some(ctl) };
-    adm(&["--op", "new", "--mode", "target", "--tid", "1", "-T", TGT_IQN])?;
-    adm(&["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "-b", &file.to_string_lossy()])?;
-    adm(&["--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL"])?;
+    t.tgtadm(b, &["--op", "new", "--mode", "target", "--tid", "1", "-T", TGT_IQN])?;
     Ok(t)
 }
 
@@ -93,27 +102,11 @@ const TGT_BS_RBD: &str = "/usr/lib/tgt/backing-store/bs_rbd.so";
 /// acknowledged early from the client's memory. End it with [`Target::close`], so that the image
 /// is closed (and its exclusive lock given back) before tgtd goes.
 pub fn tgt_rbd(b: &Bench, name: &str, image: &str, conf: &Path) -> Result<Target> {
-    b.need(&["tgtd", "tgtadm"])?;
-    let port = free_port()?;
-    let ctl = port % 30000 + 1000;
-    let addr = format!("127.0.0.1:{port}");
     let ceph_args = std::env::var("CEPH_ARGS").map_or_else(|_| String::new(), |a| a + " ") + "--rbd-cache=false";
-    // Through env(1), so that the commands of the report show the setting; env execs tgtd, whose
-    // PID stays the one spawned.
-    let mut cmd = Command::new("env");
-    cmd.arg(format!("CEPH_ARGS={ceph_args}"));
-    cmd.args(["tgtd", "-f", "-C", &ctl.to_string(), "--iscsi", &format!("portal={addr}")]);
-    let mut proc = b.spawn(name, &mut cmd)?;
-    proc.wait_until(Duration::from_secs(20), || accepts(&addr))?;
-    let c = ctl.to_string();
-    let adm = |args: &[&str]| -> Result<()> {
-        b.run(Command::new("tgtadm").args(["-C", &c, "--lld", "iscsi"]).args(args)).map(|_| ())
-    };
-    let t = Target { proc, url: format!("iscsi://{addr}/{TGT_IQN}/1"), ctl: Some(ctl) };
-    adm(&["--op", "new", "--mode", "target", "--tid", "1", "-T", TGT_IQN])?;
+    let t = tgtd(b, name, Some(&ceph_args))?;
     let bsopts = format!("conf={}", conf.display());
     let lun = ["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "--bstype", "rbd"];
-    if let Err(e) = adm(&[&lun[..], &["--backing-store", image, "--bsopts", &bsopts]].concat()) {
+    if let Err(e) = t.tgtadm(b, &[&lun[..], &["--backing-store", image, "--bsopts", &bsopts]].concat()) {
         if !Path::new(TGT_BS_RBD).exists() {
             return Err(Error::Missing {
                 tool: format!("tgt's rbd backing store ({TGT_BS_RBD})"),
@@ -128,11 +121,17 @@ pub fn tgt_rbd(b: &Bench, name: &str, image: &str, conf: &Path) -> Result<Target
             stderr: crate::env::tail(&log),
         });
     }
-    adm(&["--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL"])?;
+    t.tgtadm(b, &["--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL"])?;
     Ok(t)
 }
 
 impl Target {
+    /// Runs `tgtadm` with `args` against this tgtd (an error for a `stics target`).
+    fn tgtadm(&self, b: &Bench, args: &[&str]) -> Result<()> {
+        let ctl = self.ctl.ok_or_else(|| Error::Output { what: "tgtadm".into(), detail: "not a tgtd".into() })?;
+        b.run(Command::new("tgtadm").args(["-C", &ctl.to_string(), "--lld", "iscsi"]).args(args)).map(|_| ())
+    }
+
     /// Ends the target after it has let go of what it serves: tgt deletes its LUN and target
     /// (closing an RBD image, which gives its exclusive lock back) and exits; `stics target` gets
     /// SIGTERM and closes its LUNs. Either is killed if it has not gone within 30 s.
