@@ -44,7 +44,8 @@ fn refused(lun: &str, limit: Duration) -> (String, Duration) {
     let status = g.wait_exit(limit);
     let took = t.elapsed();
     let err = std::fs::read_to_string(log.path()).unwrap_or_default();
-    let status = status.unwrap_or_else(|| panic!("stics target neither served nor refused {lun} within {limit:?}:\n{err}"));
+    let status =
+        status.unwrap_or_else(|| panic!("stics target neither served nor refused {lun} within {limit:?}:\n{err}"));
     assert!(!status.success(), "stics target served {lun} where it should have refused:\n{err}");
     (err, took)
 }
