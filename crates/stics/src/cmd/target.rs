@@ -22,7 +22,7 @@ pub struct Args {
     pub iqn: Option<String>,
 
     /// A LUN, numbered from 0 in the order given: mem:SIZE, null:SIZE (reads zeros, drops
-    /// writes), file:PATH[:SIZE] (created at SIZE if missing; block devices work too) or
+    /// writes), file:PATH[:SIZE] (created at SIZE if missing; block devices work too),
     /// iscsi://[user[%secret]@]host[:port]/IQN/LUN (a LUN of another target, served through)
     /// or rbd:POOL/IMAGE[@SNAP][?conf=PATH&id=NAME&keyring=PATH&block=4096&timeout=SECS] (a
     /// Ceph RBD image, with the rbd build feature; a snapshot is served read-only, an image is
