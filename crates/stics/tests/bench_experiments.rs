@@ -187,6 +187,31 @@ fn interop_runs_every_check_on_both_targets() {
 }
 
 #[test]
+fn initiator_compares_both_exports_and_reads_at_both_depths_on_three_paths() {
+    let _serial = stics_testkit::proc::one_at_a_time();
+    let v = bench(&["initiator"]);
+    let pm = rows(&v, 0);
+    assert_eq!(pm.len(), 2, "{pm:?}");
+    for r in &pm {
+        positive(r, "seconds");
+        assert_eq!(r["fsck"], "1/1", "ext4 stayed consistent: {r}");
+    }
+    let fio = rows(&v, 1);
+    assert_eq!(fio.len(), 3, "{fio:?}");
+    for r in &fio {
+        positive(r, "latency");
+    }
+    let reads = rows(&v, 2);
+    assert_eq!(reads.len(), 6, "{reads:?}");
+    for r in &reads {
+        positive(r, "iops");
+        positive(r, "mean");
+    }
+    // Across the WAN a read at depth 1 takes a round trip of 2 ms at least.
+    assert!(reads[4]["mean"].as_f64().unwrap() > 0.002, "{}", reads[4]);
+}
+
+#[test]
 fn gateway_measures_both_modes_and_both_restarts() {
     let _serial = stics_testkit::proc::one_at_a_time();
     let v = bench(&["gateway"]);

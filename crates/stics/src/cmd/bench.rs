@@ -8,8 +8,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use stics_bench::exp::{
-    cache_location, conformance, congestion, delay, gateway, interop, micro, packets, postmark, rbd, target, trace,
-    wan, write_model,
+    cache_location, conformance, congestion, delay, gateway, initiator, interop, micro, packets, postmark, rbd, target,
+    trace, wan, write_model,
 };
 use stics_bench::load::{self, Op, Pattern};
 use stics_bench::machine::Machine;
@@ -84,6 +84,8 @@ enum Cmd {
     Gateway(gateway::Args),
     /// stics target (and tgt) with libiscsi's tools, qemu-img convert both ways, and ext4 + PostMark over qemu-storage-daemon's FUSE export, checked with e2fsck.
     Interop(interop::Args),
+    /// The stics initiator against libiscsi on one tgt LUN: ext4 + PostMark over stics mount and over qemu-storage-daemon's FUSE export, write + fsync latency at depth 1 (fio), and 4 KiB random reads through the initiator at depths 1 and 32 against tgt, stics target and stics target across stics wan.
+    Initiator(initiator::Args),
     /// stics wan against its promises (delay, rate, loss against Mathis' model) and its overhead against a plain veth pair.
     Wan(wan::Args),
     /// stics target serving a Ceph RBD image against tgt's rbd backing store (tgt-rbd) and rbd bench on the same image: 4 KiB random reads and writes at depths 1 and 32, 1 MiB at depth 8; needs a stics built with --features rbd and a Ceph cluster (--conf, or a throwaway one from scripts/ceph-cluster.sh). Not part of `all`.
@@ -175,6 +177,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Cmd::Congestion(x) => vec![with_commands(b, || congestion::run(b, x))?],
         Cmd::Wan(x) => vec![with_commands(b, || wan::run(b, x))?],
         Cmd::Interop(x) => vec![with_commands(b, || interop::run(b, x))?],
+        Cmd::Initiator(x) => vec![with_commands(b, || initiator::run(b, x))?],
         Cmd::Gateway(x) => vec![with_commands(b, || gateway::run(b, x))?],
         Cmd::Rbd(x) => vec![with_commands(b, || rbd::run(b, x))?],
         Cmd::All => run_all(b, &mut errors),
@@ -234,6 +237,7 @@ fn run_all(b: &Bench, errors: &mut Vec<String>) -> Vec<Report> {
         ("wan", Box::new(|| with_commands(b, || wan::run(b, &defaults()?)))),
         ("conformance", Box::new(|| with_commands(b, || conformance::run(b, &defaults()?)))),
         ("interop", Box::new(|| with_commands(b, || interop::run(b, &defaults()?)))),
+        ("initiator", Box::new(|| with_commands(b, || initiator::run(b, &defaults()?)))),
         ("target", Box::new(|| with_commands(b, || target::run(b, &defaults()?)))),
         ("micro", Box::new(|| with_commands(b, || micro::run(b, &defaults()?)))),
         ("delay", Box::new(|| with_commands(b, || delay::run(b, &defaults()?)))),

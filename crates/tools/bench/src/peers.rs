@@ -160,10 +160,16 @@ impl Target {
 
 /// A file of `bytes` random bytes, read once so that both targets serve it from the page cache.
 pub fn random_file(b: &Bench, name: &str, bytes: u64) -> Result<PathBuf> {
+    let path = b.work().join(name);
+    fill_random(&path, bytes)?;
+    Ok(path)
+}
+
+/// Writes `bytes` random bytes to a new file at `path`.
+pub fn fill_random(path: &Path, bytes: u64) -> Result<()> {
     use rand::RngCore;
     use std::io::Write;
-    let path = b.work().join(name);
-    let mut f = std::io::BufWriter::new(std::fs::File::create(&path)?);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
     let mut rng = rand::thread_rng();
     let mut buf = vec![0u8; 1 << 20];
     let mut left = bytes;
@@ -174,7 +180,7 @@ pub fn random_file(b: &Bench, name: &str, bytes: u64) -> Result<PathBuf> {
         left -= n as u64;
     }
     f.flush()?;
-    Ok(path)
+    Ok(())
 }
 
 /// A `stics wan` instance: two namespaces (`host`, `storage`) joined through an emulated link.

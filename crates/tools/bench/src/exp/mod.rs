@@ -7,6 +7,7 @@ pub mod congestion;
 pub mod delay;
 pub mod fs;
 pub mod gateway;
+pub mod initiator;
 pub mod interop;
 pub mod messages;
 pub mod micro;
