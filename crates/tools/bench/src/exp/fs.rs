@@ -78,6 +78,45 @@ impl Export {
         Ok(e)
     }
 
+    /// qemu-storage-daemon's FUSE export (libiscsi inside qemu) of LUN `lun_no` of target `iqn`
+    /// at `portal` (`HOST:PORT`) onto `lun`; `fs` is made for ext4 to be mounted at.
+    pub fn qsd(
+        b: &Bench,
+        name: &str,
+        portal: &str,
+        iqn: &str,
+        lun_no: u32,
+        lun: PathBuf,
+        fs: PathBuf,
+    ) -> Result<Export> {
+        let mut qsd = Command::new("qemu-storage-daemon");
+        qsd.arg("--blockdev")
+            .arg(format!(
+                "driver=iscsi,transport=tcp,portal={portal},target={iqn},lun={lun_no},node-name=lun,cache.direct=on"
+            ))
+            .arg("--export")
+            .arg(format!("type=fuse,id=exp,node-name=lun,mountpoint={},writable=on", lun.display()));
+        Export::start(b, name, &mut qsd, lun, fs)
+    }
+
+    /// PostMark (`files`, `transactions`, seed 42) on a fresh ext4 of `mib` MiB on the export,
+    /// mounted `-o sync` and unmounted afterwards: PostMark's seconds.
+    pub fn postmark(&self, b: &Bench, mib: u64, files: u64, transactions: u64) -> Result<f64> {
+        self.mkfs(b, mib)?;
+        b.run(Command::new("mount").args(["-o", "loop,sync"]).arg(&self.lun).arg(&self.fs))?;
+        let cfg = b.work().join("pm.cfg");
+        std::fs::write(
+            &cfg,
+            format!(
+                "set location {}\nset number {files}\nset transactions {transactions}\nset seed 42\nrun\nquit\n",
+                self.fs.display()
+            ),
+        )?;
+        let run = b.run(Command::new("postmark").arg(&cfg));
+        b.run(Command::new("umount").arg(&self.fs))?;
+        Ok(run?.secs)
+    }
+
     /// A fresh ext4 of `mib` MiB on the export, its inode tables and journal written now rather
     /// than by ext4lazyinit during a run.
     pub fn mkfs(&self, b: &Bench, mib: u64) -> Result<()> {

@@ -209,53 +209,25 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
 fn export(b: &Bench, t: &Target, kind: Kind) -> Result<Export> {
     let lun = b.work().join("export");
     let fs = b.work().join("fs");
-    let mut cmd = match kind {
-        Kind::Stics | Kind::SticsIo2 => {
-            let mut c = b.stics_cmd();
-            c.arg("mount");
-            if kind == Kind::SticsIo2 {
-                c.args(["--io-threads", "2"]);
-            }
-            c.arg(&t.url).arg(&lun);
-            c
-        }
-        Kind::Qsd => {
-            let portal = t.url.trim_start_matches("iscsi://");
-            let portal = portal.split('/').next().unwrap_or(portal);
-            let mut c = Command::new("qemu-storage-daemon");
-            c.arg("--blockdev")
-                .arg(format!(
-                    "driver=iscsi,transport=tcp,portal={portal},target={TGT_IQN},lun=1,node-name=lun,cache.direct=on"
-                ))
-                .arg("--export")
-                .arg(format!("type=fuse,id=exp,node-name=lun,mountpoint={},writable=on", lun.display()));
-            c
-        }
-    };
-    let name = match kind {
-        Kind::Stics => "stics-mount",
-        Kind::SticsIo2 => "stics-mount-io2",
-        Kind::Qsd => "qsd",
-    };
+    if kind == Kind::Qsd {
+        let portal = t.url.trim_start_matches("iscsi://");
+        let portal = portal.split('/').next().unwrap_or(portal);
+        return Export::qsd(b, "qsd", portal, TGT_IQN, 1, lun, fs);
+    }
+    let mut cmd = b.stics_cmd();
+    cmd.arg("mount");
+    if kind == Kind::SticsIo2 {
+        cmd.args(["--io-threads", "2"]);
+    }
+    cmd.arg(&t.url).arg(&lun);
+    let name = if kind == Kind::SticsIo2 { "stics-mount-io2" } else { "stics-mount" };
     Export::start(b, name, &mut cmd, lun, fs)
 }
 
 /// PostMark on a fresh ext4 over `kind`'s export: its seconds, and whether e2fsck found it clean.
 fn postmark(b: &Bench, t: &Target, kind: Kind, files: u64, transactions: u64) -> Result<(f64, bool)> {
     let e = export(b, t, kind)?;
-    e.mkfs(b, LUN_BYTES >> 20)?;
-    b.run(Command::new("mount").args(["-o", "loop,sync"]).arg(&e.lun).arg(&e.fs))?;
-    let cfg = b.work().join("pm.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "set location {}\nset number {files}\nset transactions {transactions}\nset seed 42\nrun\nquit\n",
-            e.fs.display()
-        ),
-    )?;
-    let run = b.run(Command::new("postmark").arg(&cfg));
-    b.run(Command::new("umount").arg(&e.fs))?;
-    let secs = run?.secs;
+    let secs = e.postmark(b, LUN_BYTES >> 20, files, transactions)?;
     let clean = Command::new("e2fsck").arg("-fn").arg(&e.lun).output().is_ok_and(|o| o.status.success());
     Ok((secs, clean))
 }

@@ -163,26 +163,10 @@ fn postmark(
 ) -> Result<(bool, String)> {
     let portal = portal.trim_start_matches("iscsi://");
     let export = b.work().join(format!("{name}-export"));
-    let mut qsd = Command::new("qemu-storage-daemon");
-    qsd.arg("--blockdev")
-        .arg(format!("driver=iscsi,transport=tcp,portal={portal},target={iqn},lun={lun},node-name=lun,cache.direct=on"))
-        .arg("--export")
-        .arg(format!("type=fuse,id=exp,node-name=lun,mountpoint={},writable=on", export.display()));
-    let e = Export::start(b, &format!("{name}-qsd"), &mut qsd, export, b.work().join(format!("{name}-fs")))?;
+    let fs = b.work().join(format!("{name}-fs"));
+    let e = Export::qsd(b, &format!("{name}-qsd"), portal, iqn, lun, export, fs)?;
     let steps = || -> Result<f64> {
-        e.mkfs(b, LUN_BYTES >> 20)?;
-        b.run(Command::new("mount").args(["-o", "loop,sync"]).arg(&e.lun).arg(&e.fs))?;
-        let cfg = b.work().join("interop-pm.cfg");
-        std::fs::write(
-            &cfg,
-            format!(
-                "set location {}\nset number {files}\nset transactions {transactions}\nset seed 42\nrun\nquit\n",
-                e.fs.display()
-            ),
-        )?;
-        let run = b.run(Command::new("postmark").arg(&cfg));
-        b.run(Command::new("umount").arg(&e.fs))?;
-        let secs = run?.secs;
+        let secs = e.postmark(b, LUN_BYTES >> 20, files, transactions)?;
         b.run(Command::new("e2fsck").arg("-fn").arg(&e.lun))?;
         Ok(secs)
     };
