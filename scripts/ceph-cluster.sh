@@ -29,6 +29,8 @@ die() {
         starting_dir=$starting
         starting=
         stop "$starting_dir" || true
+        # Again after the logs, so that a caller showing only the last lines shows why.
+        echo "ceph-cluster: $*" >&2
     fi
     exit 1
 }
@@ -199,7 +201,9 @@ EOF
 cmd=$1
 shift
 case $cmd in
-start) start "$@" ;;
+# A throwaway cluster now and then fails to come up on a busy machine (a daemon's first command
+# racing the monitor); one more try from scratch, with what went wrong on stderr.
+start) ( start "$@" ) || { echo "ceph-cluster: trying once more" >&2; start "$@"; } ;;
 stop) stop "$1" ;;
 kill-osd) (($# == 2)) || usage; kill_osd "$1" "$2" ;;
 *) usage ;;
