@@ -757,8 +757,7 @@ fn rbd_remote_behind_an_8_ms_wan_loses_no_acknowledged_write_across_gateway_sigk
     impl Drop for FarSide {
         fn drop(&mut self) {
             self.remote.kill();
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh");
-            let _ = Command::new("bash").arg(script).arg("stop").arg(&self.cluster).status();
+            let _ = Command::new("bash").arg(stics_testkit::ceph::script()).arg("stop").arg(&self.cluster).status();
             let _ = self.wan().arg("down").output();
         }
     }
@@ -773,7 +772,7 @@ fn rbd_remote_behind_an_8_ms_wan_loses_no_acknowledged_write_across_gateway_sigk
     };
     run_ok(far.wan().args(["up", "--delay", "8ms"]));
     let storage = run_ok(far.wan().args(["addr", "storage"])).trim().to_owned();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh");
+    let script = stics_testkit::ceph::script();
     let out = run_ok(&mut far.storage(&["bash", script.to_str().unwrap(), "start", far.cluster.to_str().unwrap()]));
     let conf = out.lines().last().unwrap().trim().to_owned();
     run_ok(&mut far.storage(&["rbd", "-c", &conf, "create", "--size", "64M", "rbd/gw"]));

@@ -6,6 +6,11 @@ use std::process::Command;
 
 use crate::net::free_port;
 
+/// `scripts/ceph-cluster.sh`, which starts, stops and injures the throwaway clusters.
+pub fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh")
+}
+
 /// A running cluster with a pool `rbd`; stopped, and its directory removed, when dropped.
 pub struct Ceph {
     dir: tempfile::TempDir,
@@ -17,7 +22,7 @@ impl Ceph {
     /// Starts a cluster of `osds` (1 or 3) OSDs, the pool's size matching. A cluster that does
     /// not start fails the test with the script's message: RBD tests never pass without one.
     pub fn start(osds: u32) -> Ceph {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh");
+        let script = script();
         let dir = tempfile::Builder::new().prefix("stics-ceph").tempdir().unwrap();
         let cluster = dir.path().join("cluster");
         let out = Command::new("bash")
