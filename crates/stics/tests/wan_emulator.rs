@@ -68,13 +68,15 @@ impl Link {
     fn iperf(&self, port: u16, secs: u32) -> f64 {
         let port_s = port.to_string();
         let mut server: Child = self
-            .cmd(&["exec", "storage", "--", "iperf3", "-s", "-1", "-p", &port_s])
+            .cmd(&["exec", "storage", "--", "iperf3", "-s", "-p", &port_s])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
+        // The server may not listen yet, and a run can end without a summary (a control
+        // connection torn early): both are retried, and the last output is shown if none succeeds.
         let start = Instant::now();
-        let out = loop {
+        let bps = loop {
             let out = self
                 .cmd(&[
                     "exec",
@@ -91,16 +93,23 @@ impl Link {
                 ])
                 .output()
                 .unwrap();
-            if out.status.success() || start.elapsed() > Duration::from_secs(10) {
-                break out;
+            let bps = serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                .ok()
+                .and_then(|v| v["end"]["sum_received"]["bits_per_second"].as_f64());
+            match bps {
+                Some(bps) if out.status.success() => break bps,
+                _ if start.elapsed() > Duration::from_secs(10) => panic!(
+                    "iperf3 gave no throughput ({}): {}{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+                _ => std::thread::sleep(Duration::from_millis(200)),
             }
-            std::thread::sleep(Duration::from_millis(200));
         };
         let _ = server.kill();
         let _ = server.wait();
-        assert!(out.status.success(), "iperf3: {}", String::from_utf8_lossy(&out.stdout));
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["end"]["sum_received"]["bits_per_second"].as_f64().unwrap()
+        bps
     }
 }
 
