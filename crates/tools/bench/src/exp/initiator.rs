@@ -169,7 +169,10 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     drop(wan);
     bar.finish_and_clear();
 
-    let mut r = Report::new("initiator", "the stics initiator against libiscsi on one tgt LUN, and its reads at depth");
+    let mut r = Report::new(
+        "initiator",
+        "The stics initiator against libiscsi on one tgt LUN, and its reads at depth 1 and 32",
+    );
     r.section(
         format!(
             "PostMark ({files} files, {transactions} transactions) on ext4 mounted -o sync through a loop device over \
