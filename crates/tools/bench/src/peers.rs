@@ -32,6 +32,12 @@ impl Target {
     pub fn cpu_secs(&self) -> f64 {
         self.proc.cpu_secs()
     }
+
+    /// `HOST:PORT` of the target's URL, as libiscsi's tools and qemu's iscsi driver take it.
+    pub fn portal(&self) -> &str {
+        let rest = self.url.trim_start_matches("iscsi://");
+        rest.split('/').next().unwrap_or(rest)
+    }
 }
 
 impl Drop for Target {

@@ -130,6 +130,11 @@ impl Export {
     }
 }
 
+/// Whether `e2fsck -fn` finds the ext4 on `lun` clean; a check that cannot run counts as not clean.
+pub fn fsck_clean(lun: &Path) -> bool {
+    Command::new("e2fsck").arg("-fn").arg(lun).output().is_ok_and(|o| o.status.success())
+}
+
 impl Drop for Export {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.fs).output();
@@ -207,7 +212,7 @@ pub fn postmark(
         wan.gateway_drain(b, g)?;
     }
     let c1 = wan.counts(b)?;
-    let fsck_clean = Command::new("e2fsck").arg("-fn").arg(lun).output().is_ok_and(|o| o.status.success());
+    let fsck_clean = fsck_clean(lun);
     drop(m);
     Ok(Run {
         seconds,

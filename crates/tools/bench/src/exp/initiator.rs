@@ -9,7 +9,7 @@ use std::process::Command;
 use stics_report::{Column, Table};
 
 use super::alternate;
-use super::fs::Export;
+use super::fs::{fsck_clean, Export};
 use crate::load::Outcome;
 use crate::peers::{fill_random, random_file, stics_target, tgt, Target, Wan, TGT_IQN};
 use crate::{Bench, Error, Report, Result, Stat};
@@ -213,9 +213,7 @@ fn export(b: &Bench, t: &Target, kind: Kind) -> Result<Export> {
     let lun = b.work().join("export");
     let fs = b.work().join("fs");
     if kind == Kind::Qsd {
-        let portal = t.url.trim_start_matches("iscsi://");
-        let portal = portal.split('/').next().unwrap_or(portal);
-        return Export::qsd(b, "qsd", portal, TGT_IQN, 1, lun, fs);
+        return Export::qsd(b, "qsd", t.portal(), TGT_IQN, 1, lun, fs);
     }
     let mut cmd = b.stics_cmd();
     cmd.arg("mount");
@@ -231,8 +229,7 @@ fn export(b: &Bench, t: &Target, kind: Kind) -> Result<Export> {
 fn postmark(b: &Bench, t: &Target, kind: Kind, files: u64, transactions: u64) -> Result<(f64, bool)> {
     let e = export(b, t, kind)?;
     let secs = e.postmark(b, LUN_BYTES >> 20, files, transactions)?;
-    let clean = Command::new("e2fsck").arg("-fn").arg(&e.lun).output().is_ok_and(|o| o.status.success());
-    Ok((secs, clean))
+    Ok((secs, fsck_clean(&e.lun)))
 }
 
 /// Mean seconds of a 4 KiB random write and the fsync after it, depth 1, on `kind`'s export.

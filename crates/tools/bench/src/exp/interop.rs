@@ -7,7 +7,7 @@ use std::process::Command;
 use stics_report::{Column, Table};
 
 use super::fs::Export;
-use crate::peers::{self, Target, STICS_IQN, TGT_IQN};
+use crate::peers::{self, STICS_IQN, TGT_IQN};
 use crate::{Bench, Report, Result};
 
 /// Options of `stics bench interop`.
@@ -54,7 +54,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         } else {
             (peers::tgt(b, "tgt", &lun)?, TGT_IQN, 1, "IET")
         };
-        let portal = portal(&target);
+        let portal = target.portal();
         let mut record = |check: &str, ok: bool, detail: String| -> Result<()> {
             let detail = detail.split_whitespace().collect::<Vec<_>>().join(" ");
             t.push(vec![(*name).into(), check.into(), if ok { "ok" } else { "FAIL" }.into(), detail.clone().into()])?;
@@ -63,7 +63,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
             Ok(())
         };
 
-        let out = text(b, Command::new("iscsi-ls").args(["-s", &portal]));
+        let out = text(b, Command::new("iscsi-ls").args(["-s", &format!("iscsi://{portal}")]));
         let lun_line = out.lines().find(|l| l.contains(&format!("Lun:{lun_no} "))).unwrap_or("").trim().to_owned();
         record("iscsi-ls", out.contains(&format!("Target:{iqn}")) && !lun_line.is_empty(), lun_line)?;
 
@@ -83,7 +83,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         let (ok, detail) = convert(b, &image, &target.url)?;
         record("qemu-img convert", ok, detail)?;
 
-        let (ok, detail) = postmark(b, name, &portal, iqn, lun_no, files, transactions)?;
+        let (ok, detail) = postmark(b, name, portal, iqn, lun_no, files, transactions)?;
         record("ext4 + PostMark + e2fsck", ok, detail)?;
         drop(target);
         std::fs::remove_file(&lun)?;
@@ -114,11 +114,6 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
 }
 
 /// `iscsi://HOST:PORT` of a target's URL.
-fn portal(t: &Target) -> String {
-    let rest = t.url.trim_start_matches("iscsi://");
-    format!("iscsi://{}", rest.split('/').next().unwrap_or(rest))
-}
-
 /// What a check command printed (stdout and stderr), or why it failed; a failure is the check's
 /// verdict, not the run's.
 fn text(b: &Bench, cmd: &mut Command) -> String {
@@ -161,7 +156,6 @@ fn postmark(
     files: u64,
     transactions: u64,
 ) -> Result<(bool, String)> {
-    let portal = portal.trim_start_matches("iscsi://");
     let export = b.work().join(format!("{name}-export"));
     let fs = b.work().join(format!("{name}-fs"));
     let e = Export::qsd(b, &format!("{name}-qsd"), portal, iqn, lun, export, fs)?;
