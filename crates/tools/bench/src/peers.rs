@@ -164,7 +164,8 @@ impl Target {
     }
 }
 
-/// A file of `bytes` random bytes, read once so that both targets serve it from the page cache.
+/// A file of `bytes` random bytes in the scratch folder, just written and so in the page cache
+/// for every target that serves it.
 pub fn random_file(b: &Bench, name: &str, bytes: u64) -> Result<PathBuf> {
     let path = b.work().join(name);
     fill_random(&path, bytes)?;
