@@ -93,6 +93,9 @@ pub struct Figure {
     pub log_x: bool,
     /// Logarithmic y axis.
     pub log_y: bool,
+    /// Names of the x positions 1, 2, …, n, for data in categories: when there are any, the x axis
+    /// shows them at those positions, and the bars of several series stand side by side there.
+    pub categories: Vec<String>,
     /// Curves.
     pub series: Vec<Series>,
 }
@@ -143,6 +146,15 @@ fn tick(v: f64, log: bool) -> String {
     }
 }
 
+/// The name of category position `v` (from 1), or nothing between positions.
+fn category(v: f64, names: &[String]) -> String {
+    let k = v.round();
+    if (v - k).abs() > 1e-6 || k < 1.0 {
+        return String::new();
+    }
+    names.get(k as usize - 1).cloned().unwrap_or_default()
+}
+
 /// The width of one bar: nine tenths of the closest spacing of the x values.
 fn bar_width(pts: &[(f64, f64)]) -> f64 {
     let mut xs: Vec<f64> = pts.iter().map(|p| p.0).collect();
@@ -181,15 +193,22 @@ pub fn draw(fig: &Figure, path: &Path) -> Result<()> {
         let pad = if hi > lo { (hi - lo) * 0.04 } else { lo.abs().max(1.0) * 0.1 };
         Ok((lo - pad, hi + pad))
     };
-    let (x0, x1) = range(&|p| p.0)?;
-    // Bars are centred on their x, so the outer ones need half a bar more room.
-    let half_bar =
-        curves.iter().filter(|c| c.mark == Mark::Bars).map(|c| bar_width(&c.points) / 2.0).fold(0.0, f64::max);
-    let (x0, x1) = (x0 - half_bar, x1 + half_bar);
+    let cats = &fig.categories;
+    let bars = curves.iter().filter(|c| c.mark == Mark::Bars).count();
+    let (x0, x1) = if cats.is_empty() {
+        let (x0, x1) = range(&|p| p.0)?;
+        // Bars are centred on their x, so the outer ones need half a bar more room.
+        let half_bar =
+            curves.iter().filter(|c| c.mark == Mark::Bars).map(|c| bar_width(&c.points) / 2.0).fold(0.0, f64::max);
+        (x0 - half_bar, x1 + half_bar)
+    } else {
+        (0.5, cats.len() as f64 + 0.5)
+    };
+    // In categories, the bars of all series share eight tenths of a position, one slot each.
+    let slot = 0.8 / bars.max(1) as f64;
     let (y0, y1) = range(&|p| p.1)?;
-    let bars = curves.iter().any(|c| c.mark == Mark::Bars);
     // Bars rise from zero, unless the axis is logarithmic and has no zero.
-    let y0 = if bars && !fig.log_y { y0.min(0.0) } else { y0 };
+    let y0 = if bars > 0 && !fig.log_y { y0.min(0.0) } else { y0 };
     let e = |e: &dyn std::fmt::Display| Error::Plot(format!("{}: {e}", path.display()));
     let root = BitMapBackend::new(path, (1000, 680)).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(&x))?;
@@ -203,28 +222,61 @@ pub fn draw(fig: &Figure, path: &Path) -> Result<()> {
     let (lx, ly) = (fig.log_x, fig.log_y);
     // Rising curves leave the upper left corner empty, falling ones the upper right.
     let rising = curves.iter().filter_map(|c| Some(c.points.last()?.1 - c.points.first()?.1)).sum::<f64>() > 0.0;
-    let corner = if rising { SeriesLabelPosition::UpperLeft } else { SeriesLabelPosition::UpperRight };
+    let corner = if cats.is_empty() {
+        if rising {
+            SeriesLabelPosition::UpperLeft
+        } else {
+            SeriesLabelPosition::UpperRight
+        }
+    } else {
+        // Categories have no trend: the legend goes over the third whose tallest point is lowest.
+        let third = |k: f64| {
+            let n = cats.len() as f64;
+            let inside = |x: f64| x > 0.5 + n * k / 3.0 && x <= 0.5 + n * (k + 1.0) / 3.0;
+            all().filter(|p| inside(p.0)).map(|p| p.1).fold(f64::NEG_INFINITY, f64::max)
+        };
+        let (l, m, r) = (third(0.0), third(1.0), third(2.0));
+        if m <= l && m <= r {
+            SeriesLabelPosition::UpperMiddle
+        } else if l <= r {
+            SeriesLabelPosition::UpperLeft
+        } else {
+            SeriesLabelPosition::UpperRight
+        }
+    };
+    let x_tick = |v: &f64| if cats.is_empty() { tick(*v, lx) } else { category(*v, cats) };
+    // One label per category: a range of n positions with n + 1 labels asked for steps of 1.
+    let x_labels = if cats.is_empty() { 10 } else { cats.len() + 1 };
     chart
         .configure_mesh()
         .x_desc(fig.x_label.as_str())
         .y_desc(fig.y_label.as_str())
-        .x_label_formatter(&|v| tick(*v, lx))
+        .x_labels(x_labels)
+        .x_label_formatter(&x_tick)
         .y_label_formatter(&|v| tick(*v, ly))
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 16))
         .draw()
         .map_err(|x| e(&x))?;
+    let mut bar_slot = 0;
     for (i, Series { label, points: pts, mark }) in curves.into_iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         let drawn = match mark {
             Mark::Line => chart.draw_series(LineSeries::new(pts, color.stroke_width(2))),
             Mark::Points => chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled()))),
             Mark::Bars => {
-                let half = bar_width(&pts) / 2.0;
+                let (left, right) = if cats.is_empty() {
+                    let half = bar_width(&pts) / 2.0;
+                    (-half, half)
+                } else {
+                    let left = -0.4 + slot * bar_slot as f64;
+                    (left, left + slot)
+                };
+                bar_slot += 1;
                 let base = if fig.log_y { y0 } else { 0.0 };
                 chart.draw_series(
                     pts.into_iter()
-                        .map(|(x, y)| Rectangle::new([(x - half, base), (x + half, y)], color.mix(0.6).filled())),
+                        .map(|(x, y)| Rectangle::new([(x + left, base), (x + right, y)], color.mix(0.6).filled())),
                 )
             }
         };
@@ -358,6 +410,7 @@ impl Chart {
             y_label: self.y_label.clone().unwrap_or_else(|| format!("{} [{}]", yc.head(), yc.unit())),
             log_x: self.log_x,
             log_y: self.log_y,
+            categories: Vec::new(),
             series,
         })
     }
@@ -380,5 +433,15 @@ mod tests {
         assert_eq!(tick(2.5, false), "2.5");
         assert_eq!(tick(1e6, false), "1.0e6");
         assert_eq!(tick(5.0, true), "1e5");
+    }
+
+    #[test]
+    fn categories_are_named_at_whole_positions_only() {
+        let names = vec!["a".to_string(), "b".to_string()];
+        assert_eq!(category(1.0, &names), "a");
+        assert_eq!(category(2.0, &names), "b");
+        assert_eq!(category(1.5, &names), "");
+        assert_eq!(category(0.0, &names), "");
+        assert_eq!(category(3.0, &names), "");
     }
 }

@@ -9,6 +9,7 @@ fn figure(series: Vec<Series>, log: bool) -> Figure {
         y_label: "y [count]".into(),
         log_x: log,
         log_y: log,
+        categories: Vec::new(),
         series,
     }
 }
@@ -42,4 +43,19 @@ fn nothing_finite_is_an_error() {
     let fig = figure(vec![Series::line("empty", vec![(f64::NAN, 1.0)])], false);
     let err = draw(&fig, &dir.path().join("x.png")).unwrap_err();
     assert_eq!(err.to_string(), "plot: no finite points to draw");
+}
+
+#[test]
+fn bars_in_categories_stand_side_by_side() {
+    let mut fig = figure(
+        vec![
+            Series::bars("a", vec![(1.0, 10.0), (2.0, 1000.0), (3.0, 5.0)]),
+            Series::bars("b", vec![(1.0, 20.0), (3.0, 50.0)]),
+        ],
+        false,
+    );
+    fig.log_x = false;
+    fig.log_y = true;
+    fig.categories = vec!["small".into(), "medium".into(), "large".into()];
+    assert_eq!(&png(&fig)[..8], b"\x89PNG\r\n\x1a\n");
 }

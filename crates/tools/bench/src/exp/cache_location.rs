@@ -67,6 +67,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         y_label: "PostMark run time [s]".into(),
         log_x: false,
         log_y: true,
+        categories: Vec::new(),
         series: vias.iter().zip(curves).map(|((l, _), p)| Series::line(*l, p)).collect(),
     };
     let mut r =

@@ -79,6 +79,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         y_label: "PostMark transactions/s".into(),
         log_x: false,
         log_y: false,
+        categories: Vec::new(),
         series: vias.iter().zip(curves).map(|((l, _), p)| Series::line(*l, p)).collect(),
     };
     let mut r = Report::new(

@@ -206,6 +206,7 @@ fn report(b: &Bench, a: &Args, rows: &[Row]) -> Result<Report> {
         y_label: "response time [ms]".into(),
         log_x: false,
         log_y: false,
+        categories: Vec::new(),
         series,
     };
     let mut r = Report::new(

@@ -114,6 +114,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         y_label: y.into(),
         log_x: true,
         log_y: false,
+        categories: Vec::new(),
         series: vec![Series::line(NAMES[0], a.clone()), Series::line(NAMES[1], c.clone())],
     };
     let mut r = Report::new(

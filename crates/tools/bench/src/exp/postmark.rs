@@ -133,6 +133,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         y_label: "speedup (plain / gateway run time)".into(),
         log_x: true,
         log_y: false,
+        categories: Vec::new(),
         series: curves.into_iter().map(|(l, p)| Series::line(l, p)).collect(),
     };
     let mut r = Report::new(

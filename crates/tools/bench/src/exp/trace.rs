@@ -313,6 +313,7 @@ fn scatter(last: &[&Outcome], delay_ms: f64) -> Figure {
         y_label: "response time [ms]".into(),
         log_x: false,
         log_y: true,
+        categories: Vec::new(),
         series: PATHS.iter().zip(last).map(|(p, o)| Series::scatter(p.0, thinned(o))).collect(),
     }
 }
@@ -355,6 +356,7 @@ pub fn histogram_figure(title: &str, outcomes: &[(&str, &Outcome)]) -> Figure {
         y_label: "requests".into(),
         log_x: true,
         log_y: true,
+        categories: Vec::new(),
         series,
     }
 }

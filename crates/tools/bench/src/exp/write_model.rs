@@ -576,6 +576,7 @@ fn dynamic_section(r: &mut Report, runs: &[Dynamic], a: &Args) -> Result<()> {
             y_label: "mean write time [ms]".into(),
             log_x: false,
             log_y: true,
+            categories: Vec::new(),
             series,
         }
     });
@@ -831,6 +832,7 @@ fn rtt_section(
         y_label: "write time [ms]".into(),
         log_x: true,
         log_y: true,
+        categories: Vec::new(),
         series,
     };
     r.section(
