@@ -122,13 +122,23 @@ fn font() -> Result<()> {
     .map_err(Error::Plot)
 }
 
-/// A tick label: the value itself on a linear axis, `10^v` on a logarithmic one, four significant digits.
-fn tick(v: f64, log: bool) -> String {
-    if log && (v - v.round()).abs() > 1e-6 {
-        // Only whole decades are labelled; the grid still marks the steps between them.
+/// A tick label: the value itself on a linear axis, `10^v` on a logarithmic one, four significant
+/// digits. With `decades`, a logarithmic axis labels only whole decades.
+fn tick(v: f64, log: bool, decades: bool) -> String {
+    if log && decades && (v - v.round()).abs() > 1e-6 {
+        // The grid still marks the steps between the decades.
         return String::new();
     }
-    let v = if log { 10f64.powf(v.round()) } else { v };
+    let v = match (log, decades) {
+        (true, true) => 10f64.powf(v.round()),
+        (true, false) => {
+            // Four significant digits, so that 10^3.612 reads 4096, not 4095.9.
+            let v = 10f64.powf(v);
+            let unit = 10f64.powf(v.log10().floor() - 3.0);
+            (v / unit).round() * unit
+        }
+        (false, _) => v,
+    };
     let s = format!("{v:.4}");
     if v != 0.0 && (v.abs() >= 1e5 || v.abs() < 1e-3) {
         if log {
@@ -244,7 +254,9 @@ pub fn draw(fig: &Figure, path: &Path) -> Result<()> {
             SeriesLabelPosition::UpperRight
         }
     };
-    let x_tick = |v: &f64| if cats.is_empty() { tick(*v, lx) } else { category(*v, cats) };
+    // A logarithmic range that holds no whole decade labels its ticks instead, or it would show none.
+    let (x_dec, y_dec) = (x0.ceil() <= x1, y0.ceil() <= y1);
+    let x_tick = |v: &f64| if cats.is_empty() { tick(*v, lx, x_dec) } else { category(*v, cats) };
     // One label per category: a range of n positions with n + 1 labels asked for steps of 1.
     let x_labels = if cats.is_empty() { 10 } else { cats.len() + 1 };
     chart
@@ -253,7 +265,7 @@ pub fn draw(fig: &Figure, path: &Path) -> Result<()> {
         .y_desc(fig.y_label.as_str())
         .x_labels(x_labels)
         .x_label_formatter(&x_tick)
-        .y_label_formatter(&|v| tick(*v, ly))
+        .y_label_formatter(&|v| tick(*v, ly, y_dec))
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 16))
         .draw()
@@ -262,6 +274,10 @@ pub fn draw(fig: &Figure, path: &Path) -> Result<()> {
     for (i, Series { label, points: pts, mark }) in curves.into_iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         let drawn = match mark {
+            // A line through one point draws nothing: that point gets a dot.
+            Mark::Line if pts.len() == 1 => {
+                chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
+            }
             Mark::Line => chart.draw_series(LineSeries::new(pts, color.stroke_width(2))),
             Mark::Points => chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled()))),
             Mark::Bars => {
@@ -427,12 +443,15 @@ mod tests {
 
     #[test]
     fn ticks_are_short() {
-        assert_eq!(tick(0.0, true), "1");
-        assert_eq!(tick(-1.0, true), "0.1");
-        assert_eq!(tick(-0.5, true), "");
-        assert_eq!(tick(2.5, false), "2.5");
-        assert_eq!(tick(1e6, false), "1.0e6");
-        assert_eq!(tick(5.0, true), "1e5");
+        assert_eq!(tick(0.0, true, true), "1");
+        assert_eq!(tick(-1.0, true, true), "0.1");
+        assert_eq!(tick(-0.5, true, true), "");
+        assert_eq!(tick(2.5, false, true), "2.5");
+        assert_eq!(tick(1e6, false, true), "1.0e6");
+        assert_eq!(tick(5.0, true, true), "1e5");
+        // Inside one decade every tick is labelled.
+        assert_eq!(tick(4096f64.log10(), true, false), "4096");
+        assert_eq!(tick(0.5, true, false), "3.162");
     }
 
     #[test]
