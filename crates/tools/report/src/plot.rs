@@ -230,9 +230,9 @@ pub fn draw(fig: &Figure, path: &Path) -> Result<()> {
         .build_cartesian_2d(x0..x1, y0..y1)
         .map_err(|x| e(&x))?;
     let (lx, ly) = (fig.log_x, fig.log_y);
-    // Rising curves leave the upper left corner empty, falling ones the upper right.
-    let rising = curves.iter().filter_map(|c| Some(c.points.last()?.1 - c.points.first()?.1)).sum::<f64>() > 0.0;
     let corner = if cats.is_empty() {
+        // Rising curves leave the upper left corner empty, falling ones the upper right.
+        let rising = curves.iter().filter_map(|c| Some(c.points.last()?.1 - c.points.first()?.1)).sum::<f64>() > 0.0;
         if rising {
             SeriesLabelPosition::UpperLeft
         } else {

@@ -113,7 +113,6 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     Ok(r)
 }
 
-/// `iscsi://HOST:PORT` of a target's URL.
 /// What a check command printed (stdout and stderr), or why it failed; a failure is the check's
 /// verdict, not the run's.
 fn text(b: &Bench, cmd: &mut Command) -> String {

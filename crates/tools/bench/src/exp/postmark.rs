@@ -107,7 +107,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
                     }
                 }
                 let m = secs.map(|s| Stat::of(&s).median);
-                let wan = bytes.map(|s| Stat::of(&s).median);
+                let wan_bytes = bytes.map(|s| Stat::of(&s).median);
                 let (ll, lh) = paper_range(rate, "log");
                 let (il, ih) = paper_range(rate, "immediate");
                 let range = |l: f64, h: f64| if l.is_nan() { String::new() } else { format!("{l:.2}–{h:.2}") };
@@ -121,8 +121,8 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
                     range(ll, lh).into(),
                     range(il, ih).into(),
                     // Plain iSCSI's bytes all cross during its run; a gateway's partly after it.
-                    (wan[0] * 8.0 / m[0]).into(),
-                    (wan[1] / wan[0]).into(),
+                    (wan_bytes[0] * 8.0 / m[0]).into(),
+                    (wan_bytes[1] / wan_bytes[0]).into(),
                     (if clean { "clean" } else { "ERRORS" }).into(),
                 ])?;
                 log_pts.push((block as f64, m[0] / m[1]));
