@@ -86,7 +86,7 @@ fn rbd_lun_passes_iscsi_test_cu_all() {
         );
     }
     let report: serde_json::Value = serde_json::from_str(&stdout).expect("a JSON report");
-    let row = &report["sections"][0]["rows"];
+    let row = &report["sections"][0]["rows"][0];
     assert_eq!(row["tests"], 230.0, "every test of the suite ran: {row}");
     assert_eq!(row["failed"], 0.0, "no failed test: {report}");
 }

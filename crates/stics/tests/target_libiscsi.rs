@@ -22,7 +22,7 @@ fn suite_has_no_failures(lun: &str, block_size: u32) {
         panic!("conformance failures on {lun} (raw logs kept in {}):\n{stdout}\n{stderr}", kept.display());
     }
     let report: serde_json::Value = serde_json::from_str(&stdout).expect("a JSON report");
-    let row = &report["sections"][0]["rows"];
+    let row = &report["sections"][0]["rows"][0];
     assert_eq!(row["target"], "stics", "{report}");
     assert_eq!(row["block_size"], f64::from(block_size), "the suite ran against {lun} with {block_size}-byte blocks");
     assert_eq!(row["tests"], 230.0, "every test of the suite ran: {row}");

@@ -41,7 +41,7 @@ struct Common {
     /// Repetitions of each measurement (medians and spread are reported).
     #[arg(long, global = true, default_value_t = 3)]
     reps: usize,
-    /// Print the tables as JSON.
+    /// Print the report as JSON: each table's rows an array of objects in SI base units.
     #[arg(long, global = true, conflicts_with = "csv")]
     json: bool,
     /// Print the tables as CSV (one block per table, each after a `# caption` line).

@@ -74,7 +74,7 @@ impl Report {
                 let sections: Vec<serde_json::Value> = self
                     .sections
                     .iter()
-                    .map(|s| serde_json::json!({ "caption": s.caption, "rows": s.table.json() }))
+                    .map(|s| serde_json::json!({ "caption": s.caption, "rows": s.table.rows_json() }))
                     .collect();
                 let checks: Vec<serde_json::Value> =
                     self.checks.iter().map(|(w, ok)| serde_json::json!({ "check": w, "ok": ok })).collect();
@@ -160,7 +160,8 @@ impl Report {
         std::fs::write(d.join("report.md"), self.markdown(1))?;
         for (i, s) in self.sections.iter().enumerate() {
             std::fs::write(d.join(format!("table-{}.csv", i + 1)), s.table.csv())?;
-            std::fs::write(d.join(format!("table-{}.json", i + 1)), s.table.render(Format::Json)?)?;
+            let json = serde_json::to_string_pretty(&s.table.rows_json()).map_err(stics_report::Error::from)?;
+            std::fs::write(d.join(format!("table-{}.json", i + 1)), json + "\n")?;
             if let Some(f) = &s.figure {
                 plot::draw(f, &d.join(figure_name(&self.name, i)))?;
             }
@@ -212,6 +213,20 @@ mod tests {
         assert_eq!(json["sections"][0]["rows"][1]["size"], 8192.0);
         let md = r.markdown(2);
         assert!(md.starts_with("## Seed 001") && md.contains("| 8 | 70 |"), "{md}");
+    }
+
+    #[test]
+    fn a_table_of_one_row_is_still_an_array_of_rows() {
+        let mut t = Table::new(vec![Column::new("size", "size", "KiB", 1.0 / 1024.0)]).unwrap();
+        t.push(vec![4096.0.into()]).unwrap();
+        let mut r = Report::new("postmark", "one slice");
+        r.section("slice", t, None);
+        let json: serde_json::Value = serde_json::from_str(&r.render(Format::Json).unwrap()).unwrap();
+        assert_eq!(json["sections"][0]["rows"][0]["size"], 4096.0);
+        let dir = tempfile::tempdir().unwrap();
+        let d = r.write(dir.path(), &[], &Machine::default()).unwrap();
+        let file = std::fs::read_to_string(d.join("table-1.json")).unwrap();
+        assert_eq!(file, "[\n  {\n    \"size\": 4096.0\n  }\n]\n");
     }
 
     #[test]

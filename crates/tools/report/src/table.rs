@@ -18,7 +18,8 @@ pub enum Format {
     Text,
     /// A header row of keys, then one line per row in base units.
     Csv,
-    /// Objects keyed by column key, in base units: one object for one row, else an array.
+    /// Objects keyed by column key, in base units: one object for one row, else an array
+    /// ([`Table::rows_json`] is always an array).
     Json,
 }
 
@@ -278,13 +279,21 @@ impl Table {
         Value::Object(m)
     }
 
-    /// The rows as JSON: one object for one row, else an array of objects.
+    /// The rows as JSON: one object for one row, else an array of objects. This is the shape of
+    /// an answer (`stics model`), where one question gives one result; see [`Table::rows_json`].
     pub fn json(&self) -> Value {
-        let objs: Vec<Value> = self.rows.iter().map(|r| self.object(r)).collect();
-        match <[Value; 1]>::try_from(objs) {
-            Ok([one]) => one,
-            Err(many) => Value::Array(many),
+        let mut objs: Vec<Value> = self.rows.iter().map(|r| self.object(r)).collect();
+        if objs.len() == 1 {
+            objs.swap_remove(0)
+        } else {
+            Value::Array(objs)
         }
+    }
+
+    /// The rows as a JSON array of objects, whatever their number: the shape of a sweep, whose
+    /// row count depends on its flags and whose readers should not have to care.
+    pub fn rows_json(&self) -> Value {
+        Value::Array(self.rows.iter().map(|r| self.object(r)).collect())
     }
 
     fn csv_header(&self) -> String {

@@ -396,12 +396,12 @@ mod tests {
             .unwrap();
         let a = Args { requests: None, delay: 0.008, trace: None, format: None };
         let r = report(&b, &a, &[vec![plain], vec![log], vec![imm]]).unwrap();
-        let rows = r.sections[0].table.json();
+        let rows = r.sections[0].table.rows_json();
         assert!((rows[0]["paper_mean"].as_f64().unwrap() - 0.016_73).abs() < 1e-9);
         assert!((rows[2]["paper_speedup"].as_f64().unwrap() - 6.2).abs() < 1e-9);
         assert!((rows[0]["write_mean"].as_f64().unwrap() - 0.017).abs() < 1e-6);
         assert!((rows[1]["read_mean"].as_f64().unwrap() - 0.016).abs() < 1e-6);
-        let dist = r.sections[1].table.json();
+        let dist = r.sections[1].table.rows_json();
         assert_eq!(dist[6]["log"], 0.25);
         assert!(r.sections.iter().all(|s| s.figure.is_some()));
         let (a, b) = (outcome(&[0.001, 0.01, 0.1], &[true; 3]), outcome(&[0.0011, 0.002], &[true; 2]));
