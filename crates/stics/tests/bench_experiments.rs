@@ -231,3 +231,41 @@ fn gateway_measures_both_modes_and_both_restarts() {
     positive(&restarts[0], "restart");
     positive(&restarts[1], "restart");
 }
+
+#[test]
+fn postmark_merges_the_committed_full_size_slices_into_one_table_and_figure() {
+    let full = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/reproduction/full");
+    let mut slices: Vec<String> = std::fs::read_dir(&full)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("postmark-"))
+        .map(|p| p.display().to_string())
+        .collect();
+    slices.sort();
+    assert!(slices.len() >= 2, "{slices:?}");
+    let out = tempfile::tempdir().unwrap();
+    let png = out.path().join("merged.png");
+    let run = Command::new(env!("CARGO_BIN_EXE_stics"))
+        .args(["bench", "postmark", "--json", "--merge", &slices.join(","), "--plot"])
+        .arg(&png)
+        .output()
+        .expect("run stics bench");
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let v: Value = serde_json::from_slice(&run.stdout).expect("a JSON report");
+    let rows = rows(&v, 0);
+    assert_eq!(rows.len(), slices.len(), "one row per slice");
+    for r in &rows {
+        assert_eq!(r["fsck"], "clean", "{r}");
+        positive(r, "plain");
+    }
+    // Ordered by rate (100mbit before 1gbit, the default --rates), then pool, then block.
+    let rates: Vec<&str> = rows.iter().map(|r| r["rate"].as_str().unwrap()).collect();
+    assert!(rates.windows(2).all(|w| !(w[0] == "1gbit" && w[1] == "100mbit")), "{rates:?}");
+    assert!(std::fs::metadata(&png).unwrap().len() > 10_000, "a drawn figure");
+    // A slice given twice is refused, by name.
+    let twice = format!("{},{}", slices[0], slices[0]);
+    let run =
+        Command::new(env!("CARGO_BIN_EXE_stics")).args(["bench", "postmark", "--merge", &twice]).output().unwrap();
+    assert!(!run.status.success());
+    assert!(String::from_utf8_lossy(&run.stderr).contains("merge each slice once"));
+}

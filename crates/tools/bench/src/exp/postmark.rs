@@ -28,6 +28,29 @@ pub struct Args {
     /// ext4 size in MiB.
     #[arg(long, default_value_t = 1024)]
     pub fs_mib: u64,
+    /// Measure nothing: draw one table and figure from earlier runs' report folders (each an
+    /// `--out DIR` or its `postmark/` folder), for a sweep too long to run in one go. Rows are
+    /// ordered by --rates, --pools and block size.
+    #[arg(long, value_delimiter = ',', value_name = "DIR,...")]
+    pub merge: Vec<std::path::PathBuf>,
+}
+
+/// One row of the table: a slice's medians, measured here or read back from a report folder.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+struct Slice {
+    rate: String,
+    pool: String,
+    block: f64,
+    plain: f64,
+    log: f64,
+    immediate: f64,
+    /// Plain iSCSI's IP bits per second of its run; absent from folders older than the column.
+    #[serde(default)]
+    plain_wan: Option<f64>,
+    /// The gateway's WAN bytes in log mode over plain iSCSI's.
+    #[serde(default)]
+    log_bytes: Option<f64>,
+    fsck: String,
 }
 
 fn pool(b: &Bench, name: &str, block: u64) -> Result<Pool> {
@@ -59,6 +82,16 @@ fn paper_range(rate: &str, mode: &str) -> (f64, f64) {
 }
 
 pub fn run(b: &Bench, a: &Args) -> Result<Report> {
+    if !a.merge.is_empty() {
+        let slices = merged(a)?;
+        let caption = format!(
+            "PostMark run time, each row the medians of its own run (merged from {} folders: {}), ext4 mounted -o \
+             sync over stics mount",
+            a.merge.len(),
+            a.merge.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+        );
+        return report(&slices, caption);
+    }
     let rates: Vec<String> = if b.quick() { a.rates.iter().take(1).cloned().collect() } else { a.rates.clone() };
     let blocks: Vec<u64> = if b.quick() { vec![4096] } else { a.blocks.clone() };
     let pools: Vec<String> = if b.quick() { vec!["small".into()] } else { a.pools.clone() };
@@ -69,27 +102,10 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     std::fs::File::create(&lun)?.set_len((a.fs_mib + 64) << 20)?;
     let target = wan.stics_target(b, "remote", "storage", &[&format!("file:{}", lun.display())])?;
     let bar = b.bar((rates.len() * blocks.len() * pools.len() * vias.len() * b.reps()) as u64, "postmark");
-    let mut t = Table::new(vec![
-        Column::new("rate", "link", "", 1.0),
-        Column::new("pool", "pool", "", 1.0),
-        Column::new("block", "block", "B", 1.0),
-        Column::new("plain", "plain", "s", 1.0),
-        Column::new("log", "log", "s", 1.0),
-        Column::new("immediate", "immediate", "s", 1.0),
-        Column::ratio("log_speedup", "log speedup", "plain", "log"),
-        Column::new("paper_log", "paper", "text", 1.0),
-        Column::ratio("immediate_speedup", "immediate speedup", "plain", "immediate"),
-        Column::new("paper_immediate", "paper", "text", 1.0),
-        Column::new("plain_wan", "plain on WAN", "Mbit/s", 1e-6),
-        Column::new("log_bytes", "log WAN bytes", "× plain", 1.0),
-        Column::new("fsck", "e2fsck", "", 1.0),
-    ])?;
-    let mut curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    let mut slices = Vec::new();
     for rate in &rates {
         wan.set(b, &["--rate", rate])?;
         for p in &pools {
-            let mut log_pts = Vec::new();
-            let mut imm_pts = Vec::new();
             for &block in &blocks {
                 let pool = pool(b, p, block)?;
                 let mut secs = [Vec::new(), Vec::new(), Vec::new()];
@@ -108,33 +124,124 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
                 }
                 let m = secs.map(|s| Stat::of(&s).median);
                 let wan_bytes = bytes.map(|s| Stat::of(&s).median);
-                let (ll, lh) = paper_range(rate, "log");
-                let (il, ih) = paper_range(rate, "immediate");
-                let range = |l: f64, h: f64| if l.is_nan() { String::new() } else { format!("{l:.2}–{h:.2}") };
-                t.push(vec![
-                    rate.as_str().into(),
-                    p.as_str().into(),
-                    (block as f64).into(),
-                    m[0].into(),
-                    m[1].into(),
-                    m[2].into(),
-                    range(ll, lh).into(),
-                    range(il, ih).into(),
+                slices.push(Slice {
+                    rate: rate.clone(),
+                    pool: p.clone(),
+                    block: block as f64,
+                    plain: m[0],
+                    log: m[1],
+                    immediate: m[2],
                     // Plain iSCSI's bytes all cross during its run; a gateway's partly after it.
-                    (wan_bytes[0] * 8.0 / m[0]).into(),
-                    (wan_bytes[1] / wan_bytes[0]).into(),
-                    (if clean { "clean" } else { "ERRORS" }).into(),
-                ])?;
-                log_pts.push((block as f64, m[0] / m[1]));
-                imm_pts.push((block as f64, m[0] / m[2]));
+                    plain_wan: Some(wan_bytes[0] * 8.0 / m[0]),
+                    log_bytes: Some(wan_bytes[1] / wan_bytes[0]),
+                    fsck: (if clean { "clean" } else { "ERRORS" }).into(),
+                });
             }
-            curves.push((format!("log, {p}, {rate}"), log_pts));
-            curves.push((format!("immediate, {p}, {rate}"), imm_pts));
         }
     }
     bar.finish_and_clear();
     drop(target);
     drop(wan);
+    let caption = format!(
+        "PostMark run time (medians of {} repetitions, order rotating), ext4 mounted -o sync over stics mount, link \
+         at {} one way",
+        b.reps(),
+        a.delay
+    );
+    report(&slices, caption)
+}
+
+/// The rows of the report folders in `a.merge`, ordered by `a.rates`, `a.pools` and block size.
+fn merged(a: &Args) -> Result<Vec<Slice>> {
+    let mut slices: Vec<(Slice, &std::path::Path)> = Vec::new();
+    for dir in &a.merge {
+        let path = [dir.join("postmark").join("table-1.json"), dir.join("table-1.json")]
+            .into_iter()
+            .find(|p| p.is_file())
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{}: no postmark report there (neither postmark/table-1.json nor table-1.json)",
+                    dir.display()
+                ))
+            })?;
+        let bad = |detail: String| Error::Output { what: path.display().to_string(), detail };
+        let text = std::fs::read_to_string(&path)?;
+        let rows = match serde_json::from_str(&text).map_err(|e| bad(e.to_string()))? {
+            serde_json::Value::Array(rows) => rows,
+            // Folders written before tables of one row became arrays.
+            one @ serde_json::Value::Object(_) => vec![one],
+            _ => return Err(bad("neither a row nor an array of rows".into())),
+        };
+        for row in rows {
+            let s: Slice = serde_json::from_value(row).map_err(|e| bad(format!("not a postmark row: {e}")))?;
+            if let Some((_, other)) =
+                slices.iter().find(|(o, _)| (&o.rate, &o.pool, o.block) == (&s.rate, &s.pool, s.block))
+            {
+                return Err(Error::Invalid(format!(
+                    "{} and {} both hold {} {} {} B: merge each slice once",
+                    other.display(),
+                    dir.display(),
+                    s.rate,
+                    s.pool,
+                    s.block
+                )));
+            }
+            slices.push((s, dir));
+        }
+    }
+    let rank = |order: &[String], x: &str| order.iter().position(|o| o == x).unwrap_or(order.len());
+    let mut slices: Vec<Slice> = slices.into_iter().map(|(s, _)| s).collect();
+    slices.sort_by(|x, y| {
+        (rank(&a.rates, &x.rate), &x.rate, rank(&a.pools, &x.pool), &x.pool)
+            .cmp(&(rank(&a.rates, &y.rate), &y.rate, rank(&a.pools, &y.pool), &y.pool))
+            .then(x.block.total_cmp(&y.block))
+    });
+    Ok(slices)
+}
+
+/// The table, the figure (speedup against block size, a curve per mode, pool and rate) and the
+/// reading of `slices`.
+fn report(slices: &[Slice], caption: String) -> Result<Report> {
+    let mut t = Table::new(vec![
+        Column::new("rate", "link", "", 1.0),
+        Column::new("pool", "pool", "", 1.0),
+        Column::new("block", "block", "B", 1.0),
+        Column::new("plain", "plain", "s", 1.0),
+        Column::new("log", "log", "s", 1.0),
+        Column::new("immediate", "immediate", "s", 1.0),
+        Column::ratio("log_speedup", "log speedup", "plain", "log"),
+        Column::new("paper_log", "paper", "text", 1.0),
+        Column::ratio("immediate_speedup", "immediate speedup", "plain", "immediate"),
+        Column::new("paper_immediate", "paper", "text", 1.0),
+        Column::new("plain_wan", "plain on WAN", "Mbit/s", 1e-6),
+        Column::new("log_bytes", "log WAN bytes", "× plain", 1.0),
+        Column::new("fsck", "e2fsck", "", 1.0),
+    ])?;
+    let mut curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    let mut point = |label: String, pt: (f64, f64)| match curves.iter_mut().find(|c| c.0 == label) {
+        Some(c) => c.1.push(pt),
+        None => curves.push((label, vec![pt])),
+    };
+    for s in slices {
+        let (ll, lh) = paper_range(&s.rate, "log");
+        let (il, ih) = paper_range(&s.rate, "immediate");
+        let range = |l: f64, h: f64| if l.is_nan() { String::new() } else { format!("{l:.2}–{h:.2}") };
+        t.push(vec![
+            s.rate.as_str().into(),
+            s.pool.as_str().into(),
+            s.block.into(),
+            s.plain.into(),
+            s.log.into(),
+            s.immediate.into(),
+            range(ll, lh).into(),
+            range(il, ih).into(),
+            s.plain_wan.unwrap_or(f64::NAN).into(),
+            s.log_bytes.unwrap_or(f64::NAN).into(),
+            s.fsck.as_str().into(),
+        ])?;
+        point(format!("log, {}, {}", s.pool, s.rate), (s.block, s.plain / s.log));
+        point(format!("immediate, {}, {}", s.pool, s.rate), (s.block, s.plain / s.immediate));
+    }
     let fig = Figure {
         title: "PostMark speedup of the gateway over plain iSCSI".into(),
         x_label: "PostMark block size [B]".into(),
@@ -148,16 +255,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         "postmark",
         "Seed 004 Figs. 6–7: PostMark, plain iSCSI against the gateway in log and immediate modes",
     );
-    r.section(
-        format!(
-            "PostMark run time (medians of {} repetitions, order rotating), ext4 mounted -o sync over stics mount, \
-             link at {} one way",
-            b.reps(),
-            a.delay
-        ),
-        t,
-        Some(fig),
-    );
+    r.section(caption, t, Some(fig));
     r.note(
         "Seed 004 ran PostMark on a LAN against a remote disk; its gateway hid the disk and the network behind \
          NVRAM and a log disk. Here the remote is a page-cached file, so plain iSCSI pays only the network and the \
@@ -173,4 +271,91 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         "ext4 is mounted -o sync so that PostMark's writes reach the device; without it the runs fit the page cache.",
     );
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(merge: Vec<std::path::PathBuf>) -> Args {
+        let cmd = <Args as clap::Args>::augment_args(clap::Command::new("postmark"));
+        let mut a = <Args as clap::FromArgMatches>::from_arg_matches(&cmd.get_matches_from(["postmark"])).unwrap();
+        a.merge = merge;
+        a
+    }
+
+    fn folder(root: &std::path::Path, name: &str, json: &str) -> std::path::PathBuf {
+        let d = root.join(name);
+        std::fs::create_dir_all(d.join("postmark")).unwrap();
+        std::fs::write(d.join("postmark").join("table-1.json"), json).unwrap();
+        d
+    }
+
+    const ROW: &str = r#"{"rate": "RATE", "pool": "POOL", "block": BLOCK, "plain": 150.0, "log": 160.0,
+        "immediate": 140.0, "log_speedup": 0.9375, "paper_log": "", "immediate_speedup": 1.07,
+        "paper_immediate": "", "plain_wan": 2e8, "log_bytes": 1.0, "fsck": "clean"}"#;
+
+    fn row(rate: &str, pool: &str, block: u32) -> String {
+        ROW.replace("RATE", rate).replace("POOL", pool).replace("BLOCK", &block.to_string())
+    }
+
+    #[test]
+    fn merges_slices_in_the_order_of_rates_pools_and_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = folder(dir.path(), "a", &format!("[{}, {}]", row("1gbit", "small", 4096), row("1gbit", "small", 512)));
+        // A folder from before one-row tables were arrays, and before the WAN columns.
+        let old = row("100mbit", "large", 4096).replace(r#""plain_wan": 2e8, "log_bytes": 1.0,"#, "");
+        let b = folder(dir.path(), "b", &old);
+        let c = dir.path().join("c");
+        std::fs::create_dir_all(&c).unwrap();
+        std::fs::write(c.join("table-1.json"), format!("[{}]", row("100mbit", "small", 8192))).unwrap();
+        let slices = merged(&args(vec![a, b, c])).unwrap();
+        let keys: Vec<(&str, &str, f64)> = slices.iter().map(|s| (s.rate.as_str(), s.pool.as_str(), s.block)).collect();
+        assert_eq!(
+            keys,
+            [
+                ("100mbit", "small", 8192.0),
+                ("100mbit", "large", 4096.0),
+                ("1gbit", "small", 512.0),
+                ("1gbit", "small", 4096.0)
+            ]
+        );
+        assert_eq!((slices[1].plain_wan, slices[0].plain_wan), (None, Some(2e8)));
+        let r = report(&slices, "merged".into()).unwrap();
+        let rows = r.sections[0].table.rows_json();
+        assert_eq!(rows.as_array().unwrap().len(), 4);
+        assert!(rows[1]["plain_wan"].is_null(), "{rows}");
+        assert_eq!(rows[2]["paper_log"], "1.51–1.80");
+        let fig = r.sections[0].figure.as_ref().unwrap();
+        let labels: Vec<&str> = fig.series.iter().map(|s| s.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "log, small, 100mbit",
+                "immediate, small, 100mbit",
+                "log, large, 100mbit",
+                "immediate, large, 100mbit",
+                "log, small, 1gbit",
+                "immediate, small, 1gbit"
+            ]
+        );
+        assert_eq!(fig.series[4].points, [(512.0, 150.0 / 160.0), (4096.0, 150.0 / 160.0)]);
+    }
+
+    #[test]
+    fn a_merge_names_what_it_cannot_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = |a: Args| merged(&a).unwrap_err().to_string();
+        let none = dir.path().join("none");
+        assert!(err(args(vec![none.clone()])).contains("no postmark report"), "{}", err(args(vec![none])));
+        let a = folder(dir.path(), "a", &format!("[{}]", row("1gbit", "small", 4096)));
+        let b = folder(dir.path(), "b", &row("1gbit", "small", 4096));
+        let e = err(args(vec![a.clone(), b]));
+        assert!(e.contains("both hold 1gbit small 4096") && e.contains("merge each slice once"), "{e}");
+        let torn = folder(dir.path(), "torn", "[{\"rate\": ");
+        assert!(err(args(vec![torn])).contains("table-1.json"));
+        let other = folder(dir.path(), "other", r#"[{"size": 4096, "lat": 1e-5}]"#);
+        let e = err(args(vec![a, other]));
+        assert!(e.contains("not a postmark row"), "{e}");
+    }
 }
