@@ -217,6 +217,12 @@ fn report(slices: &[Slice], caption: String) -> Result<Report> {
         Column::new("log_bytes", "log WAN bytes", "× plain", 1.0),
         Column::new("fsck", "e2fsck", "", 1.0),
     ])?;
+    // Block sizes are steps of a sweep (powers of two by default): one evenly spaced, named
+    // position each, where a log axis would label only 1000 of 512–8192.
+    let mut blocks: Vec<f64> = slices.iter().map(|s| s.block).collect();
+    blocks.sort_by(f64::total_cmp);
+    blocks.dedup();
+    let at = |block: f64| blocks.iter().position(|&b| b == block).map_or(f64::NAN, |i| i as f64 + 1.0);
     let mut curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     let mut point = |label: String, pt: (f64, f64)| match curves.iter_mut().find(|c| c.0 == label) {
         Some(c) => c.1.push(pt),
@@ -239,16 +245,16 @@ fn report(slices: &[Slice], caption: String) -> Result<Report> {
             s.log_bytes.unwrap_or(f64::NAN).into(),
             s.fsck.as_str().into(),
         ])?;
-        point(format!("log, {}, {}", s.pool, s.rate), (s.block, s.plain / s.log));
-        point(format!("immediate, {}, {}", s.pool, s.rate), (s.block, s.plain / s.immediate));
+        point(format!("log, {}, {}", s.pool, s.rate), (at(s.block), s.plain / s.log));
+        point(format!("immediate, {}, {}", s.pool, s.rate), (at(s.block), s.plain / s.immediate));
     }
     let fig = Figure {
         title: "PostMark speedup of the gateway over plain iSCSI".into(),
         x_label: "PostMark block size [B]".into(),
         y_label: "speedup (plain / gateway run time)".into(),
-        log_x: true,
+        log_x: false,
         log_y: false,
-        categories: Vec::new(),
+        categories: blocks.iter().map(ToString::to_string).collect(),
         series: curves.into_iter().map(|(l, p)| Series::line(l, p)).collect(),
     };
     let mut r = Report::new(
@@ -339,7 +345,9 @@ mod tests {
                 "immediate, small, 1gbit"
             ]
         );
-        assert_eq!(fig.series[4].points, [(512.0, 150.0 / 160.0), (4096.0, 150.0 / 160.0)]);
+        assert_eq!(fig.categories, ["512", "4096", "8192"]);
+        assert_eq!(fig.series[4].points, [(1.0, 150.0 / 160.0), (2.0, 150.0 / 160.0)]);
+        assert_eq!(fig.series[0].points, [(3.0, 150.0 / 160.0)]);
     }
 
     #[test]
