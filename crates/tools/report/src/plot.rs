@@ -219,6 +219,15 @@ pub fn draw(fig: &Figure, path: &Path) -> Result<()> {
     let (y0, y1) = range(&|p| p.1)?;
     // Bars rise from zero, unless the axis is logarithmic and has no zero.
     let y0 = if bars > 0 && !fig.log_y { y0.min(0.0) } else { y0 };
+    // Lines across categories leave no corner empty to count on: the legend (about 20 px a
+    // series of the plot's 560) gets headroom of its own above the data.
+    let lines = curves.iter().any(|c| c.mark == Mark::Line && c.points.len() > 1);
+    let y1 = if cats.is_empty() || !lines {
+        y1
+    } else {
+        let share = ((curves.len() as f64 * 20.0 + 16.0) / 560.0).min(0.6);
+        y1 + (y1 - y0) * share / (1.0 - share)
+    };
     let e = |e: &dyn std::fmt::Display| Error::Plot(format!("{}: {e}", path.display()));
     let root = BitMapBackend::new(path, (1000, 680)).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(&x))?;
