@@ -282,11 +282,9 @@ impl Table {
     /// The rows as JSON: one object for one row, else an array of objects. This is the shape of
     /// an answer (`stics model`), where one question gives one result; see [`Table::rows_json`].
     pub fn json(&self) -> Value {
-        let mut objs: Vec<Value> = self.rows.iter().map(|r| self.object(r)).collect();
-        if objs.len() == 1 {
-            objs.swap_remove(0)
-        } else {
-            Value::Array(objs)
+        match self.rows_json() {
+            Value::Array(mut objs) if objs.len() == 1 => objs.swap_remove(0),
+            many => many,
         }
     }
 

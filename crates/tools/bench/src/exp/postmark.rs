@@ -228,10 +228,10 @@ fn report(slices: &[Slice], caption: String) -> Result<Report> {
         Some(c) => c.1.push(pt),
         None => curves.push((label, vec![pt])),
     };
+    let range = |l: f64, h: f64| if l.is_nan() { String::new() } else { format!("{l:.2}–{h:.2}") };
     for s in slices {
         let (ll, lh) = paper_range(&s.rate, "log");
         let (il, ih) = paper_range(&s.rate, "immediate");
-        let range = |l: f64, h: f64| if l.is_nan() { String::new() } else { format!("{l:.2}–{h:.2}") };
         t.push(vec![
             s.rate.as_str().into(),
             s.pool.as_str().into(),
@@ -354,8 +354,8 @@ mod tests {
     fn a_merge_names_what_it_cannot_use() {
         let dir = tempfile::tempdir().unwrap();
         let err = |a: Args| merged(&a).unwrap_err().to_string();
-        let none = dir.path().join("none");
-        assert!(err(args(vec![none.clone()])).contains("no postmark report"), "{}", err(args(vec![none])));
+        let e = err(args(vec![dir.path().join("none")]));
+        assert!(e.contains("no postmark report"), "{e}");
         let a = folder(dir.path(), "a", &format!("[{}]", row("1gbit", "small", 4096)));
         let b = folder(dir.path(), "b", &row("1gbit", "small", 4096));
         let e = err(args(vec![a.clone(), b]));
