@@ -190,6 +190,25 @@ pub async fn open(spec: &DeviceSpec, ctx: &OpenContext) -> Result<Arc<dyn BlockD
                 }
                 return Err(OpenError::LogSpace { log: c.log.clone(), kept: exists, source });
             }
+            // A new log is written out once, so that its first round of synchronous appends
+            // overwrites blocks instead of converting fallocate's unwritten extents one by one.
+            let log = if exists {
+                log
+            } else {
+                let path = c.log.clone();
+                let filled = tokio::task::spawn_blocking(move || log.prefill().map(|()| log)).await;
+                match filled {
+                    Ok(Ok(log)) => log,
+                    Ok(Err(source)) => {
+                        let _ = std::fs::remove_file(&path);
+                        return Err(OpenError::File { path, source });
+                    }
+                    Err(e) => {
+                        let _ = std::fs::remove_file(&path);
+                        return Err(OpenError::File { path, source: std::io::Error::other(e) });
+                    }
+                }
+            };
             let mut opts = CacheOptions::default();
             if let Some(m) = c.mode {
                 opts.mode = m;

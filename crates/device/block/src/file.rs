@@ -91,6 +91,46 @@ impl FileDev {
         }
     }
 
+    /// Writes zeros over the whole of a regular file that holds nothing yet (call it right
+    /// after [`FileDev::reserve`] on a file this process created), and syncs them.
+    ///
+    /// fallocate leaves its extents *unwritten*: the first write into one converts it, a
+    /// metadata change that a synchronous write must wait for as a journal commit (on ext4 here
+    /// 90 µs more per 4 KiB `O_DSYNC` write). A log is written once round before it is all
+    /// converted, so without this every one of its first-pass writes pays; with it, they only
+    /// overwrite. Unwritten blocks read as zeros, so the file's contents do not change.
+    /// Blocking: it writes the whole file once (about a second per GiB on an SSD).
+    pub fn prefill(&self) -> io::Result<()> {
+        if !self.is_regular {
+            return Ok(());
+        }
+        const CHUNK: usize = 1 << 20;
+        // Writeback is started every so often so that the dirty page cache stays bounded.
+        const KICK: u64 = 64 << 20;
+        let len = self.geometry.num_blocks * u64::from(self.geometry.block_size);
+        let zeros = vec![0u8; CHUNK];
+        let fd = self.file.as_raw_fd();
+        let mut off = 0u64;
+        let mut kicked = 0u64;
+        while off < len {
+            let n = usize::try_from((len - off).min(CHUNK as u64)).unwrap_or(CHUNK);
+            self.file.write_all_at(&zeros[..n], off)?;
+            off += n as u64;
+            if off - kicked >= KICK || off == len {
+                // SAFETY: sync_file_range on a descriptor we own, over a range inside the file.
+                let _ = unsafe {
+                    libc::sync_file_range(fd, kicked as i64, (off - kicked) as i64, libc::SYNC_FILE_RANGE_WRITE)
+                };
+                kicked = off;
+            }
+        }
+        self.file.sync_data()?;
+        // The zeros are on disk; keeping them in the page cache would only push out useful pages.
+        // SAFETY: posix_fadvise on a descriptor we own; advice only, no memory is touched.
+        let _ = unsafe { libc::posix_fadvise(fd, 0, len as i64, libc::POSIX_FADV_DONTNEED) };
+        Ok(())
+    }
+
     /// The path this device was opened from.
     pub fn path(&self) -> &Path {
         &self.path
@@ -327,6 +367,55 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains("big") && text.contains("MiB are free"), "{text}");
         assert_eq!(std::fs::metadata(&big).unwrap().blocks(), 0, "nothing allocated");
+    }
+
+    /// The flags of each extent of `file`, as FS_IOC_FIEMAP reports them (up to 64 extents).
+    fn extent_flags(file: &File) -> Vec<u32> {
+        const FS_IOC_FIEMAP: libc::c_ulong = 0xC020_660B;
+        const FIEMAP_FLAG_SYNC: u32 = 1;
+        const MAX: usize = 64;
+        // struct fiemap (32 bytes) followed by MAX struct fiemap_extent (56 bytes each), as u64s
+        // for alignment.
+        let mut buf = vec![0u64; (32 + 56 * MAX) / 8];
+        buf[1] = u64::MAX; // fm_length
+        let hdr = buf.as_mut_ptr().cast::<u32>();
+        // SAFETY: the buffer holds the header and MAX extents; the kernel writes inside it.
+        let mapped = unsafe {
+            *hdr.add(4) = FIEMAP_FLAG_SYNC; // fm_flags
+            *hdr.add(5) = 0; // fm_mapped_extents
+            *hdr.add(6) = MAX as u32; // fm_extent_count
+            assert_eq!(
+                libc::ioctl(file.as_raw_fd(), FS_IOC_FIEMAP, buf.as_mut_ptr()),
+                0,
+                "FIEMAP: {}",
+                io::Error::last_os_error()
+            );
+            *hdr.add(5) as usize
+        };
+        // fe_flags sits at byte 40 of each 56-byte extent, after the 32-byte header.
+        (0..mapped.min(MAX))
+            .map(|i| {
+                let at = (32 + 56 * i + 40) / 4;
+                // SAFETY: inside the buffer (i < MAX).
+                unsafe { *hdr.add(at) }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn prefill_writes_out_every_extent_fallocate_left_unwritten_and_keeps_the_zeros() {
+        const UNWRITTEN: u32 = 0x800;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("log");
+        let d = FileDev::open(&p, Some(8 << 20), 4096).unwrap();
+        d.reserve().unwrap();
+        let before = extent_flags(&d.file);
+        assert!(!before.is_empty() && before.iter().all(|f| f & UNWRITTEN != 0), "fallocate: {before:x?}");
+        d.prefill().unwrap();
+        let after = extent_flags(&d.file);
+        assert!(!after.is_empty() && after.iter().all(|f| f & UNWRITTEN == 0), "prefilled: {after:x?}");
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 8 << 20);
+        assert!(std::fs::read(&p).unwrap().iter().all(|&b| b == 0));
     }
 
     #[test]
