@@ -195,19 +195,13 @@ pub async fn open(spec: &DeviceSpec, ctx: &OpenContext) -> Result<Arc<dyn BlockD
             let log = if exists {
                 log
             } else {
-                let path = c.log.clone();
-                let filled = tokio::task::spawn_blocking(move || log.prefill().map(|()| log)).await;
-                match filled {
-                    Ok(Ok(log)) => log,
-                    Ok(Err(source)) => {
-                        let _ = std::fs::remove_file(&path);
-                        return Err(OpenError::File { path, source });
-                    }
-                    Err(e) => {
-                        let _ = std::fs::remove_file(&path);
-                        return Err(OpenError::File { path, source: std::io::Error::other(e) });
-                    }
-                }
+                let filled = tokio::task::spawn_blocking(move || log.prefill().map(|()| log))
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+                filled.map_err(|source| {
+                    let _ = std::fs::remove_file(&c.log);
+                    OpenError::File { path: c.log.clone(), source }
+                })?
             };
             let mut opts = CacheOptions::default();
             if let Some(m) = c.mode {
