@@ -96,8 +96,8 @@ impl FileDev {
     ///
     /// fallocate leaves its extents *unwritten*: the first write into one converts it, a
     /// metadata change that a synchronous write must wait for as a journal commit (on ext4 here
-    /// 90 µs more per 4 KiB `O_DSYNC` write). A log is all converted only once it has gone
-    /// round once, so without this every write of its first round pays; with it, they only
+    /// 358 µs against 239 µs per 4 KiB `O_DSYNC` write). A log is all converted only once it has
+    /// gone round once, so without this every write of its first round pays; with it, they only
     /// overwrite. Unwritten blocks read as zeros, so the file's contents do not change.
     /// Blocking: it writes the whole file once (0.2 s for 512 MiB on this SSD).
     pub fn prefill(&self) -> io::Result<()> {
