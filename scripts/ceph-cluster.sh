@@ -53,6 +53,15 @@ clean = sum(p["num"] for p in s["num_pg_by_state"] if p["name"] == "active+clean
 sys.exit(0 if s["num_pgs"] > 0 and clean == s["num_pgs"] else 1)' 2>/dev/null
 }
 
+wait_clean() {
+    local _
+    for _ in $(seq 240); do
+        all_clean && return 0
+        sleep 0.5
+    done
+    die "the placement groups did not all become active+clean within 2 minutes"
+}
+
 stop() {
     local dir=$1 pid left
     [[ -f $dir/ceph.conf ]] || die "$dir holds no cluster started by this script (no ceph.conf)"
@@ -178,21 +187,28 @@ EOF
             ((++try < 3)) || die "osd.$n did not start"
             sleep 1
         done
-        ceph osd crush add "osd.$n" 1 root=default host=localhost >/dev/null 2>&1
+        # Unchecked, a lost command leaves the OSD outside the CRUSH map: every placement group
+        # stays unknown and `rbd pool init` waits for them forever.
+        try=0
+        until ceph osd crush add "osd.$n" 1 root=default host=localhost >/dev/null 2>>"$dir/log/setup.log"; do
+            ((++try < 5)) || die "osd.$n could not be added to the CRUSH map"
+            sleep 1
+        done
     done
+    [[ $(ceph osd crush ls localhost 2>>"$dir/log/setup.log" | grep -c '^osd\.') == "$osds" ]] ||
+        die "the CRUSH map does not hold all $osds OSDs under host localhost"
     for _ in $(seq 120); do
         [[ $(ceph osd stat -f json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["num_up_osds"])' 2>/dev/null) == "$osds" ]] && break
         sleep 0.5
     done
     ceph osd pool create rbd 8 8 >/dev/null 2>&1 || die "cannot create pool rbd"
     ceph osd pool set rbd size "$osds" --yes-i-really-mean-it >/dev/null 2>&1
-    rbd pool init rbd 2>>"$dir/log/setup.log" || die "rbd pool init failed"
-    local clean=0
-    for _ in $(seq 240); do
-        all_clean && { clean=1; break; }
-        sleep 0.5
-    done
-    ((clean)) || die "the placement groups did not all become active+clean within 2 minutes"
+    # Clean before `rbd pool init` too: it writes to the pool and would wait without end for a
+    # placement group that cannot become active. After it again, since the manager's statistics
+    # may not have counted the new pool yet at the first check.
+    wait_clean
+    timeout 60 rbd pool init rbd 2>>"$dir/log/setup.log" || die "rbd pool init failed or took over 60 s"
+    wait_clean
     starting=
     echo "$conf"
 }
