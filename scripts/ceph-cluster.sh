@@ -53,6 +53,7 @@ clean = sum(p["num"] for p in s["num_pg_by_state"] if p["name"] == "active+clean
 sys.exit(0 if s["num_pgs"] > 0 and clean == s["num_pgs"] else 1)' 2>/dev/null
 }
 
+# Returns once every placement group is active+clean; dies after 2 minutes.
 wait_clean() {
     local _
     for _ in $(seq 240); do
