@@ -33,6 +33,8 @@ pub mod asc {
     pub const NO_ADDITIONAL_SENSE: (u8, u8) = (0x00, 0x00);
     /// LOGICAL UNIT NOT READY, CAUSE NOT REPORTABLE
     pub const LUN_NOT_READY: (u8, u8) = (0x04, 0x00);
+    /// LOGICAL UNIT COMMUNICATION TIME-OUT
+    pub const LU_COMMUNICATION_TIMEOUT: (u8, u8) = (0x08, 0x01);
     /// WRITE ERROR
     pub const WRITE_ERROR: (u8, u8) = (0x0c, 0x00);
     /// INVALID FIELD IN COMMAND INFORMATION UNIT
@@ -57,6 +59,8 @@ pub mod asc {
     pub const INVALID_RELEASE_OF_PR: (u8, u8) = (0x26, 0x04);
     /// WRITE PROTECTED
     pub const WRITE_PROTECTED: (u8, u8) = (0x27, 0x00);
+    /// SPACE ALLOCATION FAILED WRITE PROTECT (a thin-provisioned LUN whose pool is full)
+    pub const SPACE_ALLOCATION_FAILED: (u8, u8) = (0x27, 0x07);
     /// POWER ON, RESET, OR BUS DEVICE RESET OCCURRED
     pub const POWER_ON_RESET: (u8, u8) = (0x29, 0x00);
     /// POWER ON OCCURRED
@@ -222,6 +226,16 @@ impl Sense {
 
     pub const fn write_protected() -> Self {
         Sense::of(key::DATA_PROTECT, asc::WRITE_PROTECTED)
+    }
+
+    /// A thin-provisioned LUN could not allocate space for a write.
+    pub const fn space_allocation_failed() -> Self {
+        Sense::of(key::DATA_PROTECT, asc::SPACE_ALLOCATION_FAILED)
+    }
+
+    /// What the logical unit depends on did not answer within its bound.
+    pub const fn communication_timeout() -> Self {
+        Sense::of(key::HARDWARE_ERROR, asc::LU_COMMUNICATION_TIMEOUT)
     }
 
     pub const fn no_sense() -> Self {

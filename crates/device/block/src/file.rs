@@ -139,7 +139,12 @@ impl FileDev {
 
     #[expect(clippy::unused_self, reason = "reads as part of the device's I/O path: self.io_err(lba)")]
     fn io_err(&self, lba: u64) -> impl FnOnce(io::Error) -> BlockError {
-        move |source| BlockError::Io { lba, source }
+        move |source| match source.raw_os_error() {
+            // A full file system is a full thin LUN to whoever writes to it.
+            Some(libc::ENOSPC | libc::EDQUOT) => BlockError::NoSpace(format!("block {lba}: {source}")),
+            Some(libc::EROFS) => BlockError::WriteProtected(format!("block {lba}: {source}")),
+            _ => BlockError::Io { lba, source },
+        }
     }
 
     async fn sync(&self, lba: u64) -> Result<(), BlockError> {

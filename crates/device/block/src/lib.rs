@@ -84,6 +84,31 @@ pub enum BlockError {
     /// key fails with the holder's key, and the device refuses writes (RESERVATION CONFLICT).
     #[error("the device is reserved by another writer{}", holder.map(|k| format!(" (reservation key {k:#018x})")).unwrap_or_default())]
     Reserved { holder: Option<u64> },
+    /// The device has no space for the write: a thin-provisioned LUN whose pool is full (SCSI's
+    /// SPACE ALLOCATION FAILED WRITE PROTECT), a file on a full file system.
+    #[error("no space left on the device: {0}")]
+    NoSpace(String),
+    /// The device refuses writes (WRITE PROTECTED).
+    #[error("the device is write-protected: {0}")]
+    WriteProtected(String),
+    /// The device is busy or resetting (BUSY, TASK SET FULL, a unit attention, not ready) and
+    /// stayed so through the retries its driver makes: try again later.
+    #[error("device busy: {0}")]
+    Busy(String),
+    /// The device could not serve the request within its bound because what it depends on
+    /// (a cache's remote or log) has been failing for longer: the message names the cause.
+    #[error("device stalled: {0}")]
+    Stalled(String),
+}
+
+impl BlockError {
+    /// True for failures that may go away by themselves (a lost connection, a busy or resetting
+    /// device): a writer retries them with backoff. Everything else (a medium error, a full or
+    /// write-protected device, another writer's reservation, a request out of range) stays
+    /// until someone repairs it.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, BlockError::Unreachable(_) | BlockError::Busy(_))
+    }
 }
 
 /// What [`BlockDev::claim`] established.
@@ -196,6 +221,15 @@ pub trait BlockDev: Send + Sync + 'static {
     async fn discard(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
         let _ = (lba, blocks);
         Err(BlockError::Unsupported("discard"))
+    }
+
+    /// How many times the device may have lost writes it had completed but not made durable:
+    /// a reconnection (the commands in flight and the target's volatile cache may be gone), a
+    /// reset or power-on unit attention. A flush covers only the writes completed since this
+    /// count last changed, so a writer that sees it change between a write and the flush meant
+    /// to cover it writes again. Devices that never lose completed writes that way say 0.
+    fn resets(&self) -> u64 {
+        0
     }
 
     /// The device's ordered queue, when it has one that keeps order (see [`OrderedQueue`]).

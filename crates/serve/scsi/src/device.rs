@@ -99,8 +99,12 @@ fn block_error(e: BlockError, write: bool) -> Fail {
             if write { Sense::write_error(lba) } else { Sense::medium_error(lba) }.into()
         }
         BlockError::Unsupported(_) => Sense::invalid_opcode().into(),
-        // A remote device that timed out: BUSY makes the initiator retry later.
-        BlockError::Unreachable(_) => Fail { status: status::BUSY, sense: None, xfer: 0 },
+        // A remote device that timed out, or one busy: BUSY makes the initiator retry later.
+        BlockError::Unreachable(_) | BlockError::Busy(_) => Fail { status: status::BUSY, sense: None, xfer: 0 },
+        BlockError::Reserved { .. } => Fail { status: status::RESERVATION_CONFLICT, sense: None, xfer: 0 },
+        BlockError::NoSpace(_) => Sense::space_allocation_failed().into(),
+        BlockError::WriteProtected(_) => Sense::write_protected().into(),
+        BlockError::Stalled(_) => Sense::communication_timeout().into(),
         _ => Sense::internal_target_failure().into(),
     }
 }
