@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use stics_block::{BlockDev, FileDev, MemDev, NullDev, DEFAULT_BLOCK_SIZE};
-use stics_cache::{Cache, CacheOptions};
+use stics_cache::{Cache, Config as CacheConfig};
 use stics_initiator::{Lun, LunOptions};
 
 use crate::spec::{valid_block_size, DeviceSpec, IscsiOptions, Layer, RbdSpec};
@@ -203,7 +203,7 @@ pub async fn open(spec: &DeviceSpec, ctx: &OpenContext) -> Result<Arc<dyn BlockD
                     OpenError::File { path: c.log.clone(), source }
                 })?
             };
-            let mut opts = CacheOptions::default();
+            let mut opts = CacheConfig::default();
             if let Some(m) = c.mode {
                 opts.mode = m;
             }
@@ -215,6 +215,12 @@ pub async fn open(spec: &DeviceSpec, ctx: &OpenContext) -> Result<Arc<dyn BlockD
             }
             if let Some(p) = c.policy {
                 opts.read_cache_policy = p;
+            }
+            if let Some(n) = c.full_timeout_secs {
+                opts.full_timeout = std::time::Duration::from_secs(n);
+            }
+            if let Some(n) = c.index_memory {
+                opts.index_bytes = n;
             }
             // The log is bound to the remote's own name when it has one, else to how it is named here.
             let id = inner.device_id().unwrap_or_else(|| c.inner.redacted().to_string());

@@ -113,7 +113,8 @@ pub const MAX_TRANSFER: u32 = 1 << 30;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Layer {
     /// `cache(SPEC, log=PATH[:SIZE], mode=log|immediate|write-through, ram=SIZE,
-    /// read-cache=SIZE, policy=lru|s3fifo)`: the STICS cache over the device SPEC names.
+    /// read-cache=SIZE, policy=lru|s3fifo, full-timeout=SECS, index-memory=SIZE)`: the STICS
+    /// cache over the device SPEC names.
     Cache(CacheSpec),
 }
 
@@ -128,13 +129,17 @@ pub struct CacheSpec {
     /// Size to create the log file at.
     pub log_size: Option<u64>,
     /// When writes are acknowledged (`log` when not given).
-    pub mode: Option<stics_cache::AckMode>,
+    pub mode: Option<stics_cache::Mode>,
     /// RAM write buffer.
     pub ram: Option<u64>,
     /// DRAM read cache.
     pub read_cache: Option<u64>,
     /// Read cache policy.
     pub policy: Option<stics_cache::readcache::Policy>,
+    /// Seconds host writes wait for room in a full log while the remote keeps failing.
+    pub full_timeout_secs: Option<u64>,
+    /// Memory the dirty index may take.
+    pub index_memory: Option<u64>,
 }
 
 /// The names of the wrappers, for error messages.
@@ -443,11 +448,6 @@ impl Layer {
                     *out += &format!(":{}", size_text(n));
                 }
                 if let Some(m) = c.mode {
-                    let m = match m {
-                        stics_cache::AckMode::Log => "log",
-                        stics_cache::AckMode::Immediate => "immediate",
-                        stics_cache::AckMode::WriteThrough => "write-through",
-                    };
                     *out += &format!(", mode={m}");
                 }
                 if let Some(n) = c.ram {
@@ -462,6 +462,12 @@ impl Layer {
                         stics_cache::readcache::Policy::S3Fifo => "s3fifo",
                     };
                     *out += &format!(", policy={p}");
+                }
+                if let Some(n) = c.full_timeout_secs {
+                    *out += &format!(", full-timeout={n}");
+                }
+                if let Some(n) = c.index_memory {
+                    *out += &format!(", index-memory={}", size_text(n));
                 }
                 out.push(')');
             }
@@ -481,6 +487,8 @@ fn cache(call: &syntax::Call<'_>) -> Result<CacheSpec, SpecError> {
         ram: None,
         read_cache: None,
         policy: None,
+        full_timeout_secs: None,
+        index_memory: None,
     };
     for (k, v) in &args.options {
         let piece = format!("{k}={v}");
@@ -503,7 +511,14 @@ fn cache(call: &syntax::Call<'_>) -> Result<CacheSpec, SpecError> {
             // Zero is a valid read cache (none), which a device size never is.
             "read-cache" => c.read_cache = Some(stics_units::parse_size(v).map_err(|_| bad(&piece, "not a size"))?),
             "policy" => c.policy = Some(v.parse().map_err(|_| bad(&piece, "use lru or s3fifo"))?),
-            _ => return Err(bad(&piece, "known keys: log, mode, ram, read-cache, policy")),
+            "full-timeout" => {
+                let secs = v.trim_end_matches('s').parse::<u64>().ok().filter(|n| (1..=86_400).contains(n));
+                c.full_timeout_secs = Some(secs.ok_or_else(|| bad(&piece, "seconds, 1 to 86400"))?);
+            }
+            "index-memory" => c.index_memory = Some(parse_size(v)?),
+            _ => {
+                return Err(bad(&piece, "known keys: log, mode, ram, read-cache, policy, full-timeout, index-memory"));
+            }
         }
     }
     if c.log.as_os_str().is_empty() {

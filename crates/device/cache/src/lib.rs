@@ -2,19 +2,25 @@
 //! write log on a local device and destages it to a remote device in epoch order, so the remote
 //! image stays crash-consistent.
 //!
-//! [`format`] is the log's on-disk format (versioned, checksummed records and a superblock that
-//! binds the log to its remote LUN), [`scan`] recovery's walk of it, [`core`] every decision as a
-//! pure state machine, [`readcache`] the clean-block cache and [`device`] the tokio driver.
+//! [`config`] is its one configuration, [`format`] the log's on-disk format (versioned,
+//! checksummed records and a superblock that binds the log to its remote LUN), [`scan`]
+//! recovery's walk of it, [`extent`] the runs of blocks its indexes are kept in, [`core`] every
+//! decision as a pure state machine, [`readcache`] the clean-block cache and [`driver`] the tokio
+//! driver that does the I/O.
 //!
-//! **Architecture Invariant:** knows block devices, not iSCSI; every decision (admission, destage
-//! order, recovery) is a pure function of the log's bytes, the index and `now`.
+//! **Architecture Invariant:** knows block devices, not iSCSI; every decision (acknowledgement,
+//! admission, destage order, retries, recovery, health) is a pure function of the log's bytes,
+//! the index, the devices' answers and `now`, in [`core`].
 
 #![forbid(unsafe_code)]
 
-pub use device::{AckMode, Cache, CacheError, CacheOptions, Status};
+pub use config::{Config, ConfigError, Layout, Mode};
+pub use driver::{claim_key, Cache, CacheError, HealthStatus, Status};
 
+pub mod config;
 pub mod core;
-pub mod device;
+pub mod driver;
+pub mod extent;
 pub mod format;
 pub mod readcache;
 pub mod scan;

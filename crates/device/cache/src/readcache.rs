@@ -97,6 +97,25 @@ impl ReadCache {
         }
     }
 
+    /// Forgets every block in `start..end`: block by block for a short range, by one pass over
+    /// what is held for a long one (a discard of a whole LUN).
+    pub fn remove_range(&mut self, start: u64, end: u64) {
+        if end.saturating_sub(start) <= self.len() as u64 {
+            for lba in start..end {
+                self.remove(lba);
+            }
+            return;
+        }
+        let held: Vec<u64> = match &self.store {
+            Store::Off => return,
+            Store::Lru(c) => c.iter().map(|(k, _)| *k).filter(|k| (start..end).contains(k)).collect(),
+            Store::S3(c) => c.iter().map(|(k, _)| *k).filter(|k| (start..end).contains(k)).collect(),
+        };
+        for lba in held {
+            self.remove(lba);
+        }
+    }
+
     /// Blocks held.
     pub fn len(&self) -> usize {
         match &self.store {
@@ -165,6 +184,20 @@ mod tests {
             lru.insert(cold, b(9));
         }
         assert_eq!((0..20).filter(|h| lru.get(*h).is_some()).count(), 0, "LRU is flushed by a scan");
+    }
+
+    #[test]
+    fn a_range_is_forgotten_whether_shorter_or_longer_than_what_is_held() {
+        for p in [Policy::Lru, Policy::S3Fifo] {
+            let mut c = ReadCache::new(p, 64);
+            for i in 0..32 {
+                c.insert(i * 10, b(1));
+            }
+            c.remove_range(0, 25);
+            assert_eq!((0..32).filter(|i| c.get(i * 10).is_some()).count(), 29, "{p:?}");
+            c.remove_range(100, 1 << 40);
+            assert_eq!((0..32).filter(|i| c.get(i * 10).is_some()).count(), 7, "{p:?}");
+        }
     }
 
     #[test]

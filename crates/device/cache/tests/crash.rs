@@ -16,15 +16,15 @@ use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use stics_block::BlockDev;
-use stics_cache::{AckMode, Cache, CacheOptions};
+use stics_cache::{Cache, Config, Mode};
 use stics_testkit::faults::{CrashMode, FaultDev};
 use stics_testkit::pattern::{check, stamp_run, Bad};
 
 const BS: usize = 512;
 const BLOCKS: u64 = 256;
 
-fn opts(mode: AckMode) -> CacheOptions {
-    CacheOptions {
+fn opts(mode: Mode) -> Config {
+    Config {
         mode,
         ram_bytes: 64 << 10,
         max_record_bytes: 32 << 10,
@@ -33,9 +33,10 @@ fn opts(mode: AckMode) -> CacheOptions {
         epoch_max_writes: 16,
         epoch_max_bytes: 32 << 10,
         retry_delay: Duration::from_millis(5),
+        retry_max: Duration::from_millis(50),
         read_cache_bytes: 32 << 10,
         read_ahead_bytes: 16 << 10,
-        ..CacheOptions::default()
+        ..Config::default()
     }
 }
 
@@ -92,7 +93,7 @@ fn remote_consistent(h: &History, remote: &[u64]) -> bool {
     })
 }
 
-async fn one_run(mode: AckMode, seed: u64) -> Result<(), String> {
+async fn one_run(mode: Mode, seed: u64) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let log = FaultDev::new(512, 4096, seed);
     log.set_volatile_cache(true);
@@ -166,7 +167,10 @@ async fn one_run(mode: AckMode, seed: u64) -> Result<(), String> {
     if !(h.durable_upto..=h.writes.len()).any(|k| h.state_after(k) == shown) {
         return Err(format!("last recovery shows {shown:?}, no prefix keeping {} durable writes", h.durable_upto));
     }
-    tokio::time::timeout(Duration::from_secs(30), cache.drain()).await.map_err(|_| "drain did not finish")?;
+    tokio::time::timeout(Duration::from_secs(30), cache.drain())
+        .await
+        .map_err(|_| "drain did not finish")?
+        .map_err(|e| format!("drain failed: {e}"))?;
     cache.close().await;
     let remote_now = versions(&remote.read_durable(0, BLOCKS))?;
     let remote_volatile = versions(&remote.read_volatile(0, BLOCKS))?;
@@ -179,7 +183,7 @@ async fn one_run(mode: AckMode, seed: u64) -> Result<(), String> {
 /// One life's host requests, one at a time, recorded in `shared` as they are issued and
 /// acknowledged (until the crash aborts it).
 async fn workload(
-    mode: AckMode,
+    mode: Mode,
     cache: Arc<Cache>,
     shared: Arc<std::sync::Mutex<History>>,
     seed: u64,
@@ -200,7 +204,7 @@ async fn workload(
                 next_version += 1;
                 {
                     let mut h = hist()?;
-                    if mode == AckMode::Log && acked_since_boundary {
+                    if mode == Mode::Log && acked_since_boundary {
                         let n = h.writes.len();
                         h.boundaries.push(n);
                     }
@@ -212,7 +216,7 @@ async fn workload(
                 }
                 acked_since_boundary = true;
                 let mut h = hist()?;
-                if mode == AckMode::Log || fua {
+                if mode == Mode::Log || fua {
                     h.durable_upto = h.writes.len();
                 }
                 if fua {
@@ -264,7 +268,7 @@ async fn workload(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_mode_survives_crashes_at_random_moments() {
     for seed in 0..40 {
-        if let Err(e) = one_run(AckMode::Log, seed).await {
+        if let Err(e) = one_run(Mode::Log, seed).await {
             panic!("seed {seed}: {e}");
         }
     }
@@ -273,7 +277,7 @@ async fn log_mode_survives_crashes_at_random_moments() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn immediate_mode_survives_crashes_at_random_moments() {
     for seed in 100..140 {
-        if let Err(e) = one_run(AckMode::Immediate, seed).await {
+        if let Err(e) = one_run(Mode::Immediate, seed).await {
             panic!("seed {seed}: {e}");
         }
     }

@@ -52,6 +52,20 @@ pub struct Args {
     #[arg(long, default_value = "s3fifo")]
     pub policy: String,
 
+    /// Seconds host writes wait for room once the log (or RAM, or the index) is full while the
+    /// remote (or the log) keeps failing; then they end with a CHECK CONDITION that names the
+    /// cause (SPACE ALLOCATION FAILED for a full thin remote, WRITE PROTECTED for a lost
+    /// reservation, LOGICAL UNIT COMMUNICATION TIME-OUT for an unreachable one), as multipath's
+    /// no_path_retry ends queueing. Acknowledged writes are never dropped; POST /drain answers
+    /// with the same cause after as long.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub full_timeout: u64,
+
+    /// Memory the dirty index may take (about 160 bytes per run of dirty blocks, whatever the
+    /// run's length); when it is full, host writes wait for destage as they do for a full log.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB")]
+    pub index_memory: String,
+
     /// Serve Prometheus metrics at http://HOST:PORT/metrics, JSON at /status; POST /drain
     /// destages everything and answers when the remote holds it all.
     #[arg(long, value_name = "HOST:PORT")]
@@ -121,8 +135,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         }
     };
     let spec = format!(
-        "cache({remote}, log={log}, mode={}, ram={}, read-cache={}, policy={})",
-        args.mode, args.ram, args.read_cache, args.policy
+        "cache({remote}, log={log}, mode={}, ram={}, read-cache={}, policy={}, full-timeout={}, index-memory={})",
+        args.mode, args.ram, args.read_cache, args.policy, args.full_timeout, args.index_memory
     );
     let config = Config {
         listen: vec![args.listen.clone()],
@@ -150,8 +164,18 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     }
     // On SIGTERM or Ctrl-C: sessions end, then the cache closes (what is dirty stays in the log,
     // destaged at the next start); the embedded remote and its log live only as long as this.
+    // Acknowledged writes still in RAM are written to the log first, however long that takes
+    // (a full log empties only through destage); a second signal gives up on them, saying so.
     server.run(super::target::shutdown_signal()).await?;
-    cache.close().await;
+    tokio::select! {
+        () = cache.close() => {}
+        () = super::target::shutdown_signal() => {
+            let left = cache.acknowledged_in_ram();
+            if left > 0 {
+                tracing::error!("stopped before {left} bytes of acknowledged writes in RAM reached the log: they are lost");
+            }
+        }
+    }
     if let Some((tx, task)) = remote_server {
         let _ = tx.send(());
         let _ = task.await;
@@ -200,6 +224,14 @@ fn prometheus(s: &stics_cache::Status) -> String {
         "Fraction of read cache lookups that hit",
         ratio(s.read_cache_hits, s.read_cache_hits + s.read_cache_misses),
     );
+    let state = match s.health.state {
+        stics_cache::core::State::Healthy => 0.0,
+        stics_cache::core::State::Degraded => 1.0,
+        stics_cache::core::State::Stalled => 2.0,
+    };
+    gauge("health_state", "0 healthy, 1 degraded (retrying with backoff), 2 stalled (a lasting failure)", state);
+    gauge("failing_seconds", "How long the failure in force has lasted", s.health.since_secs);
+    gauge("index_extents", "Runs of blocks in the dirty index", s.index_extents as f64);
     let mut counter = |name: &str, help: &str, v: u64| {
         let c = Counter::<u64>::default();
         c.inc_by(v);
@@ -216,6 +248,13 @@ fn prometheus(s: &stics_cache::Status) -> String {
     counter("read_cache_misses", "Read cache lookups that missed", s.read_cache_misses);
     counter("destage_retries", "Remote writes or flushes retried", s.destage_retries);
     counter("throttled_writes", "Host writes slowed by a filling log", s.throttled_writes);
+    counter("refused_writes", "Host writes ended because the log was full past the full timeout", s.refused_writes);
+    counter("resent_epochs", "Epochs sent again whole after a failure or a reset of the remote", s.epochs_resent);
+    let errors = prometheus_client::metrics::family::Family::<Vec<(String, String)>, Counter>::default();
+    for (kind, n) in &s.errors_by_kind {
+        errors.get_or_create(&vec![("kind".to_owned(), (*kind).to_owned())]).inc_by(*n);
+    }
+    reg.register("errors", "Failures of the remote or the log, by kind", errors);
     let mut out = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &reg) {
         out = format!("# cannot encode metrics: {e}\n");
@@ -244,10 +283,21 @@ async fn metrics(listener: tokio::net::TcpListener, cache: Arc<Cache>) {
                 ["GET", "/status"] => {
                     ("200 OK", "application/json", serde_json::to_string_pretty(&cache.status()).unwrap_or_default())
                 }
-                ["POST", "/drain"] => {
-                    cache.drain().await;
-                    ("200 OK", "application/json", serde_json::to_string_pretty(&cache.status()).unwrap_or_default())
-                }
+                ["POST", "/drain"] => match cache.drain().await {
+                    Ok(()) => (
+                        "200 OK",
+                        "application/json",
+                        serde_json::to_string_pretty(&cache.status()).unwrap_or_default(),
+                    ),
+                    Err(e) => {
+                        let body = serde_json::json!({ "error": e.to_string(), "status": cache.status() });
+                        (
+                            "503 Service Unavailable",
+                            "application/json",
+                            serde_json::to_string_pretty(&body).unwrap_or_default(),
+                        )
+                    }
+                },
                 _ => ("404 Not Found", "text/plain", "GET /metrics, GET /status or POST /drain\n".to_owned()),
             };
             let head = format!(

@@ -1,0 +1,554 @@
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use stics_block::BlockError;
+
+use super::*;
+use crate::config::{Config, Layout, Mode};
+use crate::format::{Checkpoint, RING_START};
+use crate::readcache::Policy;
+
+fn cfg(mode: Mode) -> Config {
+    Config {
+        mode,
+        ram_bytes: 1 << 20,
+        max_record_bytes: 1 << 20,
+        destage_io_bytes: 4096,
+        destage_inflight: 4,
+        deep_destage_from: 0.0,
+        epoch_max_writes: 1000,
+        epoch_max_bytes: 8 << 20,
+        read_cache_bytes: 64 * 512,
+        read_cache_policy: Policy::Lru,
+        read_ahead_bytes: 64 * 512,
+        ..Config::default()
+    }
+}
+
+fn layout(ordered: bool) -> Layout {
+    Layout {
+        block_size: 512,
+        num_blocks: 1024,
+        ring_start: RING_START,
+        ring_end: RING_START + (64 << 20),
+        ordered_remote: ordered,
+    }
+}
+
+fn cp() -> Checkpoint {
+    Checkpoint { head_offset: RING_START, head_seq: 1, destaged_epoch: 0 }
+}
+
+fn core(mode: Mode) -> Core {
+    Core::new(cfg(mode), layout(false), [1; 16], cp())
+}
+
+fn ordered(mode: Mode) -> Core {
+    let mut c = cfg(mode);
+    c.destage_inflight = 16;
+    Core::new(c, layout(true), [1; 16], cp())
+}
+
+fn blocks(n: usize, fill: u8) -> Bytes {
+    Bytes::from(vec![fill; n * 512])
+}
+
+fn now() -> Instant {
+    Instant::now()
+}
+
+fn io_error() -> BlockError {
+    BlockError::Io { lba: 0, source: std::io::Error::other("injected") }
+}
+
+/// Writes the pending record and reports it durable; returns the acknowledged tickets.
+fn log_all(c: &mut Core) -> Vec<Ticket> {
+    let mut acked = Vec::new();
+    while let Some(r) = c.next_record() {
+        acked.extend(c.record_durable(r.seq));
+    }
+    acked
+}
+
+/// Runs destage of one epoch to its SYNCHRONIZE CACHE; returns the writes (lba, blocks).
+fn destage_epoch(c: &mut Core) -> (Vec<(u64, u32)>, Option<u64>) {
+    let mut writes = Vec::new();
+    let mut sync = None;
+    for _ in 0..100 {
+        let ios = c.next_destage(0, now());
+        if ios.is_empty() {
+            break;
+        }
+        for io in ios {
+            match io {
+                DestageIo::Write { id, lba, blocks, .. } | DestageIo::Zero { id, lba, blocks, .. } => {
+                    writes.push((lba, blocks));
+                    c.destage_done(id, now());
+                }
+                DestageIo::Sync { epoch, .. } => sync = Some(epoch),
+                DestageIo::Probe(_) => panic!("nothing to read back on a fresh log"),
+            }
+        }
+        if sync.is_some() {
+            break;
+        }
+    }
+    (writes, sync)
+}
+
+/// Destages and synchronises everything, making each checkpoint durable.
+fn drain(c: &mut Core) {
+    for _ in 0..1000 {
+        log_all(c);
+        let (_, sync) = destage_epoch(c);
+        if let Some(e) = sync {
+            c.synced(e, 0, now());
+        }
+        if let Some(cp) = c.take_checkpoint() {
+            c.checkpoint_durable(cp);
+        }
+        if c.is_clean() {
+            return;
+        }
+    }
+    panic!("did not drain");
+}
+
+#[test]
+fn a_block_overwritten_within_an_epoch_crosses_to_the_remote_once() {
+    let mut c = core(Mode::Immediate);
+    for i in 0..10 {
+        assert_eq!(c.write(7, blocks(1, i), false), Ok(Submitted::Done));
+    }
+    log_all(&mut c);
+    let (writes, sync) = destage_epoch(&mut c);
+    assert_eq!(writes, vec![(7, 1)]);
+    assert_eq!(sync, Some(1));
+    assert_eq!(c.stats().blocks_absorbed, 9);
+}
+
+#[test]
+fn immediate_mode_acknowledges_at_once_and_a_flush_waits_for_the_log() {
+    let mut c = core(Mode::Immediate);
+    assert_eq!(c.write(0, blocks(2, 1), false), Ok(Submitted::Done));
+    let Submitted::Wait(t) = c.flush() else { panic!("a flush with a write in RAM must wait") };
+    assert_eq!(log_all(&mut c), vec![t]);
+    assert_eq!(c.flush(), Submitted::Done);
+}
+
+#[test]
+fn fua_waits_for_the_log_even_in_immediate_mode() {
+    let mut c = core(Mode::Immediate);
+    let Ok(Submitted::Wait(t)) = c.write(0, blocks(1, 1), true) else { panic!("FUA must wait") };
+    assert_eq!(log_all(&mut c), vec![t]);
+}
+
+#[test]
+fn log_mode_acknowledges_when_the_record_is_durable() {
+    let mut c = core(Mode::Log);
+    let Ok(Submitted::Wait(a)) = c.write(0, blocks(1, 1), false) else { panic!("log mode waits") };
+    let Ok(Submitted::Wait(b)) = c.write(1, blocks(1, 2), false) else { panic!("log mode waits") };
+    let r = c.next_record().expect("a record");
+    assert!(c.next_record().is_none(), "one record in flight at a time");
+    assert_eq!(c.record_durable(r.seq), vec![a, b]);
+}
+
+#[test]
+fn in_log_mode_a_write_after_an_acknowledgement_starts_a_new_epoch() {
+    let mut c = core(Mode::Log);
+    c.write(0, blocks(1, 1), false).expect("write");
+    c.write(1, blocks(1, 1), false).expect("write");
+    assert_eq!(c.epochs().0, 1);
+    log_all(&mut c);
+    c.write(2, blocks(1, 1), false).expect("write");
+    assert_eq!(c.epochs().0, 2, "the host may have issued this write because the others completed");
+}
+
+#[test]
+fn in_log_mode_fua_writes_share_an_epoch_until_one_is_acknowledged() {
+    // A target with WCE=0 sends every write with FUA; all are durable once acknowledged.
+    let mut c = core(Mode::Log);
+    c.write(0, blocks(1, 1), true).expect("write");
+    c.write(1, blocks(1, 1), true).expect("write");
+    assert_eq!(c.epochs().0, 1);
+    log_all(&mut c);
+    c.write(2, blocks(1, 1), true).expect("write");
+    assert_eq!(c.epochs().0, 2);
+    // In `immediate` mode a FUA write is what makes earlier writes durable: it ends its epoch.
+    let mut c = core(Mode::Immediate);
+    c.write(0, blocks(1, 1), true).expect("write");
+    c.write(1, blocks(1, 1), false).expect("write");
+    assert_eq!(c.epochs().0, 2);
+}
+
+#[test]
+fn destage_coalesces_neighbours_up_to_the_io_limit_and_never_mixes_epochs() {
+    let mut c = core(Mode::Immediate);
+    c.write(10, blocks(3, 1), false).expect("write");
+    c.write(13, blocks(10, 1), false).expect("write");
+    c.write(40, blocks(1, 1), false).expect("write");
+    c.flush();
+    c.write(14, blocks(1, 2), false).expect("write");
+    log_all(&mut c);
+    let (writes, sync) = destage_epoch(&mut c);
+    // 13 neighbouring blocks in 8-block (4 KiB) writes, then the lone block; not block 14's
+    // second version, which belongs to the next epoch.
+    assert_eq!(writes, vec![(10, 8), (18, 5), (40, 1)]);
+    assert_eq!(sync, Some(1));
+}
+
+#[test]
+fn the_next_epoch_is_destaged_only_after_the_checkpoint_is_durable() {
+    let mut c = core(Mode::Immediate);
+    c.write(0, blocks(1, 1), false).expect("write");
+    c.flush();
+    c.write(1, blocks(1, 2), false).expect("write");
+    log_all(&mut c);
+    let (_, sync) = destage_epoch(&mut c);
+    assert!(c.synced(sync.expect("sync"), 0, now()));
+    assert!(c.next_destage(0, now()).is_empty(), "epoch 2 must wait for the checkpoint naming epoch 1");
+    let cp = c.take_checkpoint().expect("checkpoint moved");
+    assert_eq!(cp.destaged_epoch, 1);
+    c.checkpoint_durable(cp);
+    let (writes, _) = destage_epoch(&mut c);
+    assert_eq!(writes, vec![(1, 1)]);
+}
+
+#[test]
+fn reads_merge_ram_log_zeros_and_remote_in_block_order() {
+    let mut c = core(Mode::Immediate);
+    c.write(2, blocks(2, 1), false).expect("write");
+    log_all(&mut c);
+    c.write(4, blocks(1, 2), false).expect("write");
+    c.zero(5, 2, true).expect("zero");
+    let plan = c.read(0, 8).expect("plan");
+    assert_eq!(plan.pieces.len(), 5);
+    assert_eq!(plan.pieces[0], Piece::Remote { lba: 0, blocks: 2 });
+    assert!(matches!(plan.pieces[1], Piece::Log { blocks: 2, .. }));
+    assert!(matches!(&plan.pieces[2], Piece::Ram(b) if b.len() == 512));
+    assert_eq!(plan.pieces[3], Piece::Zero { blocks: 2 });
+    assert_eq!(plan.pieces[4], Piece::Remote { lba: 7, blocks: 1 });
+    assert_eq!(plan.pinned.len(), 1);
+    c.unpin(&plan.pinned);
+}
+
+#[test]
+fn remote_data_is_cached_unless_a_destage_raced_it() {
+    let mut c = core(Mode::Immediate);
+    let plan = c.read(0, 4).expect("plan");
+    assert_eq!(plan.pieces, vec![Piece::Remote { lba: 0, blocks: 4 }]);
+    c.finish_read(plan.generation, &[(0, blocks(4, 7))]);
+    let again = c.read(0, 4).expect("plan");
+    assert!(again.pieces.iter().all(|p| matches!(p, Piece::Ram(b) if b[0] == 7)));
+    // A read planned, then block 9 written and destaged, then the stale data arrives.
+    let stale = c.read(8, 2).expect("plan");
+    c.write(9, blocks(1, 1), false).expect("write");
+    log_all(&mut c);
+    let (_, sync) = destage_epoch(&mut c);
+    assert!(c.synced(sync.expect("sync"), 0, now()));
+    c.finish_read(stale.generation, &[(8, blocks(2, 0))]);
+    assert_eq!(c.read(9, 1).expect("plan").pieces, vec![Piece::Remote { lba: 9, blocks: 1 }]);
+    // Block 8 was not written: its data is good and cached.
+    assert!(matches!(&c.read(8, 1).expect("plan").pieces[..], [Piece::Ram(_)]));
+}
+
+#[test]
+fn read_ahead_is_kept_while_destage_retires_other_blocks() {
+    // The gateway's read-ahead was dropped whole whenever any epoch reached the remote, so
+    // sequential reads during destage each paid a round trip.
+    let mut c = core(Mode::Immediate);
+    c.read(100, 2).expect("plan");
+    let plan = c.read(102, 2).expect("plan");
+    let (from, n) = plan.prefetch.expect("a sequential reader reads ahead");
+    c.finish_read(plan.generation, &[(102, blocks(2, 3))]);
+    // Destage puts unrelated blocks on the remote while the read-ahead is on its way.
+    c.write(900, blocks(4, 1), false).expect("write");
+    drain(&mut c);
+    c.finish_read(plan.generation, &[(from, blocks(n as usize, 5))]);
+    let next = c.read(104, 2).expect("plan");
+    assert!(next.pieces.iter().all(|p| matches!(p, Piece::Ram(_))), "read-ahead hit: {:?}", next.pieces);
+}
+
+#[test]
+fn the_read_cache_keeps_copies_not_slices_of_the_remote_buffer() {
+    let mut c = core(Mode::Immediate);
+    let plan = c.read(0, 4).expect("plan");
+    let big = blocks(4, 9);
+    c.finish_read(plan.generation, &[(0, big.clone())]);
+    let Piece::Ram(b) = &c.read(1, 1).expect("plan").pieces[0] else { panic!("a hit") };
+    let range = big.as_ptr() as usize..big.as_ptr() as usize + big.len();
+    assert!(!range.contains(&(b.as_ptr() as usize)), "a cached block must not pin the remote's buffer");
+}
+
+#[test]
+fn sequential_reads_grow_a_read_ahead_window_and_random_reads_stop_it() {
+    let mut c = core(Mode::Immediate);
+    assert_eq!(c.read(100, 2).expect("plan").prefetch, None);
+    assert_eq!(c.read(102, 2).expect("plan").prefetch, Some((104, 8)));
+    // The window doubles (16, then 32) and read-ahead keeps at least half of it ahead.
+    assert_eq!(c.read(104, 2).expect("plan").prefetch, Some((112, 10)));
+    assert_eq!(c.read(106, 2).expect("plan").prefetch, Some((122, 18)));
+    assert_eq!(c.read(108, 2).expect("plan").prefetch, Some((140, 34)));
+    assert_eq!(c.read(110, 2).expect("plan").prefetch, None, "a full window is already ahead");
+    assert_eq!(c.read(500, 2).expect("plan").prefetch, None);
+    assert_eq!(c.read(502, 2).expect("plan").prefetch, Some((504, 8)));
+}
+
+#[test]
+fn out_of_range_and_misaligned_requests_are_refused() {
+    let mut c = core(Mode::Log);
+    assert!(matches!(c.write(1024, blocks(1, 0), false), Err(CoreError::OutOfRange { .. })));
+    assert!(matches!(c.write(0, Bytes::from(vec![0; 100]), false), Err(CoreError::Misaligned { .. })));
+    assert!(matches!(c.read(1000, 100), Err(CoreError::OutOfRange { .. })));
+    assert!(matches!(c.zero(u64::MAX, 2, false), Err(CoreError::OutOfRange { .. })));
+}
+
+#[test]
+fn a_discard_of_a_whole_terabyte_lun_is_a_few_runs_in_the_index_and_one_remote_command() {
+    let mut big = layout(false);
+    big.num_blocks = (1u64 << 40) / 512;
+    let mut c = Core::new(cfg(Mode::Log), big, [1; 16], cp());
+    c.write(12345, blocks(8, 1), false).expect("write");
+    c.zero(0, big.num_blocks, true).expect("discard");
+    assert_eq!(c.dirty_blocks(), big.num_blocks);
+    assert!(c.index_extents() <= 4, "{} runs", c.index_extents());
+    log_all(&mut c);
+    let mut zeroings = Vec::new();
+    for _ in 0..10 {
+        for io in c.next_destage(0, now()) {
+            match io {
+                DestageIo::Write { id, .. } => {
+                    c.destage_done(id, now());
+                }
+                DestageIo::Zero { id, lba, blocks, discard } => {
+                    zeroings.push((lba, blocks, discard));
+                    c.destage_done(id, now());
+                }
+                DestageIo::Sync { epoch, .. } => {
+                    c.synced(epoch, 0, now());
+                }
+                DestageIo::Probe(_) => panic!("no probe"),
+            }
+        }
+        if let Some(cp) = c.take_checkpoint() {
+            c.checkpoint_durable(cp);
+        }
+    }
+    // 2^31 blocks: one discard.
+    assert_eq!(zeroings, vec![(0, 1 << 31, true)]);
+    assert!(c.is_clean());
+}
+
+fn probe(versions: &[(u64, u64)]) -> Probe {
+    let mut epochs: Vec<u64> = versions.iter().map(|v| v.1).collect();
+    epochs.sort_unstable();
+    epochs.dedup();
+    Probe {
+        epochs,
+        versions: versions
+            .iter()
+            .map(|&(lba, epoch)| ProbeVersion { lba, epoch, source: Piece::Zero { blocks: 1 } })
+            .collect(),
+    }
+}
+
+#[test]
+fn the_remote_is_found_after_the_newest_epoch_it_holds_whole() {
+    // Epoch 1 writes block 10; epoch 2 blocks 10 and 11; epoch 3 blocks 11 and 12.
+    let p = probe(&[(10, 1), (10, 2), (11, 2), (11, 3), (12, 3)]);
+    // All of epoch 2 and block 11 of epoch 3.
+    assert_eq!(reached_epoch(0, &p, &[false, true, false, true, false]), 2);
+    // Everything.
+    assert_eq!(reached_epoch(0, &p, &[false, true, false, true, true]), 3);
+    // Nothing: block 10 holds neither epoch 1's nor epoch 2's version.
+    assert_eq!(reached_epoch(0, &p, &[false, false, false, false, false]), 0);
+    // Epoch 1 and part of epoch 2.
+    assert_eq!(reached_epoch(0, &p, &[true, false, true, false, false]), 1);
+    // Epoch 3's block 12 without epoch 2's block 10: no state after epoch 1 explains it.
+    assert_eq!(reached_epoch(0, &p, &[true, false, false, false, true]), 1);
+}
+
+/// Five single-write epochs in `log` mode, pipelined on an ordered remote.
+fn five_pipelined() -> (Core, Vec<DestageIo>) {
+    let mut c = ordered(Mode::Log);
+    for i in 0..5u64 {
+        c.write(i, blocks(1, i as u8 + 1), false).expect("write");
+        log_all(&mut c);
+    }
+    c.hurry(true);
+    let ios = c.next_destage(0, now());
+    let syncs = ios.iter().filter(|io| matches!(io, DestageIo::Sync { barrier: true, .. })).count();
+    assert_eq!(syncs, 5, "five single-write epochs are pipelined: {ios:?}");
+    (c, ios)
+}
+
+#[test]
+fn after_a_failure_with_many_epochs_sent_destage_reads_back_then_resends_one_epoch_alone() {
+    let (mut c, ios) = five_pipelined();
+    let t = now();
+    for io in &ios {
+        match io {
+            DestageIo::Write { id, .. } => c.destage_failed(*id, &BlockError::Unreachable("cut".into()), t),
+            DestageIo::Sync { epoch, .. } => c.sync_failed(*epoch, &BlockError::Unreachable("cut".into()), t),
+            _ => {}
+        }
+    }
+    assert_eq!(c.health().state(), State::Degraded);
+    assert!(c.next_destage(0, t).is_empty(), "nothing goes out before the backoff");
+    let later = t + Duration::from_secs(10);
+    let ios = c.next_destage(0, later);
+    let [DestageIo::Probe(p)] = ios.as_slice() else { panic!("a probe first: {ios:?}") };
+    assert_eq!(p.epochs, vec![1, 2, 3, 4, 5]);
+    assert!(c.next_destage(0, later).is_empty(), "nothing else while the probe is out");
+    // The remote got epochs 1 and 2: epoch 2 goes again, alone, its flush after its write.
+    c.probed(&[true, true, false, false, false]);
+    let ios = c.next_destage(0, later);
+    let [DestageIo::Write { id, lba: 1, .. }] = ios.as_slice() else { panic!("epoch 2 alone: {ios:?}") };
+    c.destage_done(*id, later);
+    let ios = c.next_destage(0, later);
+    assert_eq!(ios, vec![DestageIo::Sync { epoch: 2, barrier: false }], "the flush once the write completed");
+    assert!(c.synced(2, 0, later));
+    assert_eq!(c.health().state(), State::Healthy, "progress ends the failure");
+    let cp = c.take_checkpoint().expect("checkpoint");
+    c.checkpoint_durable(cp);
+    // Then the pipeline again: epochs 3 to 5 at once.
+    let ios = c.next_destage(0, later);
+    assert_eq!(ios.iter().filter(|io| matches!(io, DestageIo::Sync { barrier: true, .. })).count(), 3, "{ios:?}");
+}
+
+#[test]
+fn a_flush_answered_after_the_remote_was_reset_does_not_retire_the_epoch() {
+    // A SYNCHRONIZE CACHE reissued after a reconnect, or retried past a power-on unit
+    // attention, answers GOOD for writes the remote lost with its volatile cache.
+    let mut c = core(Mode::Immediate);
+    c.write(3, blocks(2, 1), false).expect("write");
+    c.write(40, blocks(1, 1), false).expect("write");
+    log_all(&mut c);
+    let ios = c.next_destage(7, now());
+    assert_eq!(ios.len(), 2);
+    for io in &ios {
+        if let DestageIo::Write { id, .. } = io {
+            c.destage_done(*id, now());
+        }
+    }
+    let sync = c.next_destage(7, now());
+    assert_eq!(sync, vec![DestageIo::Sync { epoch: 1, barrier: false }]);
+    assert!(!c.synced(1, 8, now()), "the remote was reset since the epoch began");
+    assert_eq!(c.epochs().1, 0);
+    let again: Vec<(u64, u32)> = c
+        .next_destage(8, now())
+        .iter()
+        .filter_map(|io| if let DestageIo::Write { lba, blocks, .. } = io { Some((*lba, *blocks)) } else { None })
+        .collect();
+    assert_eq!(again, vec![(3, 2), (40, 1)], "every write of the epoch goes again");
+    assert_eq!(c.stats().epochs_resent, 1);
+}
+
+#[test]
+fn a_failed_flush_sends_the_whole_epoch_again() {
+    let mut c = core(Mode::Immediate);
+    c.write(3, blocks(2, 1), false).expect("write");
+    log_all(&mut c);
+    let ios = c.next_destage(0, now());
+    let [DestageIo::Write { id, .. }] = ios.as_slice() else { panic!("{ios:?}") };
+    c.destage_done(*id, now());
+    assert_eq!(c.next_destage(0, now()), vec![DestageIo::Sync { epoch: 1, barrier: false }]);
+    c.sync_failed(1, &io_error(), now());
+    assert_eq!(c.health().state(), State::Stalled);
+    let later = now() + Duration::from_secs(60);
+    let ios = c.next_destage(0, later);
+    assert!(matches!(ios.as_slice(), [DestageIo::Write { lba: 3, blocks: 2, .. }]), "{ios:?}");
+}
+
+#[test]
+fn a_failed_write_alone_is_retried_after_a_pause_on_an_unordered_remote() {
+    let mut c = core(Mode::Immediate);
+    c.write(3, blocks(2, 1), false).expect("write");
+    c.write(40, blocks(1, 1), false).expect("write");
+    log_all(&mut c);
+    let t = now();
+    let ios = c.next_destage(0, t);
+    let ids: Vec<u64> =
+        ios.iter().filter_map(|io| if let DestageIo::Write { id, .. } = io { Some(*id) } else { None }).collect();
+    c.destage_done(ids[0], t);
+    c.destage_failed(ids[1], &BlockError::NoSpace("pool full".into()), t);
+    let f = c.health().failure().cloned().expect("a failure");
+    assert_eq!((f.kind, f.lba), (ErrorKind::NoSpace, Some(40)));
+    assert!(c.next_destage(0, t).is_empty(), "not at once");
+    let ios = c.next_destage(0, t + Duration::from_secs(6));
+    assert!(matches!(ios.as_slice(), [DestageIo::Write { lba: 40, .. }]), "{ios:?}");
+}
+
+#[test]
+fn a_host_write_that_finds_the_log_full_ends_once_the_remote_failed_for_longer_than_the_bound() {
+    let mut conf = cfg(Mode::Log);
+    conf.full_timeout = Duration::from_secs(30);
+    conf.index_bytes = 4 * crate::config::EXTENT_COST;
+    let mut c = Core::new(conf, layout(false), [1; 16], cp());
+    for i in 0..4 {
+        c.write(i * 10, blocks(1, 1), false).expect("write");
+    }
+    log_all(&mut c);
+    let t = now();
+    assert!(matches!(c.admit(512, t), Admit::Full), "the index is full");
+    let ios = c.next_destage(0, t);
+    let DestageIo::Write { id, .. } = &ios[0] else { panic!("{ios:?}") };
+    c.destage_failed(*id, &BlockError::NoSpace("pool full".into()), t);
+    assert!(matches!(c.admit(512, t + Duration::from_secs(29)), Admit::Full));
+    let Admit::Refuse(e) = c.admit(512, t + Duration::from_secs(31)) else { panic!("refused past the bound") };
+    assert!(matches!(e, BlockError::NoSpace(_)), "{e}");
+    assert!(e.to_string().contains("pool full"), "{e}");
+}
+
+#[test]
+fn write_through_with_nothing_dirty_goes_to_the_remote_and_drops_the_cached_block() {
+    let mut c = core(Mode::WriteThrough);
+    let plan = c.read(5, 1).expect("plan");
+    c.finish_read(plan.generation, &[(5, blocks(1, 1))]);
+    assert!(matches!(&c.read(5, 1).expect("plan").pieces[..], [Piece::Ram(_)]), "cached");
+    assert_eq!(c.write(5, blocks(1, 2), false), Ok(Submitted::Remote));
+    assert_eq!(c.read(5, 1).expect("plan").pieces, vec![Piece::Remote { lba: 5, blocks: 1 }], "dropped at once");
+    // A read races the write: planned before it completed, its (old) data arrives after.
+    let racing = c.read(5, 1).expect("plan");
+    c.direct_done(5, 1);
+    c.finish_read(racing.generation, &[(5, blocks(1, 1))]);
+    assert_eq!(c.read(5, 1).expect("plan").pieces, vec![Piece::Remote { lba: 5, blocks: 1 }], "not cached");
+    assert_eq!(c.flush(), Submitted::Remote);
+    assert!(c.is_clean());
+}
+
+#[test]
+fn write_through_over_a_log_with_dirty_data_goes_through_it_and_waits_for_destage() {
+    let mut c = core(Mode::Log);
+    c.write(5, blocks(1, 1), false).expect("write");
+    log_all(&mut c);
+    // Restarted in write-through mode over that log.
+    c.cfg.mode = Mode::WriteThrough;
+    let Ok(Submitted::Wait(t)) = c.write(5, blocks(1, 2), false) else { panic!("waits for destage") };
+    let plan = c.read(5, 1).expect("plan");
+    assert!(matches!(&plan.pieces[..], [Piece::Ram(b)] if b[0] == 2), "reads see the newest write");
+    c.unpin(&plan.pinned);
+    assert!(log_all(&mut c).is_empty(), "durable in the log is not enough");
+    let mut acked = Vec::new();
+    for _ in 0..10 {
+        let (_, sync) = destage_epoch(&mut c);
+        if let Some(e) = sync {
+            c.synced(e, 0, now());
+        }
+        if let Some(cp) = c.take_checkpoint() {
+            c.checkpoint_durable(cp);
+        }
+        acked.extend(c.take_acks());
+    }
+    assert_eq!(acked, vec![t]);
+    assert!(c.is_clean());
+    assert_eq!(c.write(5, blocks(1, 3), false), Ok(Submitted::Remote), "clean again: direct");
+}
+
+#[test]
+fn a_log_too_small_for_two_epochs_is_refused() {
+    let mut small = layout(false);
+    small.ring_end = RING_START + (1 << 20);
+    assert!(matches!(cfg(Mode::Log).validate(&small), Err(crate::config::ConfigError::LogTooSmall { .. })));
+    assert_eq!(cfg(Mode::Log).validate(&layout(false)), Ok(()));
+}

@@ -1,0 +1,283 @@
+//! Destage's driver: carries out what the core's destage hands out (writes, zeroings, flushes,
+//! read-backs), many in flight, on the remote's ordered queue when it has one, and books each
+//! answer with the remote's reset count and the time; after progress, the checkpoint.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use stics_block::{BlockError, OrderedQueue};
+use tokio::task::JoinSet;
+
+use super::log_writer::persist_checkpoint;
+use super::{complete, lock, report, Inner};
+use crate::core::{DestageIo, Piece, Probe};
+
+/// What a destage task reports.
+enum Ended {
+    /// A write or zeroing.
+    Io(u64, Result<(), BlockError>),
+    /// The flush after an epoch, and when it was sent.
+    Sync(u64, Result<(), BlockError>, Instant),
+    /// A read-back of the remote: which versions it holds.
+    Probe(Result<Vec<bool>, BlockError>),
+}
+
+/// Destage: epochs in order, many remote writes in flight, a flush of the remote at the end of
+/// each, a durable checkpoint after it. On an ordered remote the flush is a barrier queued right
+/// behind the epoch's writes, and the next epoch's writes right behind it.
+pub(crate) async fn destager(inner: Arc<Inner>) {
+    let mut running: JoinSet<Ended> = JoinSet::new();
+    let ordered = lock(&inner.core).layout().ordered_remote;
+    loop {
+        if inner.halted.load(Ordering::Acquire) {
+            running.abort_all();
+            return;
+        }
+        let notified = inner.destager.notified();
+        if let (true, Some(q)) = (ordered, inner.remote.ordered_queue()) {
+            // Cheap unless the session was reinstated or the claim was refused: then the claim
+            // is made again first.
+            if let Err(e) = q.prepare().await {
+                let wait = {
+                    let mut c = lock(&inner.core);
+                    c.remote_failed(&e, None, Instant::now());
+                    c.retry_at().map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()))
+                };
+                report(&inner);
+                tracing::debug!("remote not ready for destage: {e}");
+                tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
+                continue;
+            }
+        }
+        let ios = lock(&inner.core).next_destage(inner.remote.resets(), Instant::now());
+        let mut progressed = !ios.is_empty();
+        match inner.remote.ordered_queue() {
+            Some(q) if ordered => queue_in_order(&inner, q, ios, &mut running).await,
+            _ => {
+                for io in ios {
+                    spawn_destage(&inner, io, &mut running);
+                }
+            }
+        }
+        // Collect what finished; wait for the first if nothing else can happen.
+        while let Some(joined) = if progressed { running.try_join_next() } else { running.join_next().await } {
+            progressed = true;
+            let Ok(ended) = joined else { continue };
+            destage_ended(&inner, ended).await;
+        }
+        report(&inner);
+        if !progressed {
+            // Idle, or holding back after a failure: until the backoff ends or new work comes.
+            let wait = lock(&inner.core)
+                .retry_at()
+                .map_or(Duration::from_millis(100), |t| t.saturating_duration_since(Instant::now()));
+            let _ = tokio::time::timeout(wait.min(Duration::from_millis(100)), notified).await;
+        }
+    }
+}
+
+/// Reads a destage write's sources: RAM and log slots.
+async fn sources(inner: &Inner, pieces: Vec<Piece>) -> Result<Bytes, BlockError> {
+    let bs = inner.geometry.block_size as usize;
+    if let [Piece::Ram(b)] = pieces.as_slice() {
+        return Ok(b.clone());
+    }
+    let mut out = BytesMut::new();
+    for p in pieces {
+        match p {
+            Piece::Ram(b) => out.extend_from_slice(&b),
+            Piece::Log { offset, blocks } => {
+                let slots = inner.log.read(offset, blocks as usize * bs).await?;
+                out.extend_from_slice(&slots);
+            }
+            Piece::Zero { blocks } => out.resize(out.len() + blocks as usize * bs, 0),
+            Piece::Remote { .. } => {
+                return Err(BlockError::Unsupported("a destage write sourced from the remote"));
+            }
+        }
+    }
+    Ok(out.freeze())
+}
+
+/// Runs destage operations each in its own task (a remote that does not keep order: the core
+/// hands out a flush only once the epoch's writes completed).
+fn spawn_destage(inner: &Arc<Inner>, io: DestageIo, running: &mut JoinSet<Ended>) {
+    let inner = Arc::clone(inner);
+    match io {
+        DestageIo::Write { id, lba, sources: from, .. } => {
+            running.spawn(async move {
+                let r = async {
+                    let data = sources(&inner, from).await?;
+                    let (len, started) = (data.len() as u64, Instant::now());
+                    inner.remote.write(lba, data, false).await?;
+                    lock(&inner.counters).remote_write(len, started.elapsed());
+                    Ok(())
+                }
+                .await;
+                Ended::Io(id, r)
+            });
+        }
+        DestageIo::Zero { id, lba, blocks, discard } => {
+            running.spawn(async move {
+                let remote = &inner.remote;
+                let r = if discard && remote.supports_discard() {
+                    remote.discard(lba, u64::from(blocks)).await
+                } else {
+                    remote.write_zeros(lba, u64::from(blocks)).await
+                };
+                Ended::Io(id, r)
+            });
+        }
+        DestageIo::Sync { epoch, .. } => {
+            running.spawn(async move {
+                let started = Instant::now();
+                Ended::Sync(epoch, inner.remote.flush().await, started)
+            });
+        }
+        DestageIo::Probe(probe) => {
+            running.spawn(async move { Ended::Probe(run_probe(inner, probe).await) });
+        }
+    }
+}
+
+/// Queues destage operations on an ordered remote, in the order the core gave them. If the data
+/// of one cannot be read from the log, it and everything after it fail unsent: nothing may
+/// overtake it.
+async fn queue_in_order(inner: &Arc<Inner>, q: &dyn OrderedQueue, ios: Vec<DestageIo>, running: &mut JoinSet<Ended>) {
+    let mut ios = ios.into_iter();
+    while let Some(io) = ios.next() {
+        let failed = match io {
+            DestageIo::Write { id, lba, sources: from, .. } => match sources(inner, from).await {
+                Ok(data) => {
+                    let len = data.len() as u64;
+                    let (fut, started) = (q.queue_write(lba, data), Instant::now());
+                    let inner = Arc::clone(inner);
+                    running.spawn(async move {
+                        let r = fut.await;
+                        if r.is_ok() {
+                            lock(&inner.counters).remote_write(len, started.elapsed());
+                        }
+                        Ended::Io(id, r)
+                    });
+                    None
+                }
+                Err(e) => {
+                    tracing::error!("destage could not read the log: {e}");
+                    lock(&inner.core).destage_failed(id, &e, Instant::now());
+                    Some(e)
+                }
+            },
+            DestageIo::Zero { id, lba, blocks, discard } => {
+                let fut = q.queue_zeros(lba, u64::from(blocks), discard && inner.remote.supports_discard());
+                running.spawn(async move { Ended::Io(id, fut.await) });
+                None
+            }
+            DestageIo::Sync { epoch, .. } => {
+                let (fut, started) = (q.queue_barrier(), Instant::now());
+                running.spawn(async move { Ended::Sync(epoch, fut.await, started) });
+                None
+            }
+            DestageIo::Probe(probe) => {
+                // Nothing else is in flight while a probe is.
+                spawn_destage(inner, DestageIo::Probe(probe), running);
+                None
+            }
+        };
+        if let Some(e) = failed {
+            let mut c = lock(&inner.core);
+            let now = Instant::now();
+            for io in ios.by_ref() {
+                match io {
+                    DestageIo::Write { id, .. } | DestageIo::Zero { id, .. } => c.destage_failed(id, &e, now),
+                    DestageIo::Sync { epoch, .. } => c.sync_failed(epoch, &e, now),
+                    DestageIo::Probe(_) => c.probe_failed(&e, now),
+                }
+            }
+        }
+    }
+}
+
+/// Reads back the blocks of a [`Probe`] from the remote (many reads in flight: recovery should
+/// not pay a round trip per block) and says for each version whether the remote holds it. A
+/// zeroing or a discard is held where the remote reads zeros: a remote that unmaps reads
+/// unmapped blocks as zeros, and anything else there means the discard never reached it.
+async fn run_probe(inner: Arc<Inner>, probe: Probe) -> Result<Vec<bool>, BlockError> {
+    let bs = inner.geometry.block_size as usize;
+    let per_read = (inner.cfg.destage_io_bytes / bs as u64).clamp(1, u64::from(u32::MAX)) as u32;
+    let mut held: HashMap<u64, Bytes> = HashMap::new();
+    let mut reads: JoinSet<Result<(u64, Bytes), BlockError>> = JoinSet::new();
+    let mut runs = probe.runs(per_read).into_iter();
+    loop {
+        while reads.len() < inner.cfg.destage_inflight.max(1) {
+            let Some((lba, n)) = runs.next() else { break };
+            let inner = Arc::clone(&inner);
+            reads.spawn(async move { Ok((lba, inner.remote.read(lba, n).await?)) });
+        }
+        let Some(joined) = reads.join_next().await else { break };
+        let (lba, data) = joined.map_err(|e| BlockError::Io { lba: 0, source: std::io::Error::other(e) })??;
+        for (i, block) in data.chunks_exact(bs).enumerate() {
+            held.insert(lba + i as u64, data.slice(i * bs..i * bs + block.len()));
+        }
+    }
+    let mut out = Vec::with_capacity(probe.versions.len());
+    for v in probe.versions {
+        let Some(there) = held.get(&v.lba) else {
+            out.push(false);
+            continue;
+        };
+        let same = match v.source {
+            Piece::Log { offset, .. } => inner.log.read(offset, bs).await?.as_ref() == there.as_ref(),
+            _ => there.iter().all(|x| *x == 0),
+        };
+        out.push(same);
+    }
+    Ok(out)
+}
+
+/// Books a finished destage operation; after progress, makes the new checkpoint durable.
+async fn destage_ended(inner: &Arc<Inner>, ended: Ended) {
+    let now = Instant::now();
+    let moved = match ended {
+        Ended::Io(id, Ok(())) => lock(&inner.core).destage_done(id, now),
+        Ended::Io(id, Err(e)) => {
+            tracing::debug!("destage write failed: {e}");
+            lock(&inner.counters).destage_retries += 1;
+            lock(&inner.core).destage_failed(id, &e, now);
+            false
+        }
+        Ended::Sync(epoch, Ok(()), started) => {
+            lock(&inner.counters).remote_sync(started.elapsed());
+            // A flush answered after the remote was reset proves nothing: the core sends the
+            // epoch again.
+            let resets = inner.remote.resets();
+            lock(&inner.core).synced(epoch, resets, now)
+        }
+        Ended::Sync(epoch, Err(e), _) => {
+            tracing::debug!(epoch, "remote flush failed: {e}");
+            lock(&inner.counters).destage_retries += 1;
+            lock(&inner.core).sync_failed(epoch, &e, now);
+            false
+        }
+        Ended::Probe(Ok(matches)) => {
+            lock(&inner.core).probed(&matches);
+            tracing::info!("read back what the remote holds of the epochs in flight; destage resumes");
+            false
+        }
+        Ended::Probe(Err(e)) => {
+            tracing::debug!("reading back the remote failed: {e}");
+            lock(&inner.counters).destage_retries += 1;
+            lock(&inner.core).probe_failed(&e, now);
+            false
+        }
+    };
+    if moved {
+        let acks = lock(&inner.core).take_acks();
+        complete(inner, acks);
+        persist_checkpoint(inner).await;
+        inner.space.notify_waiters();
+        inner.freed.notify_waiters();
+    }
+}

@@ -1,0 +1,665 @@
+//! `Cache`, the block device that wraps a remote device with the write log: the thin tokio
+//! driver around [`crate::core::Core`]. Host requests go through the core under a short lock;
+//! [`log_writer`] writes log records (group commit) and the checkpoint, [`destager`] carries out
+//! destage with many remote commands in flight, [`status`] gathers what an operator scrapes.
+//!
+//! One writer per remote: opening claims the remote ([`BlockDev::claim`], a persistent
+//! reservation on a remote LUN) under a key derived from the log's UUID, in every mode, and
+//! refuses to start when another key holds it. Closing keeps the claim: the log may still hold
+//! data the remote lacks, and the next open of the same log takes the claim back.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use stics_block::{BlockDev, BlockError, Claim, Geometry};
+use tokio::sync::{oneshot, Notify};
+use tokio::task::JoinSet;
+
+use crate::config::{Config, ConfigError, Layout, Mode};
+use crate::core::{self, Admit, Change, Core, Piece, State, Submitted, Ticket};
+use crate::format::{RemoteBinding, Superblock, LOG_BLOCK, RING_START};
+use crate::scan::{self, LogRead, ScanError};
+
+mod destager;
+mod log_writer;
+pub mod status;
+
+pub use status::{HealthStatus, Status};
+
+/// Why a cache could not open.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// The log device failed.
+    #[error("log device: {0}")]
+    Log(#[source] BlockError),
+    /// The remote device failed.
+    #[error("remote device: {0}")]
+    Remote(#[source] BlockError),
+    /// The log belongs to another remote LUN.
+    #[error(
+        "this log belongs to another LUN ({}, {} blocks of {} bytes), not the remote given ({}, {} blocks of {} bytes); \
+         destage it there first or give a fresh log",
+        show_id(&found.device_id), found.num_blocks, found.block_size,
+        show_id(&wanted.device_id), wanted.num_blocks, wanted.block_size
+    )]
+    WrongRemote { found: RemoteBinding, wanted: RemoteBinding },
+    /// The superblock is unreadable (both copies).
+    #[error("the log's superblock is unreadable: {0}")]
+    Superblock(#[source] crate::format::FormatError),
+    /// Recovery found damage it cannot repair.
+    #[error("recovery: {0}")]
+    Scan(#[from] ScanError),
+    /// The log is too small for these settings.
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    /// The log device's size does not match the log written on it.
+    #[error("the log was formatted for {formatted} bytes but the device has {device}")]
+    LogSize { formatted: u64, device: u64 },
+    /// Another writer (another cache, or any initiator) holds the remote.
+    #[error(
+        "another writer holds the remote LUN: reservation key {holder:#018x}; stop it, or, if it is gone for good, \
+         preempt or clear its reservation on the remote (a restart on that writer's own log takes it back)"
+    )]
+    Claimed { holder: u64 },
+}
+
+/// The key a log claims its remote under: its UUID folded to 64 bits, never zero (zero means
+/// "no key" to persistent reservations).
+pub fn claim_key(log_uuid: &[u8; 16]) -> u64 {
+    let (a, b) = log_uuid.split_at(8);
+    let fold =
+        u64::from_be_bytes(a.try_into().unwrap_or_default()) ^ u64::from_be_bytes(b.try_into().unwrap_or_default());
+    fold.max(1)
+}
+
+fn show_id(id: &[u8]) -> String {
+    use std::fmt::Write;
+    if !id.is_empty() && id.iter().all(u8::is_ascii_graphic) {
+        return String::from_utf8_lossy(id).into_owned();
+    }
+    id.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Byte-granular reads of the log device.
+pub(crate) struct LogDev(pub(crate) Arc<dyn BlockDev>);
+
+impl LogDev {
+    pub(crate) async fn read(&self, off: u64, len: usize) -> Result<Bytes, BlockError> {
+        stics_block::range::read_at(self.0.as_ref(), off, len).await
+    }
+
+    /// Writes whole log blocks (offsets and lengths are multiples of [`LOG_BLOCK`]).
+    pub(crate) async fn write(&self, off: u64, data: Bytes) -> Result<(), BlockError> {
+        let bs = u64::from(self.0.geometry().block_size);
+        self.0.write(off / bs, data, false).await
+    }
+}
+
+#[async_trait]
+impl LogRead for &LogDev {
+    async fn read_at(&mut self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        let end = self.0.geometry().bytes();
+        let len = len.min(end.saturating_sub(offset) as usize);
+        self.read(offset, len).await.map(|b| b.to_vec()).map_err(std::io::Error::other)
+    }
+}
+
+/// How often a request waiting for its acknowledgement looks whether it should end instead.
+const STALL_CHECK: Duration = Duration::from_secs(1);
+
+pub(crate) struct Inner {
+    core: Mutex<Core>,
+    log: LogDev,
+    remote: Arc<dyn BlockDev>,
+    cfg: Config,
+    geometry: Geometry,
+    /// Superblock fields that do not change, and the generation last written.
+    superblock: Mutex<Superblock>,
+    /// One checkpoint write at a time.
+    checkpointing: tokio::sync::Mutex<()>,
+    waiters: Mutex<HashMap<Ticket, oneshot::Sender<()>>>,
+    /// New writes for the log writer.
+    logger: Notify,
+    /// Durable records or a new checkpoint for the destager.
+    destager: Notify,
+    /// RAM or log space became free.
+    space: Notify,
+    /// Destage freed log space (a new checkpoint): throttled writes go in together.
+    freed: Notify,
+    counters: Mutex<status::Counters>,
+    /// The log writer ends once nothing is left in RAM.
+    stopping: AtomicBool,
+    /// Destage ends.
+    halted: AtomicBool,
+    /// Read-ahead in flight: block range and who waits for it.
+    prefetching: Mutex<Vec<(u64, u64, Arc<Notify>)>>,
+}
+
+/// The STICS cache as a block device over a remote one.
+pub struct Cache {
+    inner: Arc<Inner>,
+    tasks: Mutex<Option<JoinSet<()>>>,
+}
+
+impl Cache {
+    /// Opens (or formats, when it holds no log) the log on `log` for `remote`, recovers what it
+    /// holds and starts the log writer and destage. `remote_id` identifies the remote LUN (VPD
+    /// page 83h); a log is only ever opened for the LUN it was made for.
+    pub async fn open(
+        log: Arc<dyn BlockDev>,
+        remote: Arc<dyn BlockDev>,
+        remote_id: &[u8],
+        cfg: Config,
+    ) -> Result<Cache, CacheError> {
+        let geometry = remote.geometry();
+        let wanted = RemoteBinding {
+            device_id: remote_id.iter().copied().take(crate::format::MAX_DEVICE_ID).collect(),
+            num_blocks: geometry.num_blocks,
+            block_size: geometry.block_size,
+        };
+        let log = LogDev(log);
+        let device_bytes = log.0.geometry().bytes() / LOG_BLOCK * LOG_BLOCK;
+        let head = log.read(0, 2 * LOG_BLOCK as usize).await.map_err(CacheError::Log)?;
+        let (a, b) = head.split_at(LOG_BLOCK as usize);
+        let sb = match Superblock::choose(a, b) {
+            Ok(sb) => sb,
+            Err(crate::format::FormatError::Magic) if head.iter().all(|x| *x == 0) => {
+                log_writer::format(&log, device_bytes, wanted.clone()).await?
+            }
+            Err(e) => return Err(CacheError::Superblock(e)),
+        };
+        if sb.remote != wanted {
+            return Err(CacheError::WrongRemote { found: sb.remote, wanted });
+        }
+        if sb.log_bytes > log.0.geometry().bytes() {
+            return Err(CacheError::LogSize { formatted: sb.log_bytes, device: device_bytes });
+        }
+        let layout = Layout {
+            block_size: geometry.block_size,
+            num_blocks: geometry.num_blocks,
+            ring_start: RING_START,
+            ring_end: sb.log_bytes,
+            ordered_remote: cfg.ordered_destage && remote.ordered_queue().is_some(),
+        };
+        cfg.validate(&layout)?;
+        // Once the settings are known to work and before recovery destages anything: nobody else
+        // may write behind this log's back.
+        let key = claim_key(&sb.log_uuid);
+        match remote.claim(key).await {
+            Ok(Claim::Held) => tracing::info!(key = format_args!("{key:#018x}"), "claimed the remote"),
+            Ok(Claim::TakenOver) => {
+                tracing::info!(
+                    key = format_args!("{key:#018x}"),
+                    "took the remote back from an earlier run of this log"
+                );
+            }
+            Ok(Claim::Unsupported) => {}
+            Err(BlockError::Reserved { holder }) => return Err(CacheError::Claimed { holder: holder.unwrap_or(0) }),
+            Err(e) => return Err(CacheError::Remote(e)),
+        }
+        let scanned = scan::scan(&mut &log, &sb).await?;
+        if let Some(t) = &scanned.torn_tail {
+            tracing::info!(seq = t.seq, offset = t.offset, "dropped a torn record that was never acknowledged");
+        }
+        let records: Vec<(u64, _)> = scanned.records.iter().map(|r| (r.offset, r.header.clone())).collect();
+        let live = records.len();
+        let core = Core::recover(
+            cfg.clone(),
+            layout,
+            sb.log_uuid,
+            sb.checkpoint,
+            &records,
+            scanned.tail_offset,
+            scanned.next_seq,
+        );
+        drop(records);
+        drop(scanned);
+        if live > 0 {
+            tracing::info!(
+                records = live,
+                dirty_blocks = core.dirty_blocks(),
+                index_extents = core.index_extents(),
+                "recovered the write log; destage resumes"
+            );
+        }
+        let inner = Arc::new(Inner {
+            core: Mutex::new(core),
+            log,
+            remote,
+            cfg,
+            geometry,
+            superblock: Mutex::new(sb),
+            checkpointing: tokio::sync::Mutex::new(()),
+            waiters: Mutex::new(HashMap::new()),
+            logger: Notify::new(),
+            destager: Notify::new(),
+            space: Notify::new(),
+            freed: Notify::new(),
+            counters: Mutex::new(status::Counters::default()),
+            stopping: AtomicBool::new(false),
+            halted: AtomicBool::new(false),
+            prefetching: Mutex::new(Vec::new()),
+        });
+        let mut tasks = JoinSet::new();
+        tasks.spawn(log_writer::log_writer(Arc::clone(&inner)));
+        tasks.spawn(destager::destager(Arc::clone(&inner)));
+        Ok(Cache { inner, tasks: Mutex::new(Some(tasks)) })
+    }
+
+    /// What the cache holds and has done.
+    pub fn status(&self) -> Status {
+        let c = lock(&self.inner.core);
+        lock(&self.inner.counters).status(&c, Instant::now())
+    }
+
+    /// Waits until every dirty block is on the remote and synchronised (for maintenance: the
+    /// remote alone is then the whole truth). Ends with the cause when the remote (or the log)
+    /// keeps failing for the full timeout while it waits.
+    pub async fn drain(&self) -> Result<(), BlockError> {
+        /// Destage hurries while a drain waits, however it ends.
+        struct Hurry<'a>(&'a Inner);
+        impl Drop for Hurry<'_> {
+            fn drop(&mut self) {
+                lock(&self.0.core).hurry(false);
+            }
+        }
+        lock(&self.inner.core).hurry(true);
+        let _hurry = Hurry(&self.inner);
+        let started = Instant::now();
+        loop {
+            let notified = self.inner.space.notified();
+            let clean = {
+                let c = lock(&self.inner.core);
+                let now = Instant::now();
+                if now.saturating_duration_since(started) >= self.inner.cfg.full_timeout {
+                    if let Some(e) = c.stalled(true, now) {
+                        return Err(e);
+                    }
+                }
+                c.is_clean()
+            };
+            // When clean: destage wrote a checkpoint after its last epoch; a head that moved
+            // since (pins let go of) is written here, so that the empty log is final on disk.
+            if clean && !log_writer::persist_checkpoint(&self.inner).await {
+                return Ok(());
+            }
+            self.inner.destager.notify_one();
+            let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+        }
+    }
+
+    /// Stops the cache. Acknowledged writes still in RAM (`immediate` mode) are written to the
+    /// log first, with destage running meanwhile (a full log empties only through it), however
+    /// long that takes; then the log writer and destage stop. What is dirty stays in the log
+    /// and is destaged at the next open.
+    pub async fn close(&self) {
+        let mut told = Instant::now();
+        loop {
+            let notified = self.inner.space.notified();
+            let left = lock(&self.inner.core).acknowledged_in_ram();
+            if left == 0 {
+                break;
+            }
+            if told.elapsed() >= Duration::from_secs(5) {
+                tracing::warn!("stopping: {left} bytes of acknowledged writes still to reach the log");
+                told = Instant::now();
+            }
+            self.inner.logger.notify_one();
+            self.inner.destager.notify_one();
+            let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+        }
+        self.inner.stopping.store(true, Ordering::Release);
+        self.inner.logger.notify_one();
+        let tasks = lock(&self.tasks).take();
+        if let Some(mut t) = tasks {
+            // The writer finishes the record it is writing (and, in `log` mode, what waits: it
+            // was never acknowledged, but costs nothing to keep); destage may be cut anywhere.
+            let writer_done = async {
+                while let Some(r) = t.join_next().await {
+                    if r.is_ok() {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(5), writer_done).await;
+            self.inner.halted.store(true, Ordering::Release);
+            self.inner.destager.notify_one();
+            t.abort_all();
+            while t.join_next().await.is_some() {}
+        }
+    }
+
+    /// Bytes of acknowledged writes still in RAM (what [`Cache::close`] waits for).
+    pub fn acknowledged_in_ram(&self) -> u64 {
+        lock(&self.inner.core).acknowledged_in_ram()
+    }
+
+    /// Runs a host request through the core and waits for its acknowledgement. The waiter is
+    /// registered under the core's lock, so the log writer cannot acknowledge it unseen. A
+    /// request that waits for a device that keeps failing ends with the cause after the full
+    /// timeout. [`Submitted::Remote`] is handed back for the caller to carry out.
+    async fn submit(
+        &self,
+        for_remote: bool,
+        f: impl FnOnce(&mut Core) -> Result<Submitted, core::CoreError>,
+    ) -> Result<Submitted, BlockError> {
+        let (s, rx) = {
+            let mut c = lock(&self.inner.core);
+            let s = f(&mut c).map_err(from_core)?;
+            let rx = match s {
+                Submitted::Wait(t) => {
+                    let (tx, rx) = oneshot::channel();
+                    lock(&self.inner.waiters).insert(t, tx);
+                    Some((t, rx))
+                }
+                Submitted::Done | Submitted::Remote => None,
+            };
+            (s, rx)
+        };
+        self.inner.logger.notify_one();
+        let Some((ticket, mut rx)) = rx else { return Ok(s) };
+        if for_remote {
+            self.inner.destager.notify_one();
+        }
+        loop {
+            match tokio::time::timeout(STALL_CHECK, &mut rx).await {
+                Ok(_) => return Ok(s),
+                Err(_) => {
+                    let stalled = lock(&self.inner.core).stalled(for_remote, Instant::now());
+                    if let Some(e) = stalled {
+                        lock(&self.inner.waiters).remove(&ticket);
+                        lock(&self.inner.counters).refused_writes += 1;
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Holds a host write back while RAM, the log or the index is full, slows it while the log
+    /// fills, and refuses it once something is full and the remote (or the log) has been
+    /// failing for longer than the full timeout (see [`Core::admit`]).
+    async fn admit(&self, bytes: u64) -> Result<(), BlockError> {
+        loop {
+            let freed = self.inner.freed.notified();
+            let space = self.inner.space.notified();
+            let admit = lock(&self.inner.core).admit(bytes, Instant::now());
+            match admit {
+                Admit::Now => return Ok(()),
+                Admit::At(t) => {
+                    let _ = tokio::time::timeout_at(t.into(), freed).await;
+                    return Ok(());
+                }
+                Admit::Full => {
+                    let _ = tokio::time::timeout(Duration::from_millis(50), async {
+                        tokio::select! {
+                            () = freed => {}
+                            () = space => {}
+                        }
+                    })
+                    .await;
+                }
+                Admit::Refuse(e) => {
+                    lock(&self.inner.counters).refused_writes += 1;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Reads ahead in the background; a read of those blocks waits for it instead of asking
+    /// the remote a second time.
+    fn prefetch(&self, lba: u64, blocks: u32, generation: u64) {
+        let done = Arc::new(Notify::new());
+        lock(&self.inner.prefetching).push((lba, lba + u64::from(blocks), Arc::clone(&done)));
+        let inner = Arc::clone(&self.inner);
+        tokio::spawn(async move {
+            let fetched = match inner.remote.read(lba, blocks).await {
+                Ok(data) => vec![(lba, data)],
+                Err(_) => Vec::new(),
+            };
+            lock(&inner.core).finish_read(generation, &fetched);
+            lock(&inner.prefetching).retain(|(s, _, _)| *s != lba);
+            done.notify_waiters();
+        });
+    }
+
+    async fn wait_for_prefetch(&self, lba: u64, blocks: u64) {
+        let pending = lock(&self.inner.prefetching)
+            .iter()
+            .find(|(s, e, _)| *s < lba + blocks && lba < *e)
+            .map(|(_, _, n)| Arc::clone(n));
+        if let Some(n) = pending {
+            let notified = n.notified();
+            // Registered after the lookup: the prefetch may have ended in between.
+            let still = lock(&self.inner.prefetching).iter().any(|(s, e, _)| *s < lba + blocks && lba < *e);
+            if still {
+                let _ = tokio::time::timeout(Duration::from_secs(5), notified).await;
+            }
+        }
+    }
+
+    /// Runs a write-through request on the remote, then lets the core know it changed those
+    /// blocks (whatever the outcome: a failed write may have landed in part).
+    async fn direct<F>(&self, lba: u64, blocks: u64, run: F) -> Result<(), BlockError>
+    where
+        F: std::future::Future<Output = Result<(), BlockError>>,
+    {
+        let r = run.await;
+        lock(&self.inner.core).direct_done(lba, blocks);
+        r
+    }
+}
+
+/// Acknowledges the requests waiting for `tickets`.
+pub(crate) fn complete(inner: &Inner, tickets: Vec<Ticket>) {
+    if tickets.is_empty() {
+        return;
+    }
+    let mut w = lock(&inner.waiters);
+    for t in tickets {
+        if let Some(tx) = w.remove(&t) {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Logs the core's state changes, one line each, and a reminder of a failure in force once a
+/// minute.
+pub(crate) fn report(inner: &Inner) {
+    let (changes, reminder) = {
+        let mut c = lock(&inner.core);
+        (c.take_changes(), c.reminder(Instant::now()))
+    };
+    for change in changes {
+        match change {
+            Change::Failing(state, f) => {
+                let lba = f.lba.map(|l| format!(" at block {l}")).unwrap_or_default();
+                let what = if state == State::Stalled {
+                    "stalled: destage waits for a repair"
+                } else {
+                    "degraded: retrying with backoff"
+                };
+                tracing::warn!(kind = f.kind.name(), "{what}: {}{lba}", f.error);
+            }
+            Change::Recovered(after) => tracing::info!("healthy again after {:.1} s", after.as_secs_f64()),
+        }
+    }
+    if let Some(f) = reminder {
+        let secs = Instant::now().saturating_duration_since(f.since).as_secs();
+        tracing::warn!(kind = f.kind.name(), "still failing after {secs} s: {}", f.error);
+    }
+}
+
+#[expect(clippy::needless_pass_by_value, reason = "used as a map_err function")]
+fn from_core(e: core::CoreError) -> BlockError {
+    match e {
+        core::CoreError::OutOfRange { lba, blocks, num_blocks } => BlockError::OutOfRange { lba, blocks, num_blocks },
+        core::CoreError::Misaligned { len, block_size } => BlockError::Misaligned { len, block_size },
+    }
+}
+
+/// Reads a host read's pieces; returns the bytes and what came from the remote (for the read
+/// cache).
+async fn resolve(inner: &Inner, pieces: Vec<Piece>) -> Result<(Bytes, Vec<(u64, Bytes)>), BlockError> {
+    let bs = inner.geometry.block_size as usize;
+    if let [Piece::Ram(b)] = pieces.as_slice() {
+        lock(&inner.counters).read_blocks_cache += (b.len() / bs) as u64;
+        return Ok((b.clone(), Vec::new()));
+    }
+    let mut fetched = Vec::new();
+    let mut out = BytesMut::new();
+    let (mut cache_blocks, mut remote_blocks) = (0u64, 0u64);
+    for p in pieces {
+        match p {
+            Piece::Ram(b) => {
+                cache_blocks += (b.len() / bs) as u64;
+                out.extend_from_slice(&b);
+            }
+            Piece::Log { offset, blocks } => {
+                cache_blocks += u64::from(blocks);
+                out.extend_from_slice(&inner.log.read(offset, blocks as usize * bs).await?);
+            }
+            Piece::Zero { blocks } => {
+                cache_blocks += u64::from(blocks);
+                out.resize(out.len() + blocks as usize * bs, 0);
+            }
+            Piece::Remote { lba, blocks } => {
+                remote_blocks += u64::from(blocks);
+                let data = inner.remote.read(lba, blocks).await?;
+                out.extend_from_slice(&data);
+                fetched.push((lba, data));
+            }
+        }
+    }
+    let mut n = lock(&inner.counters);
+    n.read_blocks_cache += cache_blocks;
+    n.read_blocks_remote += remote_blocks;
+    Ok((out.freeze(), fetched))
+}
+
+#[async_trait]
+impl BlockDev for Cache {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry
+    }
+
+    fn volatile_cache(&self) -> bool {
+        match self.inner.cfg.mode {
+            Mode::Immediate => true,
+            Mode::Log => false,
+            Mode::WriteThrough => self.inner.remote.volatile_cache(),
+        }
+    }
+
+    fn supports_discard(&self) -> bool {
+        true
+    }
+
+    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
+        self.wait_for_prefetch(lba, u64::from(blocks)).await;
+        let plan = lock(&self.inner.core).read(lba, u64::from(blocks)).map_err(from_core)?;
+        if let Some((from, n)) = plan.prefetch {
+            self.prefetch(from, n, plan.generation);
+        }
+        let r = resolve(&self.inner, plan.pieces.clone()).await;
+        let mut c = lock(&self.inner.core);
+        c.unpin(&plan.pinned);
+        if plan.has_remote() {
+            let fetched = r.as_ref().map(|(_, f)| f.as_slice()).unwrap_or_default();
+            c.finish_read(plan.generation, fetched);
+        }
+        r.map(|(data, _)| data)
+    }
+
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
+        let (arrived, len) = (Instant::now(), data.len() as u64);
+        self.admit(len).await?;
+        let direct = data.clone();
+        let mut epochs = (0, 0);
+        let write_through = self.inner.cfg.mode == Mode::WriteThrough;
+        let s = self
+            .submit(write_through, |c| {
+                let r = c.write(lba, data, fua);
+                epochs = c.epochs();
+                r
+            })
+            .await?;
+        if s == Submitted::Remote {
+            let blocks = len / u64::from(self.inner.geometry.block_size);
+            let started = Instant::now();
+            self.direct(lba, blocks, self.inner.remote.write(lba, direct, fua)).await?;
+            let mut n = lock(&self.inner.counters);
+            n.host_write_bytes += len;
+            n.remote_write(len, started.elapsed());
+            return Ok(());
+        }
+        lock(&self.inner.counters).host_write(len, epochs, arrived);
+        Ok(())
+    }
+
+    async fn flush(&self) -> Result<(), BlockError> {
+        match self.submit(false, |c| Ok(c.flush())).await? {
+            Submitted::Remote => self.inner.remote.flush().await,
+            Submitted::Done | Submitted::Wait(_) => Ok(()),
+        }
+    }
+
+    async fn write_zeros(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        self.admit(0).await?;
+        let write_through = self.inner.cfg.mode == Mode::WriteThrough;
+        match self.submit(write_through, |c| c.zero(lba, blocks, false)).await? {
+            Submitted::Remote => self.direct(lba, blocks, self.inner.remote.write_zeros(lba, blocks)).await,
+            Submitted::Done | Submitted::Wait(_) => Ok(()),
+        }
+    }
+
+    async fn discard(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        self.admit(0).await?;
+        let write_through = self.inner.cfg.mode == Mode::WriteThrough;
+        match self.submit(write_through, |c| c.zero(lba, blocks, true)).await? {
+            Submitted::Remote => {
+                let remote = &self.inner.remote;
+                if remote.supports_discard() {
+                    self.direct(lba, blocks, remote.discard(lba, blocks)).await
+                } else {
+                    self.direct(lba, blocks, remote.write_zeros(lba, blocks)).await
+                }
+            }
+            Submitted::Done | Submitted::Wait(_) => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("mode", &self.inner.cfg.mode)
+            .field("geometry", &self.inner.geometry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        self.inner.stopping.store(true, Ordering::Release);
+        self.inner.halted.store(true, Ordering::Release);
+        if let Some(mut t) = lock(&self.tasks).take() {
+            t.abort_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
