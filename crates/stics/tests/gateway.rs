@@ -803,3 +803,61 @@ fn rbd_remote_behind_an_8_ms_wan_loses_no_acknowledged_write_across_gateway_sigk
     .unwrap();
     assert!(far.remote.alive(), "the remote target served throughout");
 }
+
+/// A second `stics gateway` on the log a running one uses would take the remote back under the
+/// same key and append at the same tail: it is refused before it touches the log or logs in,
+/// naming the holder, and so is `stics mount --cache-log` on that log. The first serves on, and
+/// once it is killed the log is free again.
+#[test]
+fn a_second_gateway_on_the_same_log_is_refused_naming_the_holder() {
+    let remote = SticsTarget::with_file_lun(Path::new(BIN), 64, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let (mut a, port) = gateway(&remote.url(0), &log, "log", &dir.path().join("a.log"));
+    let holder = format!("in use by process {}", a.pid());
+    let (rt, lun) = open(port);
+    let data = Bytes::from(vec![0x3c; 8192]);
+    rt.block_on(lun.write(0, data.clone(), true)).unwrap();
+
+    let b_err = dir.path().join("b.log");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["gateway", "--listen", &format!("127.0.0.1:{}", free_port()), "--iqn", GATEWAY_IQN]).args([
+        "--remote",
+        &remote.url(0),
+        "--log",
+        &format!("{}:256MiB", log.display()),
+        "--ram",
+        "8MiB",
+    ]);
+    let mut b = spawn(&mut cmd, Some(&b_err));
+    let exited = b.wait_exit(Duration::from_secs(20));
+    let said = std::fs::read_to_string(&b_err).unwrap_or_default();
+    assert!(exited.is_some_and(|s| !s.success()), "a second gateway on the same log must fail ({exited:?}): {said}");
+    assert!(said.contains(&holder) && said.contains("stics gateway"), "the error names the holder: {said}");
+    assert!(!said.contains("took the remote back"), "refused before claiming the remote: {said}");
+
+    let file = dir.path().join("lun");
+    std::fs::File::create(&file).unwrap();
+    let m_err = dir.path().join("mount.log");
+    let (cache_log, remote_url) = (format!("{}:256MiB", log.display()), remote.url(0));
+    let args = ["mount", "--cache-log", cache_log.as_str(), remote_url.as_str(), file.to_str().unwrap()];
+    let mut m = spawn_stics(Path::new(BIN), &args, &[], Some(&m_err));
+    let exited = m.wait_exit(Duration::from_secs(20));
+    let said = std::fs::read_to_string(&m_err).unwrap_or_default();
+    assert!(exited.is_some_and(|s| !s.success()), "stics mount on the same log must fail ({exited:?}): {said}");
+    assert!(said.contains(&holder), "the error names the holder: {said}");
+
+    assert!(a.alive(), "the first gateway still runs");
+    assert_eq!(rt.block_on(lun.read(0, 16)).unwrap(), data, "the first gateway still reads back what it took");
+    let more = Bytes::from(vec![0xc3; 4096]);
+    rt.block_on(lun.write(64, more.clone(), true)).unwrap();
+    assert_eq!(rt.block_on(lun.read(64, 8)).unwrap(), more, "and still takes writes");
+
+    // SIGKILL leaves no lock behind: the next gateway on the log serves what was acknowledged.
+    a.kill();
+    drop(lun);
+    let (_c, port) = gateway(&remote.url(0), &log, "log", &dir.path().join("c.log"));
+    let (rt2, lun) = open(port);
+    assert_eq!(rt2.block_on(lun.read(0, 16)).unwrap(), data);
+    assert_eq!(rt2.block_on(lun.read(64, 8)).unwrap(), more);
+}

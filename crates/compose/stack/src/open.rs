@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use stics_block::{BlockDev, FileDev, MemDev, NullDev, DEFAULT_BLOCK_SIZE};
+use stics_block::{BlockDev, FileDev, InUse, LockError, MemDev, NullDev, DEFAULT_BLOCK_SIZE};
 use stics_cache::{Cache, Config as CacheConfig};
 use stics_initiator::{Lun, LunOptions};
 
@@ -127,6 +127,15 @@ pub enum OpenError {
         #[source]
         source: stics_cache::CacheError,
     },
+    /// Another cache, in this process or another, has the log open: two writers would append at
+    /// the same tail and corrupt each other. Refused before the log is read or the remote
+    /// logged in to.
+    #[error("the log {source}; {}", if source.holder.as_ref().is_some_and(stics_block::Holder::is_this_process) { "each cache needs a log of its own" } else { "stop it first, or give another log" })]
+    LogInUse {
+        log: PathBuf,
+        #[source]
+        source: InUse,
+    },
     /// The log's file could not be allocated in full. An existing log is left as it was, with
     /// whatever it holds still to be destaged once there is room.
     #[error("cache log {log}: {source}{}", if *kept { " (the log is untouched: free some space and start again to destage what it holds)" } else { " (nothing was created)" })]
@@ -174,20 +183,28 @@ pub async fn open(spec: &DeviceSpec, ctx: &OpenContext) -> Result<Arc<dyn BlockD
             lun
         }
         DeviceSpec::Rbd(r) => open_rbd(r, &ctx.rbd).await?,
-        // A wrapper opens its inner spec first (the future is recursive, hence the box), then
-        // builds itself around the device it got.
+        // A cache opens its log first, for itself alone: a second writer on the log would append
+        // at the same tail and, under the same key, take the remote too. So another open of the
+        // log (in this process or another) is refused before anything reads, sizes or formats
+        // it, and before the remote is logged in to. The lock lives as long as the log's
+        // FileDev, which the cache keeps.
         DeviceSpec::Layer(Layer::Cache(c)) => {
-            let inner = Box::pin(open(&c.inner, ctx)).await?;
             let exists = c.log.exists();
             let size = if exists { None } else { Some(c.log_size.unwrap_or(DEFAULT_LOG_BYTES)) };
-            let log = FileDev::open(&c.log, size, DEFAULT_BLOCK_SIZE)
-                .map_err(|source| OpenError::File { path: c.log.clone(), source })?;
-            // A log allocated up front cannot meet a full file system in the middle of a commit,
-            // where the only choices would be to hang or to fail writes already promised.
-            if let Err(source) = log.reserve() {
+            let log = FileDev::open_exclusive(&c.log, size, DEFAULT_BLOCK_SIZE).map_err(|e| match e {
+                LockError::InUse(source) => OpenError::LogInUse { log: c.log.clone(), source },
+                LockError::Io(source) => OpenError::File { path: c.log.clone(), source },
+            })?;
+            // A new log is removed again when opening fails before the cache formats it.
+            let forget = || {
                 if !exists {
                     let _ = std::fs::remove_file(&c.log);
                 }
+            };
+            // A log allocated up front cannot meet a full file system in the middle of a commit,
+            // where the only choices would be to hang or to fail writes already promised.
+            if let Err(source) = log.reserve() {
+                forget();
                 return Err(OpenError::LogSpace { log: c.log.clone(), kept: exists, source });
             }
             // A new log is written out once, so that its first round of synchronous appends
@@ -199,9 +216,17 @@ pub async fn open(spec: &DeviceSpec, ctx: &OpenContext) -> Result<Arc<dyn BlockD
                     .await
                     .unwrap_or_else(|e| Err(std::io::Error::other(e)));
                 filled.map_err(|source| {
-                    let _ = std::fs::remove_file(&c.log);
+                    forget();
                     OpenError::File { path: c.log.clone(), source }
                 })?
+            };
+            // The inner spec is opened next (the future is recursive, hence the box).
+            let inner = match Box::pin(open(&c.inner, ctx)).await {
+                Ok(inner) => inner,
+                Err(e) => {
+                    forget();
+                    return Err(e);
+                }
             };
             let mut opts = CacheConfig::default();
             if let Some(m) = c.mode {
@@ -378,6 +403,61 @@ mod tests {
         let e = open(&spec.parse().unwrap(), &ctx).await.err().unwrap().to_string();
         assert!(e.contains("no room") && e.contains("nothing was created"), "{e}");
         assert!(!huge.exists());
+    }
+
+    #[tokio::test]
+    async fn a_second_cache_on_the_same_log_is_refused_before_its_remote_is_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        let ctx = OpenContext::default();
+        let spec = format!("cache(mem:4MiB, log={}:256MiB, ram=4MiB)", log.display());
+        let first = open(&spec.parse().unwrap(), &ctx).await.unwrap();
+        first.write(0, bytes::Bytes::from(vec![9u8; 4096]), true).await.unwrap();
+        // The second names a remote nobody answers for: it is refused for the log, before any
+        // login is tried.
+        let second = format!("cache(iscsi://127.0.0.1:1/iqn.2024-01.org.x:y/0, log={}, ram=4MiB)", log.display());
+        let e = open(&second.parse().unwrap(), &ctx).await.err().unwrap();
+        let OpenError::LogInUse { log: named, source } = &e else { panic!("{e:?}") };
+        assert_eq!(named, &log);
+        assert!(source.holder.as_ref().is_some_and(stics_block::Holder::is_this_process), "{source:?}");
+        let text = e.to_string();
+        let holder = format!("the log {} is in use by this process, {}", log.display(), std::process::id());
+        assert!(text.starts_with(&holder) && text.ends_with("each cache needs a log of its own"), "{text}");
+        assert!(ctx.remote_luns().is_empty(), "no login was tried");
+        assert_eq!(ctx.cache_devices().len(), 1);
+        // The same log inside its own cache's remote, too.
+        let nested = format!("cache(cache(mem:4MiB, log={0}, ram=4MiB), log={0}, ram=4MiB)", log.display());
+        let e = open(&nested.parse().unwrap(), &ctx).await.err().unwrap();
+        assert!(matches!(e, OpenError::LogInUse { .. }), "{e:?}");
+        // The first cache still serves what it took, and its log is where it was.
+        assert_eq!(&first.read(0, 8).await.unwrap()[..], &[9u8; 4096][..]);
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), 256 << 20);
+        ctx.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_new_log_is_removed_when_its_remote_cannot_be_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        let ctx = OpenContext::default();
+        let spec = format!("cache(iscsi://127.0.0.1:1/iqn.2024-01.org.x:y/0, log={}:256MiB)", log.display());
+        let e = open(&spec.parse().unwrap(), &ctx).await.err().unwrap();
+        assert!(matches!(e, OpenError::Iscsi { .. }), "{e:?}");
+        assert!(!log.exists(), "the log made for it is gone");
+    }
+
+    #[tokio::test]
+    async fn a_closed_and_dropped_cache_frees_its_log_for_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        let ctx = OpenContext::default();
+        let spec = format!("cache(mem:4MiB, log={}:256MiB, ram=4MiB)", log.display());
+        let first = open(&spec.parse().unwrap(), &ctx).await.unwrap();
+        ctx.close().await;
+        drop(first);
+        let again = open(&spec.parse().unwrap(), &ctx).await;
+        assert!(again.is_ok(), "{:?}", again.err());
+        ctx.close().await;
     }
 
     fn free_bytes(path: &std::path::Path) -> u64 {

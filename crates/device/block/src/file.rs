@@ -3,10 +3,15 @@
 //! Reads and buffered writes run inline on the calling task: they hit the page cache and take
 //! microseconds, less than a hand-off to a thread pool would. Syncs (`flush`, FUA writes) go to
 //! tokio's blocking pool because they wait for the medium.
+//!
+//! [`FileDev::open_exclusive`] opens a file for one writer: it takes an exclusive `flock` on the
+//! open file (and opens a block-device node with `O_EXCL`), so a second exclusive open, in this
+//! process or another, is refused with [`InUse`], which names the holder from `/proc/locks`.
 
+use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,6 +34,58 @@ impl FileDev {
     /// file keeps its size unless `size` is larger, in which case it grows.
     pub fn open(path: &Path, size: Option<u64>, block_size: u32) -> io::Result<Self> {
         let file = OpenOptions::new().read(true).write(true).create(size.is_some()).truncate(false).open(path)?;
+        FileDev::with_file(file, path, size, block_size)
+    }
+
+    /// [`FileDev::open`] for this open alone, for as long as the device lives: an exclusive
+    /// `flock` on the open file is taken before the file is sized or read, and a block-device
+    /// node is opened with `O_EXCL` besides. Another exclusive open of the same file, by another
+    /// process or by this one, is refused with [`LockError::InUse`] until this device (every
+    /// clone of its descriptor) is dropped; the kernel drops the lock with the process, so a
+    /// killed holder leaves none behind. Plain [`FileDev::open`]s are not kept out: the lock is
+    /// advisory.
+    pub fn open_exclusive(path: &Path, size: Option<u64>, block_size: u32) -> Result<Self, LockError> {
+        let node = std::fs::metadata(path).ok();
+        let is_block_device = node.as_ref().is_some_and(|m| m.file_type().is_block_device());
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).truncate(false);
+        if is_block_device {
+            // Without O_CREAT, O_EXCL on a block device asks the kernel for it alone: refused with
+            // EBUSY while it is mounted or another exclusive opener (a device mapper, a RAID, a
+            // second stics through another node of the same device) holds it.
+            options.custom_flags(libc::O_EXCL);
+        } else {
+            options.create(size.is_some());
+        }
+        let file = match options.open(path) {
+            Ok(file) => file,
+            Err(e) if is_block_device && e.raw_os_error() == Some(libc::EBUSY) => {
+                let holder = node.and_then(|m| flock_holder(m.dev(), m.ino()));
+                return Err(InUse { path: path.to_owned(), holder, device_busy: true }.into());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        loop {
+            // SAFETY: flock on a descriptor we own; it changes no memory.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => {}
+                Some(libc::EWOULDBLOCK) => {
+                    let meta = file.metadata()?;
+                    let holder = flock_holder(meta.dev(), meta.ino());
+                    return Err(InUse { path: path.to_owned(), holder, device_busy: false }.into());
+                }
+                _ => return Err(e.into()),
+            }
+        }
+        Ok(FileDev::with_file(file, path, size, block_size)?)
+    }
+
+    /// A device over `file`, opened from `path`, grown to `size` when that is larger.
+    fn with_file(file: File, path: &Path, size: Option<u64>, block_size: u32) -> io::Result<Self> {
         let meta = file.metadata()?;
         let is_regular = meta.file_type().is_file();
         let mut len = if meta.file_type().is_block_device() { block_device_size(&file)? } else { meta.len() };
@@ -154,6 +211,133 @@ impl FileDev {
             .map_err(|e| BlockError::Io { lba, source: io::Error::other(e) })?
             .map_err(self.io_err(lba))
     }
+}
+
+/// Why [`FileDev::open_exclusive`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// Another exclusive open holds the file.
+    #[error(transparent)]
+    InUse(#[from] InUse),
+    /// The file could not be opened, sized or locked (the error does not name the path).
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// A file (or block device) that another exclusive open holds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct InUse {
+    /// The path it was to be opened from.
+    pub path: PathBuf,
+    /// Who holds it, when `/proc/locks` says.
+    pub holder: Option<Holder>,
+    /// True when the kernel refused to open a block device exclusively (it is mounted, or
+    /// another program holds it), false when another open holds the file's lock.
+    pub device_busy: bool,
+}
+
+impl fmt::Display for InUse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} is in use", self.path.display())?;
+        match (&self.holder, self.device_busy) {
+            (Some(h), false) => write!(f, " by {h}"),
+            (None, false) => f.write_str(" by another process, which /proc/locks does not name"),
+            (Some(h), true) => write!(f, " by {h}, which has the block device open exclusively"),
+            (None, true) => f.write_str(
+                ": the kernel refuses to open the block device exclusively while it is mounted or another \
+                 program holds it (lsblk and fuser -v name them)",
+            ),
+        }
+    }
+}
+
+/// The process holding a file's lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub pid: u32,
+    /// Its command line, arguments joined by spaces and cut at 200 characters; None when /proc
+    /// does not show it.
+    pub command: Option<String>,
+}
+
+impl Holder {
+    /// The holder `pid`, with its command line from /proc.
+    fn of(pid: u32) -> Holder {
+        Holder { pid, command: command_line(pid) }
+    }
+
+    /// True when it is the calling process: another device here opened the file first.
+    pub fn is_this_process(&self) -> bool {
+        self.pid == std::process::id()
+    }
+}
+
+impl fmt::Display for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let this = if self.is_this_process() { "this process, " } else { "process " };
+        match &self.command {
+            Some(c) => write!(f, "{this}{} ({c})", self.pid),
+            None => write!(f, "{this}{}", self.pid),
+        }
+    }
+}
+
+/// Who holds an exclusive flock on inode `ino` of the file system `dev`, from /proc/locks.
+fn flock_holder(dev: u64, ino: u64) -> Option<Holder> {
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    let pid = flock_holder_pid(&locks, u64::from(libc::major(dev)), u64::from(libc::minor(dev)), ino)?;
+    Some(Holder::of(pid))
+}
+
+/// The PID on the line of `locks` (the text of /proc/locks) that holds an exclusive flock on
+/// inode `ino` of device `major:minor`. Lines read `1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0
+/// EOF`, the device in hex; a waiter's line has `->` after the number. Where stat reports another
+/// device than the lock's (overlayfs, btrfs subvolumes), the one holder of that inode number on
+/// any device is taken, if there is just one.
+fn flock_holder_pid(locks: &str, major: u64, minor: u64, ino: u64) -> Option<u32> {
+    let mut same_inode = Vec::new();
+    for line in locks.lines() {
+        let fields: Vec<&str> = line.split_whitespace().skip(1).collect();
+        let [kind, _, access, pid, id, ..] = fields[..] else { continue };
+        if kind != "FLOCK" || access != "WRITE" {
+            continue;
+        }
+        let Ok(pid) = pid.parse::<u32>() else { continue };
+        let mut id = id.split(':');
+        let (Some(maj), Some(min), Some(i)) = (id.next(), id.next(), id.next()) else { continue };
+        let (Ok(maj), Ok(min), Ok(i)) = (u64::from_str_radix(maj, 16), u64::from_str_radix(min, 16), i.parse::<u64>())
+        else {
+            continue;
+        };
+        if pid == 0 || i != ino {
+            continue;
+        }
+        if (maj, min) == (major, minor) {
+            return Some(pid);
+        }
+        if !same_inode.contains(&pid) {
+            same_inode.push(pid);
+        }
+    }
+    match same_inode[..] {
+        [pid] => Some(pid),
+        _ => None,
+    }
+}
+
+/// The command line of process `pid`, arguments joined by spaces and cut at 200 characters.
+fn command_line(pid: u32) -> Option<String> {
+    const MAX: usize = 200;
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let words: Vec<_> = raw.split(|&b| b == 0).filter(|w| !w.is_empty()).map(String::from_utf8_lossy).collect();
+    if words.is_empty() {
+        return None;
+    }
+    let line = words.join(" ");
+    Some(match line.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line,
+    })
 }
 
 /// Bytes an unprivileged writer may still allocate on the file system holding `fd`.
@@ -422,6 +606,74 @@ mod tests {
         assert!(!after.is_empty() && after.iter().all(|f| f & UNWRITTEN == 0), "prefilled: {after:x?}");
         assert_eq!(std::fs::metadata(&p).unwrap().len(), 8 << 20);
         assert!(std::fs::read(&p).unwrap().iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn a_second_exclusive_open_is_refused_naming_this_process_until_the_first_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("log");
+        let first = FileDev::open_exclusive(&p, Some(1 << 20), 512).unwrap();
+        // A second open in this very process is a second open file, and refused.
+        let Err(LockError::InUse(e)) = FileDev::open_exclusive(&p, Some(2 << 20), 512) else {
+            panic!("a second exclusive open of {} was not refused", p.display())
+        };
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 1 << 20, "refused before it grew the file");
+        let holder = e.holder.clone().expect("/proc/locks names the holder");
+        assert_eq!(holder.pid, std::process::id());
+        assert!(holder.is_this_process());
+        let argv0 = std::env::args().next().unwrap();
+        assert!(holder.command.as_deref().is_some_and(|c| c.starts_with(&argv0)), "{holder:?}");
+        let text = e.to_string();
+        assert!(text.starts_with(&format!("{} is in use by this process, {}", p.display(), holder.pid)), "{text}");
+        assert!(!e.device_busy);
+        drop(first);
+        let again = FileDev::open_exclusive(&p, None, 512);
+        assert!(again.is_ok(), "free again once the first is dropped");
+    }
+
+    #[test]
+    fn an_exclusive_open_names_another_process_holding_the_lock_and_takes_it_once_that_process_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("log");
+        std::fs::write(&p, vec![0u8; 4096]).unwrap();
+        // flock(1) takes LOCK_EX on the file and holds it while `sleep` runs (-o: without passing
+        // the descriptor on to it, so that the lock goes with flock(1) itself).
+        let mut child =
+            std::process::Command::new("flock").args(["-x", "-o"]).arg(&p).args(["sleep", "30"]).spawn().unwrap();
+        let refused = (0..200).find_map(|_| match FileDev::open_exclusive(&p, None, 512) {
+            Err(LockError::InUse(e)) => Some(e),
+            _ => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                None
+            }
+        });
+        let e = refused.expect("refused while flock(1) holds the file");
+        let holder = e.holder.clone().expect("/proc/locks names the holder");
+        assert_eq!(holder.pid, child.id());
+        assert!(!holder.is_this_process());
+        let text = e.to_string();
+        assert!(text.contains(&format!("in use by process {} (flock -x -o {}", child.id(), p.display())), "{text}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(FileDev::open_exclusive(&p, None, 512).is_ok(), "a killed holder leaves no lock behind");
+    }
+
+    #[test]
+    fn proc_locks_lines_give_the_pid_of_the_exclusive_flock_on_the_inode() {
+        let locks = "\
+1: POSIX  ADVISORY  WRITE 700 fd:01:42 0 EOF
+2: FLOCK  ADVISORY  READ 701 fd:01:42 0 EOF
+3: FLOCK  ADVISORY  WRITE 702 fd:01:43 0 EOF
+4: FLOCK  ADVISORY  WRITE 703 fd:01:42 0 EOF
+4: -> FLOCK  ADVISORY  WRITE 704 fd:01:42 0 EOF
+5: FLOCK  ADVISORY  WRITE 705 00:2d:42 0 EOF
+";
+        assert_eq!(flock_holder_pid(locks, 0xfd, 1, 42), Some(703));
+        assert_eq!(flock_holder_pid(locks, 0, 0x2d, 42), Some(705));
+        assert_eq!(flock_holder_pid(locks, 0xfd, 1, 99), None);
+        // A device stat reports but no lock line has: the inode's one holder, else nobody.
+        assert_eq!(flock_holder_pid(locks, 0, 0x30, 43), Some(702));
+        assert_eq!(flock_holder_pid(locks, 0, 0x30, 42), None);
     }
 
     #[test]

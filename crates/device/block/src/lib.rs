@@ -19,7 +19,7 @@ pub mod null;
 pub mod range;
 pub mod size;
 
-pub use file::FileDev;
+pub use file::{FileDev, Holder, InUse, LockError};
 pub use mem::MemDev;
 pub use null::NullDev;
 pub use size::{parse_size, SizeError, DEFAULT_BLOCK_SIZE};
