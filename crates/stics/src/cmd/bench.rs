@@ -119,9 +119,12 @@ struct LoadArgs {
     /// Stop after this long (default 10s when no --count is given).
     #[arg(long, value_parser = stics_units::parse_duration)]
     seconds: Option<f64>,
-    /// Requests fall in the first SPAN bytes of the device (default: all of it).
+    /// Requests fall in SPAN bytes of the device from --from (default: all of the rest).
     #[arg(long, default_value = "0", value_parser = stics_units::parse_size)]
     span: u64,
+    /// Where the span starts (a whole number of requests).
+    #[arg(long, default_value = "0", value_parser = stics_units::parse_size)]
+    from: u64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Requests sent first on the same connection and not measured (a fresh connection's slow start).
@@ -321,6 +324,7 @@ fn run_load(l: &LoadArgs, format: Format) -> anyhow::Result<()> {
         count: l.count,
         seconds: l.seconds.or(if l.count.is_none() { Some(10.0) } else { None }),
         span: l.span,
+        from: l.from,
         seed: l.seed,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;

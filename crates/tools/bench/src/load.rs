@@ -48,8 +48,11 @@ pub struct Spec {
     pub count: Option<u64>,
     /// … or after this long (whichever comes first; at least one of them).
     pub seconds: Option<f64>,
-    /// Bytes of the device the requests fall in, from its start (0: all of it).
+    /// Bytes of the device the requests fall in, from `from` (0: all of the rest).
     pub span: u64,
+    /// Where that span starts, in bytes (a whole number of requests).
+    #[serde(default)]
+    pub from: u64,
     pub seed: u64,
 }
 
@@ -119,9 +122,13 @@ pub async fn run(dev: Arc<dyn BlockDev>, spec: &Spec) -> Result<Outcome, LoadErr
         return Err(LoadError::Spec("give a request count or a duration".into()));
     }
     let blocks = spec.size / bs;
-    let dev_bytes = g.num_blocks * bs;
+    if !spec.from.is_multiple_of(spec.size) {
+        return Err(LoadError::Spec(format!("the span's start {} is not a whole number of requests", spec.from)));
+    }
+    let dev_bytes = (g.num_blocks * bs).saturating_sub(spec.from);
     let span = if spec.span == 0 { dev_bytes } else { spec.span.min(dev_bytes) };
     let slots = span / spec.size;
+    let first = spec.from / spec.size;
     let depth = spec.depth.max(1) as u64;
     if slots < depth {
         return Err(LoadError::Spec(format!(
@@ -164,7 +171,7 @@ pub async fn run(dev: Arc<dyn BlockDev>, spec: &Spec) -> Result<Outcome, LoadErr
                         s
                     }
                 };
-                let lba = slot * blocks;
+                let lba = (first + slot) * blocks;
                 let t = Instant::now();
                 let r = match spec.op {
                     Op::Read => dev.read(lba, blocks_u32).await.map(drop),
@@ -416,7 +423,7 @@ mod tests {
     use super::*;
 
     fn spec(op: Op, pattern: Pattern) -> Spec {
-        Spec { size: 4096, depth: 4, op, pattern, count: Some(400), seconds: None, span: 0, seed: 1 }
+        Spec { size: 4096, depth: 4, op, pattern, count: Some(400), seconds: None, span: 0, from: 0, seed: 1 }
     }
 
     #[tokio::test]
@@ -431,6 +438,18 @@ mod tests {
         let o = run(Arc::clone(&dev), &spec(Op::Read, Pattern::Seq)).await.unwrap();
         assert_eq!(o.requests, 400);
         assert!(dev.read(0, 1).await.unwrap().iter().any(|&b| b != 0));
+    }
+
+    #[tokio::test]
+    async fn requests_stay_in_the_span_from_its_start() {
+        let dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 4096));
+        let s = Spec { from: 1 << 20, span: 64 << 10, ..spec(Op::Write, Pattern::Random) };
+        run(Arc::clone(&dev), &s).await.unwrap();
+        assert!(dev.read(0, 2048).await.unwrap().iter().all(|&b| b == 0), "nothing before the span");
+        assert!(dev.read(2048 + 128, 1024).await.unwrap().iter().all(|&b| b == 0), "nothing after it");
+        assert!(dev.read(2048, 128).await.unwrap().iter().any(|&b| b != 0));
+        let odd = Spec { from: 1000, ..spec(Op::Read, Pattern::Seq) };
+        assert!(run(dev, &odd).await.is_err());
     }
 
     fn open(depth: usize) -> OpenSpec {
