@@ -37,8 +37,6 @@ pub enum Admit {
 pub(crate) struct AdmitState {
     /// When the first write asked: the grid of [`TICK`]s starts there.
     origin: Option<Instant>,
-    /// Writes slowed so far.
-    pub(crate) throttled: u64,
 }
 
 impl Core {
@@ -56,14 +54,12 @@ impl Core {
                 let since = now.saturating_duration_since(f.since).as_secs();
                 return Admit::Refuse(f.kind.host_error(&format!("{} for {since} s", f.error)));
             }
-            self.admit.throttled += 1;
             return Admit::Full;
         }
         let from = self.cfg.throttle_from;
         if fill < from {
             return Admit::Now;
         }
-        self.admit.throttled += 1;
         let over = ((fill - from) / (1.0 - from).max(1e-3)).clamp(0.0, 1.0);
         let delay = MAX_DELAY.mul_f64(over * over);
         let tick = TICK.as_nanos();
@@ -86,10 +82,5 @@ impl Core {
             let since = now.saturating_duration_since(f.since).as_secs();
             f.kind.host_error(&format!("{} for {since} s", f.error))
         })
-    }
-
-    /// Host writes slowed or held so far.
-    pub fn throttled_writes(&self) -> u64 {
-        self.admit.throttled
     }
 }

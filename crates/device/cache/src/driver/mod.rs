@@ -391,10 +391,15 @@ impl Cache {
     /// fills, and refuses it once something is full and the remote (or the log) has been
     /// failing for longer than the full timeout (see [`Core::admit`]).
     async fn admit(&self, bytes: u64) -> Result<(), BlockError> {
+        let mut held = false;
         loop {
             let freed = self.inner.freed.notified();
             let space = self.inner.space.notified();
             let admit = lock(&self.inner.core).admit(bytes, Instant::now());
+            if !held && !matches!(admit, Admit::Now) {
+                held = true;
+                lock(&self.inner.counters).throttled_writes += 1;
+            }
             match admit {
                 Admit::Now => return Ok(()),
                 Admit::At(t) => {
