@@ -12,7 +12,7 @@ use stics_block::{blocks_in, write_zeros_by_writes, BlockDev, BlockError, Claim,
 use crate::core::{Data, Request};
 use crate::counters::{Counters, Snapshot};
 use stics_sam::op::{mode_page, pr_in, pr_out, pr_type, vpd};
-use stics_sam::sense::key as sense_key;
+use stics_sam::sense::{asc, key as sense_key};
 use stics_sam::{cdb, data, status};
 
 use crate::scsi::ScsiOutcome;
@@ -240,11 +240,25 @@ impl Lun {
         }
     }
 
+    /// What a failed command means to the caller of a block device: a lasting or a transient
+    /// failure, and which. A status that [`execute_retrying`] retries and that stayed after its
+    /// retries is a busy device.
     fn io_err(lba: u64, e: Error) -> BlockError {
+        let text = e.to_string();
         match e {
             Error::Task(crate::core::TaskError::Unreachable(m)) => BlockError::Unreachable(m),
+            Error::Reserved { holder } => BlockError::Reserved { holder: Some(holder) },
             Error::Scsi { status: status::RESERVATION_CONFLICT, .. } => BlockError::Reserved { holder: None },
-            other => BlockError::Io { lba, source: std::io::Error::other(other.to_string()) },
+            Error::Scsi { status: status::BUSY | status::TASK_SET_FULL | status::TASK_ABORTED, .. } => {
+                BlockError::Busy(text)
+            }
+            Error::Scsi { status: status::CHECK_CONDITION, sense: Some(s), .. } => match s.key {
+                sense_key::DATA_PROTECT if (s.asc, s.ascq) == asc::SPACE_ALLOCATION_FAILED => BlockError::NoSpace(text),
+                sense_key::DATA_PROTECT => BlockError::WriteProtected(text),
+                sense_key::UNIT_ATTENTION | sense_key::NOT_READY | sense_key::ABORTED_COMMAND => BlockError::Busy(text),
+                _ => BlockError::Io { lba, source: std::io::Error::other(text) },
+            },
+            _ => BlockError::Io { lba, source: std::io::Error::other(text) },
         }
     }
 }
@@ -448,10 +462,7 @@ impl OrderedQueue for Lun {
 }
 
 fn claim_err(e: Error) -> BlockError {
-    match e {
-        Error::Reserved { holder } => BlockError::Reserved { holder: Some(holder) },
-        other => Lun::io_err(0, other),
-    }
+    Lun::io_err(0, e)
 }
 
 /// READ CAPACITY(16), or (10) when the target does not know (16).
@@ -605,5 +616,69 @@ impl BlockDev for Lun {
         }
         self.flushed_gen.fetch_max(gen, SeqCst);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(status: u8, sense: Option<Vec<u8>>) -> Error {
+        let o = ScsiOutcome { status, data: Bytes::new(), sense: sense.map(Bytes::from) };
+        Error::scsi(stics_sam::op::WRITE_16, &o)
+    }
+
+    /// CHECK CONDITION with fixed-format sense bytes.
+    fn check(key: u8, asc: u8, ascq: u8) -> Error {
+        failed(status::CHECK_CONDITION, Some(vec![0x70, 0, key, 0, 0, 0, 0, 10, 0, 0, 0, 0, asc, ascq, 0, 0, 0, 0]))
+    }
+
+    fn kind(e: Error) -> String {
+        let b = Lun::io_err(7, e);
+        let name = match &b {
+            BlockError::Reserved { holder: None } => "reserved",
+            BlockError::Reserved { holder: Some(_) } => "reserved by a key",
+            BlockError::NoSpace(_) => "no space",
+            BlockError::WriteProtected(_) => "write-protected",
+            BlockError::Busy(_) => "busy",
+            BlockError::Unreachable(_) => "unreachable",
+            BlockError::Io { lba: 7, .. } => "io",
+            _ => "other",
+        };
+        format!("{name}: {b}")
+    }
+
+    #[test]
+    fn scsi_failures_map_to_lasting_and_transient_block_errors() {
+        let cases: Vec<(Error, &str)> = vec![
+            (failed(status::RESERVATION_CONFLICT, None), "reserved"),
+            (Error::Reserved { holder: 0x77 }, "reserved by a key"),
+            (check(0x07, 0x27, 0x07), "no space"),
+            (check(0x07, 0x27, 0x00), "write-protected"),
+            (check(0x07, 0x27, 0x02), "write-protected"),
+            (failed(status::BUSY, None), "busy"),
+            (failed(status::TASK_SET_FULL, None), "busy"),
+            (failed(status::TASK_ABORTED, None), "busy"),
+            (check(0x06, 0x29, 0x00), "busy"),
+            (check(0x02, 0x04, 0x01), "busy"),
+            (check(0x0b, 0x47, 0x05), "busy"),
+            (check(0x03, 0x11, 0x00), "io"),
+            (check(0x04, 0x44, 0x00), "io"),
+            (check(0x05, 0x24, 0x00), "io"),
+            (failed(status::CHECK_CONDITION, None), "io"),
+            (Error::Task(crate::core::TaskError::Unreachable("connection lost; not reissued".into())), "unreachable"),
+            (Error::Task(crate::core::TaskError::TargetFailure(1)), "io"),
+            (Error::Protocol("short read".into()), "io"),
+        ];
+        for (e, want) in cases {
+            let what = e.to_string();
+            let got = kind(e);
+            assert!(got.starts_with(&format!("{want}: ")), "{what} → {got}, expected {want}");
+        }
+        // The message names what the target said.
+        let e = Lun::io_err(0, check(0x07, 0x27, 0x07)).to_string();
+        assert!(e.contains("sense key 0x7 asc 0x27 ascq 0x07"), "{e}");
+        assert!(Lun::io_err(0, failed(status::BUSY, None)).is_transient());
+        assert!(!Lun::io_err(0, check(0x07, 0x27, 0x07)).is_transient());
     }
 }
