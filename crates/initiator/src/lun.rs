@@ -376,6 +376,14 @@ impl Lun {
     }
 }
 
+impl Lun {
+    /// A command of the ordered queue, on the one session: never reissued after a lost
+    /// connection.
+    fn submit_once(&self, req: Request) -> impl std::future::Future<Output = Result<ScsiOutcome, Error>> + Send {
+        self.sessions[0].submit(req.once())
+    }
+}
+
 /// Waits for queued commands, in order; the first failure is the answer.
 fn queued(
     lba: u64,
@@ -393,12 +401,16 @@ fn queued(
     })
 }
 
-/// Commands go out on the one session, never retried here: a failure must reach the caller,
-/// which knows what else it had queued behind it.
+/// Commands go out on the one session, never retried here and never reissued after a lost
+/// connection: a failure must reach the caller, which knows what else it had queued behind it.
 #[async_trait]
 impl OrderedQueue for Lun {
+    /// Claims again when a session was reinstated, then lets commands through again after a
+    /// lost connection failed some.
     async fn prepare(&self) -> Result<(), BlockError> {
-        self.keep_claim().await
+        self.keep_claim().await?;
+        self.sessions[0].rearm();
+        Ok(())
     }
 
     fn queue_write(&self, lba: u64, data: Bytes) -> Queued {
@@ -407,11 +419,12 @@ impl OrderedQueue for Lun {
             Ok(n) => n,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
-        let s = &self.sessions[0];
         let cmds: Vec<_> = self
             .pieces(lba, &data, blocks)
             .into_iter()
-            .map(|(at, n, chunk)| s.submit(Request::new(self.lun, cdb::write16(at, n, false), Data::Write(chunk))))
+            .map(|(at, n, chunk)| {
+                self.submit_once(Request::new(self.lun, cdb::write16(at, n, false), Data::Write(chunk)))
+            })
             .collect();
         self.write_gen.fetch_add(1, SeqCst);
         queued(lba, stics_sam::op::WRITE_16, cmds)
@@ -421,7 +434,6 @@ impl OrderedQueue for Lun {
         if let Err(e) = self.geometry.check_range(lba, blocks) {
             return Box::pin(async move { Err(e) });
         }
-        let s = &self.sessions[0];
         let bs = self.geometry.block_size;
         let mut cmds = Vec::new();
         let (mut at, end) = (lba, lba + blocks);
@@ -430,14 +442,18 @@ impl OrderedQueue for Lun {
             op = stics_sam::op::UNMAP;
             for group in lim.commands(lba, blocks) {
                 let params = Bytes::from(data::unmap_parameters(&group));
-                cmds.push(s.submit(Request::new(self.lun, cdb::unmap(group.len()), Data::Write(params))));
+                cmds.push(self.submit_once(Request::new(self.lun, cdb::unmap(group.len()), Data::Write(params))));
             }
         } else if self.write_same_max > 0 && self.write_same_ok.load(Relaxed) {
             op = stics_sam::op::WRITE_SAME_16;
             let zero = Bytes::from(vec![0u8; bs as usize]);
             while at < end {
                 let n = (end - at).min(self.write_same_max) as u32;
-                cmds.push(s.submit(Request::new(self.lun, cdb::write_same16(at, n), Data::Write(zero.clone()))));
+                cmds.push(self.submit_once(Request::new(
+                    self.lun,
+                    cdb::write_same16(at, n),
+                    Data::Write(zero.clone()),
+                )));
                 at += u64::from(n);
             }
         } else {
@@ -447,7 +463,11 @@ impl OrderedQueue for Lun {
             while at < end {
                 let n = (end - at).min(per);
                 let chunk = zero.slice(..(n * u64::from(bs)) as usize);
-                cmds.push(s.submit(Request::new(self.lun, cdb::write16(at, n as u32, false), Data::Write(chunk))));
+                cmds.push(self.submit_once(Request::new(
+                    self.lun,
+                    cdb::write16(at, n as u32, false),
+                    Data::Write(chunk),
+                )));
                 at += n;
             }
         }
@@ -457,7 +477,7 @@ impl OrderedQueue for Lun {
 
     fn queue_barrier(&self) -> Queued {
         let req = Request::new(self.lun, cdb::synchronize_cache10(), Data::None).ordered();
-        queued(0, stics_sam::op::SYNC_CACHE_10, vec![self.sessions[0].submit(req)])
+        queued(0, stics_sam::op::SYNC_CACHE_10, vec![self.submit_once(req)])
     }
 }
 
