@@ -1,6 +1,7 @@
 //! A remote LUN as a [`BlockDev`]: READ(16)/WRITE(16)/SYNCHRONIZE CACHE over one or several
-//! sessions (commands spread round-robin), with retries of unit attentions and busy statuses,
-//! and the one-writer claim as a persistent reservation (see [`Lun`]'s `claim`).
+//! sessions (commands spread round-robin, reads on a session of their own when asked), with
+//! retries of unit attentions and busy statuses, and the one-writer claim as a persistent
+//! reservation (see [`Lun`]'s `claim`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::time::Duration;
@@ -28,11 +29,15 @@ pub struct LunOptions {
     pub sessions: usize,
     /// Largest transfer per command, in bytes; bigger requests are split.
     pub max_transfer: u32,
+    /// One more session that carries reads alone, so that a read never waits behind writes:
+    /// behind ORDERED barriers (a target orders tasks per session), behind write data queued
+    /// on the same connection, or for a command window that writes fill.
+    pub read_session: bool,
 }
 
 impl Default for LunOptions {
     fn default() -> Self {
-        LunOptions { config: Config::default(), sessions: 1, max_transfer: 1 << 20 }
+        LunOptions { config: Config::default(), sessions: 1, max_transfer: 1 << 20, read_session: false }
     }
 }
 
@@ -71,7 +76,10 @@ pub async fn execute_retrying(s: &Session, req: Request, counters: &Counters) ->
 #[derive(Debug)]
 #[expect(clippy::struct_field_names, reason = "`lun` is the LUN number, the spec's name")]
 pub struct Lun {
+    /// The write sessions, then the read session when there is one.
     sessions: Vec<Session>,
+    /// How many of `sessions` carry writes, flushes, the claim and the ordered queue.
+    writers: usize,
     next: AtomicUsize,
     lun: u64,
     geometry: Geometry,
@@ -95,13 +103,14 @@ pub struct Lun {
     unmap: Option<UnmapLimits>,
     /// The key this LUN was claimed under (0: not claimed).
     claim_key: AtomicU64,
-    /// Sum of the sessions' logins when the claim was made: a change means a session was
+    /// Sum of the write sessions' logins when the claim was made: a change means a session was
     /// reinstated since, and the claim is made again before the next write.
     claim_logins: AtomicU64,
     /// One claim at a time.
     claim_lock: tokio::sync::Mutex<()>,
     /// The target honours ORDERED tasks (ORDSUP in its Extended INQUIRY Data page) and there
-    /// is one session, so that the order commands are queued in is the order they arrive in.
+    /// is one write session, so that the order commands are queued in is the order they
+    /// arrive in.
     ordered: bool,
 }
 
@@ -167,13 +176,15 @@ impl Lun {
         let id_page = Request::new(lun, cdb::inquiry_vpd(vpd::DEVICE_IDENTIFICATION, 1024), Data::Read(1024));
         let device_id =
             execute_retrying(&first, id_page, &c).await.ok().and_then(|o| data::parse_device_identification(&o.data));
+        let writers = opts.sessions.max(1);
         let mut sessions = vec![first];
-        for i in 1..opts.sessions.max(1) {
+        for i in 1..writers + usize::from(opts.read_session) {
             sessions.push(Session::connect(url, &opts.config, random_isid(i as u16)).await?);
         }
         let max_blocks = (opts.max_transfer / cap.block_size).max(1);
         Ok(Lun {
             sessions,
+            writers,
             next: AtomicUsize::new(0),
             lun,
             geometry: Geometry { block_size: cap.block_size, num_blocks: cap.num_blocks },
@@ -189,7 +200,7 @@ impl Lun {
             claim_key: AtomicU64::new(0),
             claim_logins: AtomicU64::new(0),
             claim_lock: tokio::sync::Mutex::new(()),
-            ordered: ordsup && opts.sessions <= 1,
+            ordered: ordsup && writers == 1,
         })
     }
 
@@ -207,12 +218,18 @@ impl Lun {
         out
     }
 
+    /// The next write session.
     fn pick(&self) -> &Session {
-        let i = self.next.fetch_add(1, Relaxed) % self.sessions.len();
+        let i = self.next.fetch_add(1, Relaxed) % self.writers;
         &self.sessions[i]
     }
 
-    /// Runs a command on the next session, with retries of transient statuses.
+    /// The session reads go on: the read session, else the next write session.
+    fn reader(&self) -> &Session {
+        self.read_session().unwrap_or_else(|| self.pick())
+    }
+
+    /// Runs a command on the next write session, with retries of transient statuses.
     pub async fn execute(&self, cdb: [u8; 16], data: Data) -> Result<ScsiOutcome, Error> {
         let s = self.pick();
         execute_retrying(s, Request::new(self.lun, cdb, data), s.counters_ref()).await
@@ -228,9 +245,19 @@ impl Lun {
         self.flushes_skipped.load(Relaxed)
     }
 
-    /// The sessions behind this LUN.
+    /// The sessions behind this LUN: the write sessions, then the read session if there is one.
     pub fn sessions(&self) -> &[Session] {
         &self.sessions
+    }
+
+    /// The sessions that carry writes, flushes, the claim and the ordered queue.
+    pub fn write_sessions(&self) -> &[Session] {
+        &self.sessions[..self.writers]
+    }
+
+    /// The session that carries reads alone ([`LunOptions::read_session`]).
+    pub fn read_session(&self) -> Option<&Session> {
+        self.sessions.get(self.writers)
     }
 
     /// Logs out of every session.
@@ -265,7 +292,7 @@ impl Lun {
 
 impl Lun {
     fn logins(&self) -> u64 {
-        self.sessions.iter().map(Session::logins).sum()
+        self.write_sessions().iter().map(Session::logins).sum()
     }
 
     async fn pr_out(&self, s: &Session, sa: u8, ptype: u8, key: u64, sa_key: u64) -> Result<(), Error> {
@@ -289,7 +316,7 @@ impl Lun {
     /// `key`) may write, while initiators that did not register may not.
     async fn claim_now(&self, key: u64) -> Result<Claim, Error> {
         let logins = self.logins();
-        let ptype = if self.sessions.len() == 1 { pr_type::WRITE_EXCLUSIVE } else { pr_type::WRITE_EXCLUSIVE_RO };
+        let ptype = if self.writers == 1 { pr_type::WRITE_EXCLUSIVE } else { pr_type::WRITE_EXCLUSIVE_RO };
         let first = &self.sessions[0];
         self.pr_out(first, pr_out::REGISTER_AND_IGNORE, 0, 0, key).await?;
         let conflict = |e: &Error| matches!(e, Error::Scsi { status: status::RESERVATION_CONFLICT, .. });
@@ -325,7 +352,7 @@ impl Lun {
             return Err(Error::Reserved { holder });
         };
         // After any PREEMPT, which would have dropped them.
-        for s in &self.sessions[1..] {
+        for s in &self.sessions[1..self.writers] {
             self.pr_out(s, pr_out::REGISTER_AND_IGNORE, 0, 0, key).await?;
         }
         self.claim_key.store(key, SeqCst);
@@ -377,7 +404,7 @@ impl Lun {
 }
 
 impl Lun {
-    /// A command of the ordered queue, on the one session: never reissued after a lost
+    /// A command of the ordered queue, on the one write session: never reissued after a lost
     /// connection.
     fn submit_once(&self, req: Request) -> impl std::future::Future<Output = Result<ScsiOutcome, Error>> + Send {
         self.sessions[0].submit(req.once())
@@ -401,7 +428,7 @@ fn queued(
     })
 }
 
-/// Commands go out on the one session, never retried here and never reissued after a lost
+/// Commands go out on the one write session, never retried here and never reissued after a lost
 /// connection: a failure must reach the caller, which knows what else it had queued behind it.
 #[async_trait]
 impl OrderedQueue for Lun {
@@ -546,7 +573,9 @@ impl BlockDev for Lun {
             let n = (blocks - done).min(self.max_blocks);
             let at = lba + u64::from(done);
             let len = n * bs;
-            let o = self.execute(cdb::read16(at, n), Data::Read(len)).await.map_err(|e| Self::io_err(at, e))?;
+            let s = self.reader();
+            let req = Request::new(self.lun, cdb::read16(at, n), Data::Read(len));
+            let o = execute_retrying(s, req, s.counters_ref()).await.map_err(|e| Self::io_err(at, e))?;
             if o.data.len() != len as usize {
                 return Err(Self::io_err(at, Error::Protocol(format!("short read: {} of {len} bytes", o.data.len()))));
             }
@@ -628,8 +657,8 @@ impl BlockDev for Lun {
             self.flushes_skipped.fetch_add(1, Relaxed);
             return Ok(());
         }
-        // Every session's writes must be durable: SYNCHRONIZE CACHE on each.
-        for s in &self.sessions {
+        // Every write session's writes must be durable: SYNCHRONIZE CACHE on each.
+        for s in self.write_sessions() {
             execute_retrying(s, Request::new(self.lun, cdb::synchronize_cache10(), Data::None), s.counters_ref())
                 .await
                 .map_err(|e| Self::io_err(0, e))?;
