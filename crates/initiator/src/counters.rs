@@ -1,5 +1,6 @@
-//! Traffic counters of a session: commands, PDUs, bytes and round trips each way, reconnections
-//! and retries. Updated by the I/O driver (the protocol core neither counts nor logs).
+//! Traffic counters of a session: commands, PDUs, bytes and round trips each way, reconnections,
+//! retries and the unit attentions a LUN watches. Updated by the I/O driver (the protocol core
+//! neither counts nor logs).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -20,6 +21,8 @@ pub struct Counters {
     pub retries: AtomicU64,
     /// Largest number of commands on the wire at once.
     pub max_in_flight: AtomicU64,
+    /// UNIT ATTENTIONs of a power on or reset (ASC 29h) received.
+    pub reset_attentions: AtomicU64,
 }
 
 impl Counters {
@@ -39,6 +42,7 @@ impl Counters {
             reconnects: self.reconnects.load(Relaxed),
             retries: self.retries.load(Relaxed),
             max_in_flight: self.max_in_flight.load(Relaxed),
+            reset_attentions: self.reset_attentions.load(Relaxed),
         }
     }
 }
@@ -55,6 +59,7 @@ pub struct Snapshot {
     pub reconnects: u64,
     pub retries: u64,
     pub max_in_flight: u64,
+    pub reset_attentions: u64,
 }
 
 impl std::ops::Add for Snapshot {
@@ -70,6 +75,7 @@ impl std::ops::Add for Snapshot {
             reconnects: self.reconnects + o.reconnects,
             retries: self.retries + o.retries,
             max_in_flight: self.max_in_flight.max(o.max_in_flight),
+            reset_attentions: self.reset_attentions + o.reset_attentions,
         }
     }
 }
@@ -84,7 +90,8 @@ impl fmt::Display for Snapshot {
         writeln!(f, "round trips     {:>14}", self.round_trips)?;
         writeln!(f, "max in flight   {:>14}", self.max_in_flight)?;
         writeln!(f, "reconnects      {:>14}", self.reconnects)?;
-        write!(f, "retries         {:>14}", self.retries)
+        writeln!(f, "retries         {:>14}", self.retries)?;
+        write!(f, "reset attentions{:>14}", self.reset_attentions)
     }
 }
 

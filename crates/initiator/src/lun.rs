@@ -4,6 +4,7 @@
 //! reservation (see [`Lun`]'s `claim`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -106,12 +107,19 @@ pub struct Lun {
     /// Sum of the write sessions' logins when the claim was made: a change means a session was
     /// reinstated since, and the claim is made again before the next write.
     claim_logins: AtomicU64,
+    /// Set when a command of the ordered queue failed: the next `prepare` takes any unit
+    /// attention waiting (a reinstated session starts with one) with a command that is retried.
+    unsettled: Arc<AtomicBool>,
+    /// The write session's logins at the last `prepare`.
+    prepared_logins: AtomicU64,
     /// One claim at a time.
     claim_lock: tokio::sync::Mutex<()>,
     /// The target honours ORDERED tasks (ORDSUP in its Extended INQUIRY Data page) and there
     /// is one write session, so that the order commands are queued in is the order they
     /// arrive in.
     ordered: bool,
+    /// What `resets` counted when `open` returned: the power-on unit attentions of new nexuses.
+    resets_at_open: u64,
 }
 
 /// How much one UNMAP may carry.
@@ -181,8 +189,15 @@ impl Lun {
         for i in 1..writers + usize::from(opts.read_session) {
             sessions.push(Session::connect(url, &opts.config, random_isid(i as u16)).await?);
         }
+        // A new nexus starts with a power-on unit attention (the commands above may be exempt
+        // from it): taken now, not by the first command that has work to do, which on the
+        // ordered queue is not retried.
+        for s in &sessions {
+            let tur = Request::new(lun, cdb::test_unit_ready(), Data::None);
+            let _ = execute_retrying(s, tur, s.counters_ref()).await;
+        }
         let max_blocks = (opts.max_transfer / cap.block_size).max(1);
-        Ok(Lun {
+        let mut l = Lun {
             sessions,
             writers,
             next: AtomicUsize::new(0),
@@ -199,9 +214,14 @@ impl Lun {
             device_id,
             claim_key: AtomicU64::new(0),
             claim_logins: AtomicU64::new(0),
+            unsettled: Arc::default(),
+            prepared_logins: AtomicU64::new(1),
             claim_lock: tokio::sync::Mutex::new(()),
             ordered: ordsup && writers == 1,
-        })
+            resets_at_open: 0,
+        };
+        l.resets_at_open = l.resets_seen();
+        Ok(l)
     }
 
     /// `data` for `lba` in pieces of at most one command each: (lba, blocks, bytes).
@@ -287,6 +307,17 @@ impl Lun {
             },
             _ => BlockError::Io { lba, source: std::io::Error::other(text) },
         }
+    }
+
+    /// Reinstatements of the write sessions and the power-on or reset unit attentions they saw,
+    /// since they logged in. The read session's are left out: its reinstatement loses no write,
+    /// and a reset it tells of is told to every write session too (a unit attention is per
+    /// nexus), at the latest with the flush that was to cover the writes.
+    fn resets_seen(&self) -> u64 {
+        let write = self.write_sessions();
+        let reinstated: u64 = write.iter().map(|s| s.logins().saturating_sub(1)).sum();
+        let attentions: u64 = write.iter().map(|s| s.counters_ref().reset_attentions.load(SeqCst)).sum();
+        reinstated + attentions
     }
 }
 
@@ -403,7 +434,17 @@ impl Lun {
     }
 }
 
+/// What a queued command needs to know when its answer comes.
+struct QueueCtx {
+    /// `unsettled` of the LUN.
+    unsettled: Arc<AtomicBool>,
+}
+
 impl Lun {
+    fn queue_ctx(&self) -> QueueCtx {
+        QueueCtx { unsettled: Arc::clone(&self.unsettled) }
+    }
+
     /// A command of the ordered queue, on the one write session: never reissued after a lost
     /// connection.
     fn submit_once(&self, req: Request) -> impl std::future::Future<Output = Result<ScsiOutcome, Error>> + Send {
@@ -415,12 +456,17 @@ impl Lun {
 fn queued(
     lba: u64,
     op: u8,
+    ctx: QueueCtx,
     cmds: Vec<impl std::future::Future<Output = Result<ScsiOutcome, Error>> + Send + 'static>,
 ) -> Queued {
     Box::pin(async move {
         for c in cmds {
-            let out = c.await.map_err(|e| Lun::io_err(lba, e))?;
+            let out = c.await.map_err(|e| {
+                ctx.unsettled.store(true, SeqCst);
+                Lun::io_err(lba, e)
+            })?;
             if out.status != status::GOOD {
+                ctx.unsettled.store(true, SeqCst);
                 return Err(Lun::io_err(lba, Error::scsi(op, &out)));
             }
         }
@@ -432,11 +478,22 @@ fn queued(
 /// connection: a failure must reach the caller, which knows what else it had queued behind it.
 #[async_trait]
 impl OrderedQueue for Lun {
-    /// Claims again when a session was reinstated, then lets commands through again after a
-    /// lost connection failed some.
+    /// After a failure or a reinstatement: takes the unit attention a reinstated session starts
+    /// with, claims again when a session was reinstated, then lets commands through again after
+    /// a lost connection failed some.
     async fn prepare(&self) -> Result<(), BlockError> {
+        let s = &self.sessions[0];
+        let logins = s.logins();
+        if self.unsettled.swap(false, SeqCst) || logins != self.prepared_logins.load(SeqCst) {
+            let tur = Request::new(self.lun, cdb::test_unit_ready(), Data::None);
+            if let Err(e) = execute_retrying(s, tur, s.counters_ref()).await {
+                self.unsettled.store(true, SeqCst);
+                return Err(Self::io_err(0, e));
+            }
+            self.prepared_logins.store(logins, SeqCst);
+        }
         self.keep_claim().await?;
-        self.sessions[0].rearm();
+        s.rearm();
         Ok(())
     }
 
@@ -446,6 +503,7 @@ impl OrderedQueue for Lun {
             Ok(n) => n,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
+        let ctx = self.queue_ctx();
         let cmds: Vec<_> = self
             .pieces(lba, &data, blocks)
             .into_iter()
@@ -454,13 +512,14 @@ impl OrderedQueue for Lun {
             })
             .collect();
         self.write_gen.fetch_add(1, SeqCst);
-        queued(lba, stics_sam::op::WRITE_16, cmds)
+        queued(lba, stics_sam::op::WRITE_16, ctx, cmds)
     }
 
     fn queue_zeros(&self, lba: u64, blocks: u64, discard: bool) -> Queued {
         if let Err(e) = self.geometry.check_range(lba, blocks) {
             return Box::pin(async move { Err(e) });
         }
+        let ctx = self.queue_ctx();
         let bs = self.geometry.block_size;
         let mut cmds = Vec::new();
         let (mut at, end) = (lba, lba + blocks);
@@ -499,12 +558,12 @@ impl OrderedQueue for Lun {
             }
         }
         self.write_gen.fetch_add(1, SeqCst);
-        queued(lba, op, cmds)
+        queued(lba, op, ctx, cmds)
     }
 
     fn queue_barrier(&self) -> Queued {
         let req = Request::new(self.lun, cdb::synchronize_cache10(), Data::None).ordered();
-        queued(0, stics_sam::op::SYNC_CACHE_10, vec![self.submit_once(req)])
+        queued(0, stics_sam::op::SYNC_CACHE_10, self.queue_ctx(), vec![self.submit_once(req)])
     }
 }
 
@@ -542,6 +601,12 @@ impl BlockDev for Lun {
         } else {
             None
         }
+    }
+
+    /// Reinstatements of the write sessions and the power-on or reset unit attentions their
+    /// commands saw since `open`; both are counted before the command that saw them completes.
+    fn resets(&self) -> u64 {
+        self.resets_seen().saturating_sub(self.resets_at_open)
     }
 
     /// PERSISTENT RESERVE OUT: register `key` on every session, then reserve (or take back from

@@ -291,6 +291,13 @@ impl Driver {
                     }
                 }
                 Action::Complete(token, result) => {
+                    // Counted before the caller hears of it, so that a caller that looks at the
+                    // counts after its command completed sees what that command saw.
+                    if let Ok(o) = &result {
+                        if o.is_reset_attention() {
+                            Counters::add(&self.counters.reset_attentions, 1);
+                        }
+                    }
                     if let Some(w) = self.waiters.remove(&token) {
                         let _ = w.send(result);
                     }

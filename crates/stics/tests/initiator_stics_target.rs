@@ -1,6 +1,7 @@
 //! The initiator against `stics target`: listing, data integrity with digests and R2T bursts,
 //! CHAP, a SIGKILL of the target in the middle of a verified workload; against the target in
-//! process: reads on a session of their own.
+//! process: reads on a session of their own, the ordered queue after a lost connection, and the
+//! count of resets.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
@@ -10,11 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use stics_block::BlockDev;
+use stics_block::{BlockDev, BlockError};
 use stics_initiator::{IscsiUrl, Lun, LunOptions};
 use stics_target::{Config, TargetConfig};
 use stics_testkit::peers::{InProcess, SticsTarget};
-use stics_testkit::workload::{run_with_fault, zeroing_reads_back_zeros};
+use stics_testkit::workload::{fault_options, run_with_fault, zeroing_reads_back_zeros};
 use stics_testkit::IQN;
 
 /// `stics target` with LUN 0 on a sparse file of `size_mib` MiB.
@@ -153,28 +154,37 @@ fn url_via(port: u16) -> IscsiUrl {
 }
 
 /// A loopback TCP proxy whose connections, numbered in the order they were opened, can each be
-/// held: what the initiator sends waits in the proxy, and nothing is lost.
+/// held (what the initiator sends waits in the proxy; nothing is lost while it is held) or cut
+/// (what it held is dropped).
 struct Links {
     port: u16,
-    conns: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
+    conns: Arc<Mutex<Vec<Link>>>,
+}
+
+struct Link {
+    hold: Arc<AtomicBool>,
+    dead: Arc<AtomicBool>,
+    down: TcpStream,
+    up: TcpStream,
 }
 
 impl Links {
     fn start(upstream: SocketAddr) -> Links {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let conns: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
+        let conns: Arc<Mutex<Vec<Link>>> = Arc::default();
         let list = Arc::clone(&conns);
         std::thread::spawn(move || {
             for down in listener.incoming() {
                 let Ok(down) = down else { return };
                 let Ok(up) = TcpStream::connect(upstream) else { continue };
                 let _ = (down.set_nodelay(true), up.set_nodelay(true));
-                let hold = Arc::new(AtomicBool::new(false));
-                let (Ok(d2), Ok(u2)) = (down.try_clone(), up.try_clone()) else { continue };
-                list.lock().unwrap().push(Arc::clone(&hold));
+                let (hold, dead) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+                let clones = (down.try_clone(), up.try_clone(), down.try_clone(), up.try_clone());
+                let (Ok(d1), Ok(u1), Ok(d2), Ok(u2)) = clones else { continue };
+                list.lock().unwrap().push(Link { hold: Arc::clone(&hold), dead: Arc::clone(&dead), down: d1, up: u1 });
                 std::thread::spawn(move || pump(u2, d2, None));
-                std::thread::spawn(move || pump(down, up, Some(hold)));
+                std::thread::spawn(move || pump(down, up, Some((hold, dead))));
             }
         });
         Links { port, conns }
@@ -185,12 +195,19 @@ impl Links {
     }
 
     fn hold(&self, i: usize, on: bool) {
-        self.conns.lock().unwrap()[i].store(on, Ordering::SeqCst);
+        self.conns.lock().unwrap()[i].hold.store(on, Ordering::SeqCst);
+    }
+
+    fn cut(&self, i: usize) {
+        let conns = self.conns.lock().unwrap();
+        conns[i].dead.store(true, Ordering::SeqCst);
+        let _ = conns[i].down.shutdown(std::net::Shutdown::Both);
+        let _ = conns[i].up.shutdown(std::net::Shutdown::Both);
     }
 }
 
-/// Copies `from` to `to`; with `hold`, waits while it is set.
-fn pump(mut from: TcpStream, mut to: TcpStream, hold: Option<Arc<AtomicBool>>) {
+/// Copies `from` to `to`; with `hold`, waits while it is set and drops everything once `dead`.
+fn pump(mut from: TcpStream, mut to: TcpStream, hold: Option<(Arc<AtomicBool>, Arc<AtomicBool>)>) {
     use std::io::{Read, Write};
     let mut buf = vec![0u8; 1 << 16];
     loop {
@@ -198,8 +215,13 @@ fn pump(mut from: TcpStream, mut to: TcpStream, hold: Option<Arc<AtomicBool>>) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        while hold.as_ref().is_some_and(|h| h.load(Ordering::SeqCst)) {
-            std::thread::sleep(Duration::from_millis(1));
+        if let Some((hold, dead)) = &hold {
+            while hold.load(Ordering::SeqCst) && !dead.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if dead.load(Ordering::SeqCst) {
+                break;
+            }
         }
         if to.write_all(&buf[..n]).is_err() {
             break;
@@ -274,4 +296,81 @@ async fn a_read_completes_while_the_write_session_holds_a_write_and_an_ordered_b
         assert_eq!(lun.read(800, 8).await.unwrap(), block(2));
         lun.close().await;
     }
+}
+
+/// A write and an ORDERED SYNCHRONIZE CACHE of the ordered queue are on a connection that is cut
+/// before the target sees them: both fail, they are not reissued after the session is
+/// reinstated, and the queue takes nothing more until `prepare`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_queue_commands_are_not_reissued_after_a_lost_connection() {
+    let t = in_process().await;
+    let links = Links::start(t.addr);
+    let lun = Lun::open(&url_via(links.port), &fault_options()).await.unwrap();
+    let q = lun.ordered_queue().expect("an ordered queue");
+    q.queue_write(0, block(1)).await.unwrap();
+    assert_eq!(lun.resets(), 0);
+    links.hold(0, true);
+    let write = q.queue_write(8, block(2));
+    let barrier = q.queue_barrier();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    links.cut(0);
+    for (what, r) in [("write", write.await), ("barrier", barrier.await)] {
+        let e = r.expect_err(what);
+        assert!(matches!(&e, BlockError::Unreachable(m) if m.contains("not reissued")), "{what}: {e}");
+        assert!(e.is_transient(), "{what}: {e}");
+    }
+    let e = q.queue_write(16, block(3)).await.unwrap_err();
+    assert!(matches!(&e, BlockError::Unreachable(m) if m.contains("not reissued")), "before prepare: {e}");
+    q.prepare().await.unwrap();
+    q.queue_write(24, block(4)).await.unwrap();
+    q.queue_barrier().await.unwrap();
+    assert_eq!(links.opened(), 2, "the session was reinstated");
+    let resets = lun.resets();
+    assert!(resets >= 1, "the reinstatement counts as a reset");
+    let back = lun.read(0, 32).await.unwrap();
+    assert_eq!(back.slice(..4096), block(1));
+    assert_eq!(back.slice(4096..8192), block(0), "the cut write was not reissued");
+    assert_eq!(back.slice(8192..12288), block(0), "nor the one queued before prepare");
+    assert_eq!(back.slice(12288..), block(4));
+    // Plain writes are still reissued after a cut.
+    links.hold(1, true);
+    let l = Arc::new(lun);
+    let w = tokio::spawn({
+        let l = Arc::clone(&l);
+        async move { l.write(40, block(5), false).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    links.cut(1);
+    w.await.unwrap().unwrap();
+    assert_eq!(l.read(40, 8).await.unwrap(), block(5));
+    assert!(l.resets() > resets, "counted by the time the reissued write completed");
+}
+
+/// `resets` counts power-on and reset unit attentions (a LOGICAL UNIT RESET from another
+/// initiator here) and reinstatements of the write session, by the time the command that saw
+/// one completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_count_reset_unit_attentions_and_reinstatements() {
+    let t = in_process().await;
+    let links = Links::start(t.addr);
+    let opts = LunOptions { read_session: true, ..fault_options() };
+    let lun = Lun::open(&url_via(links.port), &opts).await.unwrap();
+    lun.write(0, block(1), false).await.unwrap();
+    lun.read(0, 8).await.unwrap();
+    assert_eq!(lun.resets(), 0, "the power-on attentions of new sessions are taken at open");
+    let mut other = stics_testkit::client::Client::session(t.addr, &[]).await;
+    let r = other.task_mgmt(stics_wire::tmf::LOGICAL_UNIT_RESET, 0, stics_wire::RESERVED_TAG, 0).await;
+    assert_eq!(r.response, 0, "LOGICAL UNIT RESET done");
+    lun.write(8, block(2), false).await.unwrap();
+    assert_eq!(lun.resets(), 1, "the write that saw the attention has completed");
+    lun.read(8, 8).await.unwrap();
+    assert_eq!(lun.resets(), 1, "the read session's own attention of the same reset adds nothing");
+    links.cut(1);
+    lun.read(0, 8).await.unwrap();
+    assert_eq!(lun.resets(), 1, "the read session's reinstatement loses no write");
+    links.cut(0);
+    lun.write(16, block(3), false).await.unwrap();
+    assert!(lun.resets() > 1, "the write session's reinstatement counts");
+    assert_eq!(lun.read(0, 24).await.unwrap(), [block(1), block(2), block(3)].concat());
+    lun.close().await;
 }
