@@ -23,6 +23,8 @@ pub struct Counters {
     pub max_in_flight: AtomicU64,
     /// UNIT ATTENTIONs of a power on or reset (ASC 29h) received.
     pub reset_attentions: AtomicU64,
+    /// UNIT ATTENTIONs saying another nexus preempted this one's reservation or registration.
+    pub preemptions: AtomicU64,
 }
 
 impl Counters {
@@ -43,6 +45,7 @@ impl Counters {
             retries: self.retries.load(Relaxed),
             max_in_flight: self.max_in_flight.load(Relaxed),
             reset_attentions: self.reset_attentions.load(Relaxed),
+            preemptions: self.preemptions.load(Relaxed),
         }
     }
 }
@@ -60,6 +63,7 @@ pub struct Snapshot {
     pub retries: u64,
     pub max_in_flight: u64,
     pub reset_attentions: u64,
+    pub preemptions: u64,
 }
 
 impl std::ops::Add for Snapshot {
@@ -76,6 +80,7 @@ impl std::ops::Add for Snapshot {
             retries: self.retries + o.retries,
             max_in_flight: self.max_in_flight.max(o.max_in_flight),
             reset_attentions: self.reset_attentions + o.reset_attentions,
+            preemptions: self.preemptions + o.preemptions,
         }
     }
 }
@@ -91,7 +96,8 @@ impl fmt::Display for Snapshot {
         writeln!(f, "max in flight   {:>14}", self.max_in_flight)?;
         writeln!(f, "reconnects      {:>14}", self.reconnects)?;
         writeln!(f, "retries         {:>14}", self.retries)?;
-        write!(f, "reset attentions{:>14}", self.reset_attentions)
+        writeln!(f, "reset attentions{:>14}", self.reset_attentions)?;
+        write!(f, "preemptions     {:>14}", self.preemptions)
     }
 }
 

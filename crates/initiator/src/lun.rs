@@ -107,6 +107,16 @@ pub struct Lun {
     /// Sum of the write sessions' logins when the claim was made: a change means a session was
     /// reinstated since, and the claim is made again before the next write.
     claim_logins: AtomicU64,
+    /// Claims made so far. Many commands meet the same lost registration at once; one that met
+    /// RESERVATION CONFLICT claims again only if no claim was made since it was sent.
+    claims: AtomicU64,
+    /// Preemption unit attentions the sessions had seen when the claim was made: a later one
+    /// means that another connection under the same key took the LUN over (a restarted
+    /// writer), and this one does not take it back.
+    claim_preemptions: AtomicU64,
+    /// Set (to `claims` + 1 as it was when the command was queued) when a command of the
+    /// ordered queue met RESERVATION CONFLICT under the claim: the next `prepare` claims again.
+    reclaim: Arc<AtomicU64>,
     /// Set when a command of the ordered queue failed: the next `prepare` takes any unit
     /// attention waiting (a reinstated session starts with one) with a command that is retried.
     unsettled: Arc<AtomicBool>,
@@ -214,6 +224,9 @@ impl Lun {
             device_id,
             claim_key: AtomicU64::new(0),
             claim_logins: AtomicU64::new(0),
+            claims: AtomicU64::new(0),
+            claim_preemptions: AtomicU64::new(0),
+            reclaim: Arc::default(),
             unsettled: Arc::default(),
             prepared_logins: AtomicU64::new(1),
             claim_lock: tokio::sync::Mutex::new(()),
@@ -253,6 +266,25 @@ impl Lun {
     pub async fn execute(&self, cdb: [u8; 16], data: Data) -> Result<ScsiOutcome, Error> {
         let s = self.pick();
         execute_retrying(s, Request::new(self.lun, cdb, data), s.counters_ref()).await
+    }
+
+    /// Runs a command that writes or flushes on `s`, with retries of transient statuses. When
+    /// it meets RESERVATION CONFLICT while this LUN holds a claim, the claim is made again
+    /// (some targets, tgt among them, forget a registration when its session ends, reinstated
+    /// or not) and the command runs once more.
+    async fn execute_claimed(&self, s: &Session, cdb: [u8; 16], data: Data) -> Result<ScsiOutcome, Error> {
+        let req = Request::new(self.lun, cdb, data);
+        let claims = self.claims.load(SeqCst);
+        match execute_retrying(s, req.clone(), s.counters_ref()).await {
+            Err(e) if is_conflict(&e) && self.claim_key.load(SeqCst) != 0 => {
+                if self.reclaim(claims).await? {
+                    execute_retrying(s, req, s.counters_ref()).await
+                } else {
+                    Err(e)
+                }
+            }
+            other => other,
+        }
     }
 
     /// Counters summed over all sessions.
@@ -321,9 +353,17 @@ impl Lun {
     }
 }
 
+fn is_conflict(e: &Error) -> bool {
+    matches!(e, Error::Scsi { status: status::RESERVATION_CONFLICT, .. })
+}
+
 impl Lun {
     fn logins(&self) -> u64 {
         self.write_sessions().iter().map(Session::logins).sum()
+    }
+
+    fn preemptions(&self) -> u64 {
+        self.sessions.iter().map(|s| s.counters_ref().preemptions.load(SeqCst)).sum()
     }
 
     async fn pr_out(&self, s: &Session, sa: u8, ptype: u8, key: u64, sa_key: u64) -> Result<(), Error> {
@@ -382,13 +422,60 @@ impl Lun {
             let holder = self.read_reservation(first).await?.map_or(0, |r| r.key);
             return Err(Error::Reserved { holder });
         };
-        // After any PREEMPT, which would have dropped them.
+        // After any PREEMPT, which would have dropped them (and told them so: the preemption
+        // unit attentions of our own sessions come with these commands, before the count below).
         for s in &self.sessions[1..self.writers] {
             self.pr_out(s, pr_out::REGISTER_AND_IGNORE, 0, 0, key).await?;
         }
         self.claim_key.store(key, SeqCst);
         self.claim_logins.store(logins, SeqCst);
+        self.claim_preemptions.store(self.preemptions(), SeqCst);
+        self.claims.fetch_add(1, SeqCst);
         Ok(claim)
+    }
+
+    /// Makes the claim again for a command that met RESERVATION CONFLICT when `claims` claims
+    /// had been made (the caller holds no lock). True when the LUN is claimed again, by this
+    /// call or by another since; false when it is not to be: there is no claim, or another
+    /// connection under the same key took the LUN over (then the claim is given up for good).
+    async fn reclaim(&self, claims: u64) -> Result<bool, Error> {
+        let _one = self.claim_lock.lock().await;
+        if self.claims.load(SeqCst) != claims {
+            return Ok(true);
+        }
+        let key = self.claim_key.load(SeqCst);
+        if key == 0 || self.preempted_since_claim() {
+            return Ok(false);
+        }
+        tracing::info!(
+            lun = self.lun,
+            key = format_args!("{key:#018x}"),
+            "RESERVATION CONFLICT under our claim (the target forgot our registration): claiming the LUN again"
+        );
+        self.claim_now(key).await.map(|_| true).inspect_err(|e| self.lost_claim(e))
+    }
+
+    /// True when a session saw a preemption unit attention since the claim was made; then the
+    /// claim is dropped, so that nothing takes the LUN back from the connection that took it.
+    fn preempted_since_claim(&self) -> bool {
+        if self.preemptions() == self.claim_preemptions.load(SeqCst) {
+            return false;
+        }
+        tracing::warn!(
+            lun = self.lun,
+            "another connection under our reservation key took the LUN over: not claiming it back"
+        );
+        self.claim_key.store(0, SeqCst);
+        true
+    }
+
+    /// After a failed claim: another key holds the LUN, so this one no longer claims it again by
+    /// itself (a new [`BlockDev::claim`] may).
+    fn lost_claim(&self, e: &Error) {
+        if let Error::Reserved { holder } = e {
+            tracing::warn!(lun = self.lun, holder = format_args!("{holder:#018x}"), "another writer holds the LUN");
+            self.claim_key.store(0, SeqCst);
+        }
     }
 
     /// Breaks the persistent reservation `holder` holds on this LUN, for a writer that is gone
@@ -422,7 +509,8 @@ impl Lun {
             return Ok(());
         }
         let _one = self.claim_lock.lock().await;
-        if self.logins() == self.claim_logins.load(SeqCst) {
+        let key = self.claim_key.load(SeqCst);
+        if key == 0 || self.logins() == self.claim_logins.load(SeqCst) || self.preempted_since_claim() {
             return Ok(());
         }
         tracing::info!(
@@ -430,19 +518,24 @@ impl Lun {
             key = format_args!("{key:#018x}"),
             "a session was reinstated: claiming the LUN again"
         );
-        self.claim_now(key).await.map(|_| ()).map_err(claim_err)
+        self.claim_now(key).await.map(|_| ()).inspect_err(|e| self.lost_claim(e)).map_err(claim_err)
     }
 }
 
 /// What a queued command needs to know when its answer comes.
 struct QueueCtx {
+    /// `reclaim` of the LUN.
+    reclaim: Arc<AtomicU64>,
     /// `unsettled` of the LUN.
     unsettled: Arc<AtomicBool>,
+    /// `claims` + 1 when the LUN held a claim as the command was queued; 0 otherwise.
+    claimed: u64,
 }
 
 impl Lun {
     fn queue_ctx(&self) -> QueueCtx {
-        QueueCtx { unsettled: Arc::clone(&self.unsettled) }
+        let claimed = if self.claim_key.load(SeqCst) == 0 { 0 } else { self.claims.load(SeqCst) + 1 };
+        QueueCtx { reclaim: Arc::clone(&self.reclaim), unsettled: Arc::clone(&self.unsettled), claimed }
     }
 
     /// A command of the ordered queue, on the one write session: never reissued after a lost
@@ -452,7 +545,9 @@ impl Lun {
     }
 }
 
-/// Waits for queued commands, in order; the first failure is the answer.
+/// Waits for queued commands, in order; the first failure is the answer. A RESERVATION CONFLICT
+/// under a claim is a registration the target forgot (the next `prepare` claims again), so it
+/// is a busy device to the caller, not another writer's.
 fn queued(
     lba: u64,
     op: u8,
@@ -467,6 +562,15 @@ fn queued(
             })?;
             if out.status != status::GOOD {
                 ctx.unsettled.store(true, SeqCst);
+            }
+            if out.status == status::RESERVATION_CONFLICT && ctx.claimed != 0 {
+                let _ = ctx.reclaim.compare_exchange(0, ctx.claimed, SeqCst, SeqCst);
+                return Err(BlockError::Busy(format!(
+                    "{}: the LUN is claimed again before more is queued",
+                    Error::scsi(op, &out)
+                )));
+            }
+            if out.status != status::GOOD {
                 return Err(Lun::io_err(lba, Error::scsi(op, &out)));
             }
         }
@@ -479,8 +583,8 @@ fn queued(
 #[async_trait]
 impl OrderedQueue for Lun {
     /// After a failure or a reinstatement: takes the unit attention a reinstated session starts
-    /// with, claims again when a session was reinstated, then lets commands through again after
-    /// a lost connection failed some.
+    /// with, claims again when a session was reinstated or a queued command met RESERVATION
+    /// CONFLICT, then lets commands through again after a lost connection failed some.
     async fn prepare(&self) -> Result<(), BlockError> {
         let s = &self.sessions[0];
         let logins = s.logins();
@@ -491,6 +595,13 @@ impl OrderedQueue for Lun {
                 return Err(Self::io_err(0, e));
             }
             self.prepared_logins.store(logins, SeqCst);
+        }
+        let conflicted = self.reclaim.swap(0, SeqCst);
+        if conflicted != 0 {
+            if let Err(e) = self.reclaim(conflicted - 1).await {
+                let _ = self.reclaim.compare_exchange(0, conflicted, SeqCst, SeqCst);
+                return Err(claim_err(e));
+            }
         }
         self.keep_claim().await?;
         s.rearm();
@@ -661,7 +772,9 @@ impl BlockDev for Lun {
         self.geometry.check_range(lba, blocks)?;
         self.keep_claim().await?;
         for (at, n, chunk) in self.pieces(lba, &data, blocks) {
-            self.execute(cdb::write16(at, n, fua), Data::Write(chunk)).await.map_err(|e| Self::io_err(at, e))?;
+            self.execute_claimed(self.pick(), cdb::write16(at, n, fua), Data::Write(chunk))
+                .await
+                .map_err(|e| Self::io_err(at, e))?;
         }
         self.write_gen.fetch_add(1, SeqCst);
         Ok(())
@@ -679,7 +792,7 @@ impl BlockDev for Lun {
         self.keep_claim().await?;
         for group in lim.commands(lba, blocks) {
             let params = Bytes::from(data::unmap_parameters(&group));
-            self.execute(cdb::unmap(group.len()), Data::Write(params))
+            self.execute_claimed(self.pick(), cdb::unmap(group.len()), Data::Write(params))
                 .await
                 .map_err(|e| Self::io_err(group[0].0, e))?;
         }
@@ -696,7 +809,7 @@ impl BlockDev for Lun {
         let (mut at, end) = (lba, lba + blocks);
         while at < end && self.write_same_max > 0 && self.write_same_ok.load(Relaxed) {
             let n = (end - at).min(self.write_same_max) as u32;
-            match self.execute(cdb::write_same16(at, n), Data::Write(zero.clone())).await {
+            match self.execute_claimed(self.pick(), cdb::write_same16(at, n), Data::Write(zero.clone())).await {
                 Ok(_) => at += u64::from(n),
                 Err(Error::Scsi { sense: Some(s), .. }) if s.key == sense_key::ILLEGAL_REQUEST => {
                     tracing::info!(lun = self.lun, "target refuses WRITE SAME; zeroing with writes");
@@ -722,11 +835,11 @@ impl BlockDev for Lun {
             self.flushes_skipped.fetch_add(1, Relaxed);
             return Ok(());
         }
+        // SYNCHRONIZE CACHE is refused to a writer that is not the holder, like a write.
+        self.keep_claim().await?;
         // Every write session's writes must be durable: SYNCHRONIZE CACHE on each.
         for s in self.write_sessions() {
-            execute_retrying(s, Request::new(self.lun, cdb::synchronize_cache10(), Data::None), s.counters_ref())
-                .await
-                .map_err(|e| Self::io_err(0, e))?;
+            self.execute_claimed(s, cdb::synchronize_cache10(), Data::None).await.map_err(|e| Self::io_err(0, e))?;
         }
         self.flushed_gen.fetch_max(gen, SeqCst);
         Ok(())

@@ -29,6 +29,15 @@ impl ScsiOutcome {
         self.unit_attention().is_some_and(|s| s.asc == asc::POWER_ON_RESET.0)
     }
 
+    /// A UNIT ATTENTION saying that another I_T nexus preempted this one's reservation or
+    /// registration (RESERVATIONS PREEMPTED, REGISTRATIONS PREEMPTED).
+    pub fn is_preemption(&self) -> bool {
+        self.unit_attention().is_some_and(|s| {
+            let code = (s.asc, s.ascq);
+            code == asc::RESERVATIONS_PREEMPTED || code == asc::REGISTRATIONS_PREEMPTED
+        })
+    }
+
     fn unit_attention(&self) -> Option<Sense> {
         if self.status != status::CHECK_CONDITION {
             return None;
@@ -57,5 +66,13 @@ mod tests {
         assert!(!outcome(0x00, 0x06, 0x29, 0x00).is_reset_attention(), "GOOD carries no attention");
         let none = ScsiOutcome { status: 0x02, data: Bytes::new(), sense: None };
         assert!(!none.is_reset_attention());
+    }
+
+    #[test]
+    fn reservations_or_registrations_preempted_is_a_preemption() {
+        assert!(outcome(0x02, 0x06, 0x2a, 0x03).is_preemption());
+        assert!(outcome(0x02, 0x06, 0x2a, 0x05).is_preemption());
+        assert!(!outcome(0x02, 0x06, 0x2a, 0x04).is_preemption(), "reservations released");
+        assert!(!outcome(0x02, 0x06, 0x29, 0x00).is_preemption());
     }
 }

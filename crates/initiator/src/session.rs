@@ -297,6 +297,9 @@ impl Driver {
                         if o.is_reset_attention() {
                             Counters::add(&self.counters.reset_attentions, 1);
                         }
+                        if o.is_preemption() {
+                            Counters::add(&self.counters.preemptions, 1);
+                        }
                     }
                     if let Some(w) = self.waiters.remove(&token) {
                         let _ = w.send(result);
