@@ -1,6 +1,7 @@
 //! The full-feature session core: CmdSN window, task table, immediate/unsolicited/R2T write
 //! planning, Data-In reassembly with status collapse, NOP-Out keep-alive, and reissue of every
-//! unfinished command after a reconnection. Pure: inputs and `now` in, [`Action`]s out.
+//! unfinished command after a reconnection (save those sent [`Request::once`]). Pure: inputs
+//! and `now` in, [`Action`]s out.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -56,12 +57,23 @@ pub struct Request {
     pub data: Data,
     /// SAM task attribute (`stics_wire::attr`): SIMPLE unless the caller needs ordering.
     pub attr: u8,
+    /// Failed instead of reissued when its connection is lost (see [`Request::once`]).
+    pub once: bool,
 }
 
 impl Request {
     /// A SIMPLE command.
     pub fn new(lun: u64, cdb: [u8; 16], data: Data) -> Request {
-        Request { lun, cdb, data, attr: attr::SIMPLE }
+        Request { lun, cdb, data, attr: attr::SIMPLE, once: false }
+    }
+
+    /// The same command, never reissued: if its connection is lost before it finishes, it fails
+    /// with [`TaskError::Unreachable`] ("connection lost; not reissued"), and so does every
+    /// such command submitted after that until [`Core::rearm`]. For a caller that queued a
+    /// sequence whose order matters: a reissue after reconnection could land some of it after
+    /// what came later, or run it twice around other work.
+    pub fn once(self) -> Request {
+        Request { once: true, ..self }
     }
 
     /// The same command as an ORDERED task: the target starts it once every older task ended,
@@ -151,6 +163,9 @@ pub struct Core {
     link: Link,
     recovery: Recovery,
     last_error: String,
+    /// A lost connection failed commands sent [`Request::once`]: later ones fail too, until
+    /// [`Core::rearm`], so that none of them lands without those before it.
+    fenced: bool,
 }
 
 impl Core {
@@ -171,6 +186,7 @@ impl Core {
             link: Link::Connecting { gen },
             recovery: Recovery::new(timers.recovery),
             last_error: String::new(),
+            fenced: false,
         };
         c.on_login_ok(gen, login, now);
         c
@@ -223,6 +239,10 @@ impl Core {
         match self.link {
             Link::Closed => {
                 out.push(Action::Complete(token, Err(TaskError::Closed)));
+                return out;
+            }
+            _ if req.once && self.fenced => {
+                out.push(Action::Complete(token, Err(not_reissued(&self.last_error))));
                 return out;
             }
             Link::Down => self.start_recovery(now, &mut out),
@@ -512,16 +532,23 @@ impl Core {
     }
 
     /// Drops the current connection: every command on it goes back to the queue, in submission
-    /// order, to be reissued after the next login.
+    /// order, to be reissued after the next login; those sent [`Request::once`] fail instead,
+    /// whether they were on the wire or still waiting for the window.
     fn lose(&mut self, now: Instant, reason: &str, out: &mut Vec<Action>) {
         if !self.is_up() {
             return;
         }
         reason.clone_into(&mut self.last_error);
         out.push(Action::Disconnect(reason.to_owned()));
-        let mut all: Vec<(u32, u64)> = self.tasks.iter().map(|(itt, t)| (*itt, t.seq)).collect();
-        all.sort_by_key(|(_, s)| *s);
-        self.queue = all.into_iter().map(|(itt, _)| itt).collect();
+        let mut all: Vec<(u32, u64, bool)> = self.tasks.iter().map(|(itt, t)| (*itt, t.seq, t.req.once)).collect();
+        all.sort_by_key(|(_, s, _)| *s);
+        for &(itt, _, once) in &all {
+            if once {
+                self.fenced = true;
+                self.complete(itt, Err(not_reissued(reason)), out);
+            }
+        }
+        self.queue = all.into_iter().filter(|(_, _, once)| !once).map(|(itt, _, _)| itt).collect();
         for t in self.tasks.values_mut() {
             t.sent = None;
             t.parts.clear();
@@ -646,6 +673,12 @@ impl Core {
         Some(Pdu::new(req, Bytes::new()))
     }
 
+    /// Lets commands sent [`Request::once`] through again after a lost connection failed some:
+    /// the caller has seen those failures and starts its sequence over.
+    pub fn rearm(&mut self) {
+        self.fenced = false;
+    }
+
     /// Closes the core without a logout, failing every command.
     pub fn close(&mut self) -> Vec<Action> {
         let mut out = Vec::new();
@@ -653,6 +686,11 @@ impl Core {
         self.fail_all(TaskError::Closed, &mut out);
         out
     }
+}
+
+fn not_reissued(reason: &str) -> TaskError {
+    let why = if reason.is_empty() { String::new() } else { format!(" ({reason})") };
+    TaskError::Unreachable(format!("connection lost; not reissued{why}"))
 }
 
 /// How a write of `len` bytes splits into immediate data, unsolicited Data-Out and solicited
@@ -945,6 +983,58 @@ mod tests {
             })
             .collect();
         assert_eq!(sns, vec![(1, 1), (2, 2), (3, 3)]);
+    }
+
+    #[test]
+    fn once_commands_fail_on_a_lost_connection_and_later_ones_fail_until_rearmed() {
+        let t0 = Instant::now();
+        let mut o = outcome(true, true, 65536, 8192);
+        o.max_cmd_sn = 6;
+        let mut c = Core::new(Timers::default(), &o, 1, t0);
+        let write =
+            |lba| Request::new(1, stics_sam::cdb::write16(lba, 1, false), Data::Write(Bytes::from(vec![1; 512])));
+        let barrier = Request::new(1, stics_sam::cdb::synchronize_cache10(), Data::None).ordered().once();
+        c.submit(1, read_req(512), t0);
+        c.submit(2, write(0).once(), t0);
+        // Beyond MaxCmdSN: queued, never sent; it may not go out without the write before it.
+        assert!(sends(&c.submit(3, barrier, t0)).is_empty());
+        let a = c.on_closed(1, "reset by peer", t0);
+        let failed: Vec<u64> = a
+            .iter()
+            .filter_map(|x| match x {
+                Action::Complete(t, Err(TaskError::Unreachable(m))) => {
+                    assert!(m.starts_with("connection lost; not reissued"), "{m}");
+                    Some(*t)
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(failed, vec![2, 3], "{a:?}");
+        assert!(a.contains(&Action::Connect(2)));
+        // Queued after the loss, before the caller has seen it: fails too, at once.
+        let r = c.submit(4, write(8).once(), t0);
+        assert!(matches!(&r[..], [Action::Complete(4, Err(TaskError::Unreachable(_)))]), "{r:?}");
+        let mut again = o.clone();
+        again.exp_cmd_sn = 1;
+        let r = c.on_login_ok(2, &again, t0);
+        let itts: Vec<u32> = sends(&r)
+            .iter()
+            .map(|p| match p.header {
+                Header::ScsiCommand(c) => c.itt,
+                _ => panic!(),
+            })
+            .collect();
+        assert_eq!(itts, vec![1], "only the plain command is reissued");
+        assert_eq!(c.outstanding(), 1);
+        c.rearm();
+        let r = c.submit(5, write(16).once(), t0);
+        let Header::ScsiCommand(cmd) = sends(&r)[0].header else { panic!("{r:?}") };
+        assert!(cmd.write);
+        // A loss with no such command outstanding fences nothing.
+        let mut c = Core::new(Timers::default(), &o, 1, t0);
+        c.submit(1, read_req(512), t0);
+        c.on_closed(1, "eof", t0);
+        assert!(c.submit(2, write(0).once(), t0).is_empty(), "queued for the next connection");
     }
 
     #[test]

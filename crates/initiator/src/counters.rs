@@ -1,5 +1,6 @@
-//! Traffic counters of a session: commands, PDUs, bytes and round trips each way, reconnections
-//! and retries. Updated by the I/O driver (the protocol core neither counts nor logs).
+//! Traffic counters of a session: commands, PDUs, bytes and round trips each way, reconnections,
+//! retries and the unit attentions a LUN watches. Updated by the I/O driver (the protocol core
+//! neither counts nor logs).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -20,6 +21,10 @@ pub struct Counters {
     pub retries: AtomicU64,
     /// Largest number of commands on the wire at once.
     pub max_in_flight: AtomicU64,
+    /// UNIT ATTENTIONs of a power on or reset (ASC 29h) received.
+    pub reset_attentions: AtomicU64,
+    /// UNIT ATTENTIONs saying another nexus preempted this one's reservation or registration.
+    pub preemptions: AtomicU64,
 }
 
 impl Counters {
@@ -39,6 +44,8 @@ impl Counters {
             reconnects: self.reconnects.load(Relaxed),
             retries: self.retries.load(Relaxed),
             max_in_flight: self.max_in_flight.load(Relaxed),
+            reset_attentions: self.reset_attentions.load(Relaxed),
+            preemptions: self.preemptions.load(Relaxed),
         }
     }
 }
@@ -55,6 +62,8 @@ pub struct Snapshot {
     pub reconnects: u64,
     pub retries: u64,
     pub max_in_flight: u64,
+    pub reset_attentions: u64,
+    pub preemptions: u64,
 }
 
 impl std::ops::Add for Snapshot {
@@ -70,6 +79,8 @@ impl std::ops::Add for Snapshot {
             reconnects: self.reconnects + o.reconnects,
             retries: self.retries + o.retries,
             max_in_flight: self.max_in_flight.max(o.max_in_flight),
+            reset_attentions: self.reset_attentions + o.reset_attentions,
+            preemptions: self.preemptions + o.preemptions,
         }
     }
 }
@@ -84,7 +95,9 @@ impl fmt::Display for Snapshot {
         writeln!(f, "round trips     {:>14}", self.round_trips)?;
         writeln!(f, "max in flight   {:>14}", self.max_in_flight)?;
         writeln!(f, "reconnects      {:>14}", self.reconnects)?;
-        write!(f, "retries         {:>14}", self.retries)
+        writeln!(f, "retries         {:>14}", self.retries)?;
+        writeln!(f, "reset attentions{:>14}", self.reset_attentions)?;
+        write!(f, "preemptions     {:>14}", self.preemptions)
     }
 }
 

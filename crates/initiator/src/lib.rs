@@ -12,8 +12,8 @@
 //! - [`counters`]: commands, PDUs, bytes and round trips each way.
 //!
 //! Scope: error recovery level 0 (a lost connection means session reinstatement and reissue of
-//! every unfinished command), one connection per session (several sessions spread the load),
-//! no redirection, no bidirectional commands.
+//! every unfinished command, save those sent once), one connection per session (several sessions
+//! spread the load), no redirection, no bidirectional commands.
 
 #![forbid(unsafe_code)]
 

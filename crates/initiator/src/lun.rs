@@ -1,8 +1,10 @@
 //! A remote LUN as a [`BlockDev`]: READ(16)/WRITE(16)/SYNCHRONIZE CACHE over one or several
-//! sessions (commands spread round-robin), with retries of unit attentions and busy statuses,
-//! and the one-writer claim as a persistent reservation (see [`Lun`]'s `claim`).
+//! sessions (commands spread round-robin, reads on a session of their own when asked), with
+//! retries of unit attentions and busy statuses, and the one-writer claim as a persistent
+//! reservation (see [`Lun`]'s `claim`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -12,7 +14,7 @@ use stics_block::{blocks_in, write_zeros_by_writes, BlockDev, BlockError, Claim,
 use crate::core::{Data, Request};
 use crate::counters::{Counters, Snapshot};
 use stics_sam::op::{mode_page, pr_in, pr_out, pr_type, vpd};
-use stics_sam::sense::key as sense_key;
+use stics_sam::sense::{asc, key as sense_key};
 use stics_sam::{cdb, data, status};
 
 use crate::scsi::ScsiOutcome;
@@ -28,11 +30,15 @@ pub struct LunOptions {
     pub sessions: usize,
     /// Largest transfer per command, in bytes; bigger requests are split.
     pub max_transfer: u32,
+    /// One more session that carries reads alone, so that a read never waits behind writes:
+    /// behind ORDERED barriers (a target orders tasks per session), behind write data queued
+    /// on the same connection, or for a command window that writes fill.
+    pub read_session: bool,
 }
 
 impl Default for LunOptions {
     fn default() -> Self {
-        LunOptions { config: Config::default(), sessions: 1, max_transfer: 1 << 20 }
+        LunOptions { config: Config::default(), sessions: 1, max_transfer: 1 << 20, read_session: false }
     }
 }
 
@@ -71,7 +77,10 @@ pub async fn execute_retrying(s: &Session, req: Request, counters: &Counters) ->
 #[derive(Debug)]
 #[expect(clippy::struct_field_names, reason = "`lun` is the LUN number, the spec's name")]
 pub struct Lun {
+    /// The write sessions, then the read session when there is one.
     sessions: Vec<Session>,
+    /// How many of `sessions` carry writes, flushes, the claim and the ordered queue.
+    writers: usize,
     next: AtomicUsize,
     lun: u64,
     geometry: Geometry,
@@ -95,14 +104,32 @@ pub struct Lun {
     unmap: Option<UnmapLimits>,
     /// The key this LUN was claimed under (0: not claimed).
     claim_key: AtomicU64,
-    /// Sum of the sessions' logins when the claim was made: a change means a session was
+    /// Sum of the write sessions' logins when the claim was made: a change means a session was
     /// reinstated since, and the claim is made again before the next write.
     claim_logins: AtomicU64,
+    /// Claims made so far. Many commands meet the same lost registration at once; one that met
+    /// RESERVATION CONFLICT claims again only if no claim was made since it was sent.
+    claims: AtomicU64,
+    /// Preemption unit attentions the sessions had seen when the claim was made: a later one
+    /// means that another connection under the same key took the LUN over (a restarted
+    /// writer), and this one does not take it back.
+    claim_preemptions: AtomicU64,
+    /// Set (to `claims` + 1 as it was when the command was queued) when a command of the
+    /// ordered queue met RESERVATION CONFLICT under the claim: the next `prepare` claims again.
+    reclaim: Arc<AtomicU64>,
+    /// Set when a command of the ordered queue failed: the next `prepare` takes any unit
+    /// attention waiting (a reinstated session starts with one) with a command that is retried.
+    unsettled: Arc<AtomicBool>,
+    /// The write session's logins at the last `prepare`.
+    prepared_logins: AtomicU64,
     /// One claim at a time.
     claim_lock: tokio::sync::Mutex<()>,
     /// The target honours ORDERED tasks (ORDSUP in its Extended INQUIRY Data page) and there
-    /// is one session, so that the order commands are queued in is the order they arrive in.
+    /// is one write session, so that the order commands are queued in is the order they
+    /// arrive in.
     ordered: bool,
+    /// What `resets` counted when `open` returned: the power-on unit attentions of new nexuses.
+    resets_at_open: u64,
 }
 
 /// How much one UNMAP may carry.
@@ -167,13 +194,22 @@ impl Lun {
         let id_page = Request::new(lun, cdb::inquiry_vpd(vpd::DEVICE_IDENTIFICATION, 1024), Data::Read(1024));
         let device_id =
             execute_retrying(&first, id_page, &c).await.ok().and_then(|o| data::parse_device_identification(&o.data));
+        let writers = opts.sessions.max(1);
         let mut sessions = vec![first];
-        for i in 1..opts.sessions.max(1) {
+        for i in 1..writers + usize::from(opts.read_session) {
             sessions.push(Session::connect(url, &opts.config, random_isid(i as u16)).await?);
         }
+        // A new nexus starts with a power-on unit attention (the commands above may be exempt
+        // from it): taken now, not by the first command that has work to do, which on the
+        // ordered queue is not retried.
+        for s in &sessions {
+            let tur = Request::new(lun, cdb::test_unit_ready(), Data::None);
+            let _ = execute_retrying(s, tur, s.counters_ref()).await;
+        }
         let max_blocks = (opts.max_transfer / cap.block_size).max(1);
-        Ok(Lun {
+        let mut l = Lun {
             sessions,
+            writers,
             next: AtomicUsize::new(0),
             lun,
             geometry: Geometry { block_size: cap.block_size, num_blocks: cap.num_blocks },
@@ -188,9 +224,17 @@ impl Lun {
             device_id,
             claim_key: AtomicU64::new(0),
             claim_logins: AtomicU64::new(0),
+            claims: AtomicU64::new(0),
+            claim_preemptions: AtomicU64::new(0),
+            reclaim: Arc::default(),
+            unsettled: Arc::default(),
+            prepared_logins: AtomicU64::new(1),
             claim_lock: tokio::sync::Mutex::new(()),
-            ordered: ordsup && opts.sessions <= 1,
-        })
+            ordered: ordsup && writers == 1,
+            resets_at_open: 0,
+        };
+        l.resets_at_open = l.resets_seen();
+        Ok(l)
     }
 
     /// `data` for `lba` in pieces of at most one command each: (lba, blocks, bytes).
@@ -207,15 +251,40 @@ impl Lun {
         out
     }
 
+    /// The next write session.
     fn pick(&self) -> &Session {
-        let i = self.next.fetch_add(1, Relaxed) % self.sessions.len();
+        let i = self.next.fetch_add(1, Relaxed) % self.writers;
         &self.sessions[i]
     }
 
-    /// Runs a command on the next session, with retries of transient statuses.
+    /// The session reads go on: the read session, else the next write session.
+    fn reader(&self) -> &Session {
+        self.read_session().unwrap_or_else(|| self.pick())
+    }
+
+    /// Runs a command on the next write session, with retries of transient statuses.
     pub async fn execute(&self, cdb: [u8; 16], data: Data) -> Result<ScsiOutcome, Error> {
         let s = self.pick();
         execute_retrying(s, Request::new(self.lun, cdb, data), s.counters_ref()).await
+    }
+
+    /// Runs a command that writes or flushes on `s`, with retries of transient statuses. When
+    /// it meets RESERVATION CONFLICT while this LUN holds a claim, the claim is made again
+    /// (some targets, tgt among them, forget a registration when its session ends, reinstated
+    /// or not) and the command runs once more.
+    async fn execute_claimed(&self, s: &Session, cdb: [u8; 16], data: Data) -> Result<ScsiOutcome, Error> {
+        let req = Request::new(self.lun, cdb, data);
+        let claims = self.claims.load(SeqCst);
+        match execute_retrying(s, req.clone(), s.counters_ref()).await {
+            Err(e) if is_conflict(&e) && self.claim_key.load(SeqCst) != 0 => {
+                if self.reclaim(claims).await? {
+                    execute_retrying(s, req, s.counters_ref()).await
+                } else {
+                    Err(e)
+                }
+            }
+            other => other,
+        }
     }
 
     /// Counters summed over all sessions.
@@ -228,9 +297,19 @@ impl Lun {
         self.flushes_skipped.load(Relaxed)
     }
 
-    /// The sessions behind this LUN.
+    /// The sessions behind this LUN: the write sessions, then the read session if there is one.
     pub fn sessions(&self) -> &[Session] {
         &self.sessions
+    }
+
+    /// The sessions that carry writes, flushes, the claim and the ordered queue.
+    pub fn write_sessions(&self) -> &[Session] {
+        &self.sessions[..self.writers]
+    }
+
+    /// The session that carries reads alone ([`LunOptions::read_session`]).
+    pub fn read_session(&self) -> Option<&Session> {
+        self.sessions.get(self.writers)
     }
 
     /// Logs out of every session.
@@ -240,18 +319,51 @@ impl Lun {
         }
     }
 
+    /// What a failed command means to the caller of a block device: a lasting or a transient
+    /// failure, and which. A status that [`execute_retrying`] retries and that stayed after its
+    /// retries is a busy device.
     fn io_err(lba: u64, e: Error) -> BlockError {
+        let text = e.to_string();
         match e {
             Error::Task(crate::core::TaskError::Unreachable(m)) => BlockError::Unreachable(m),
+            Error::Reserved { holder } => BlockError::Reserved { holder: Some(holder) },
             Error::Scsi { status: status::RESERVATION_CONFLICT, .. } => BlockError::Reserved { holder: None },
-            other => BlockError::Io { lba, source: std::io::Error::other(other.to_string()) },
+            Error::Scsi { status: status::BUSY | status::TASK_SET_FULL | status::TASK_ABORTED, .. } => {
+                BlockError::Busy(text)
+            }
+            Error::Scsi { status: status::CHECK_CONDITION, sense: Some(s), .. } => match s.key {
+                sense_key::DATA_PROTECT if (s.asc, s.ascq) == asc::SPACE_ALLOCATION_FAILED => BlockError::NoSpace(text),
+                sense_key::DATA_PROTECT => BlockError::WriteProtected(text),
+                sense_key::UNIT_ATTENTION | sense_key::NOT_READY | sense_key::ABORTED_COMMAND => BlockError::Busy(text),
+                _ => BlockError::Io { lba, source: std::io::Error::other(text) },
+            },
+            _ => BlockError::Io { lba, source: std::io::Error::other(text) },
         }
     }
+
+    /// Reinstatements of the write sessions and the power-on or reset unit attentions they saw,
+    /// since they logged in. The read session's are left out: its reinstatement loses no write,
+    /// and a reset it tells of is told to every write session too (a unit attention is per
+    /// nexus), at the latest with the flush that was to cover the writes.
+    fn resets_seen(&self) -> u64 {
+        let write = self.write_sessions();
+        let reinstated: u64 = write.iter().map(|s| s.logins().saturating_sub(1)).sum();
+        let attentions: u64 = write.iter().map(|s| s.counters_ref().reset_attentions.load(SeqCst)).sum();
+        reinstated + attentions
+    }
+}
+
+fn is_conflict(e: &Error) -> bool {
+    matches!(e, Error::Scsi { status: status::RESERVATION_CONFLICT, .. })
 }
 
 impl Lun {
     fn logins(&self) -> u64 {
-        self.sessions.iter().map(Session::logins).sum()
+        self.write_sessions().iter().map(Session::logins).sum()
+    }
+
+    fn preemptions(&self) -> u64 {
+        self.sessions.iter().map(|s| s.counters_ref().preemptions.load(SeqCst)).sum()
     }
 
     async fn pr_out(&self, s: &Session, sa: u8, ptype: u8, key: u64, sa_key: u64) -> Result<(), Error> {
@@ -275,7 +387,7 @@ impl Lun {
     /// `key`) may write, while initiators that did not register may not.
     async fn claim_now(&self, key: u64) -> Result<Claim, Error> {
         let logins = self.logins();
-        let ptype = if self.sessions.len() == 1 { pr_type::WRITE_EXCLUSIVE } else { pr_type::WRITE_EXCLUSIVE_RO };
+        let ptype = if self.writers == 1 { pr_type::WRITE_EXCLUSIVE } else { pr_type::WRITE_EXCLUSIVE_RO };
         let first = &self.sessions[0];
         self.pr_out(first, pr_out::REGISTER_AND_IGNORE, 0, 0, key).await?;
         let conflict = |e: &Error| matches!(e, Error::Scsi { status: status::RESERVATION_CONFLICT, .. });
@@ -310,13 +422,60 @@ impl Lun {
             let holder = self.read_reservation(first).await?.map_or(0, |r| r.key);
             return Err(Error::Reserved { holder });
         };
-        // After any PREEMPT, which would have dropped them.
-        for s in &self.sessions[1..] {
+        // After any PREEMPT, which would have dropped them (and told them so: the preemption
+        // unit attentions of our own sessions come with these commands, before the count below).
+        for s in &self.sessions[1..self.writers] {
             self.pr_out(s, pr_out::REGISTER_AND_IGNORE, 0, 0, key).await?;
         }
         self.claim_key.store(key, SeqCst);
         self.claim_logins.store(logins, SeqCst);
+        self.claim_preemptions.store(self.preemptions(), SeqCst);
+        self.claims.fetch_add(1, SeqCst);
         Ok(claim)
+    }
+
+    /// Makes the claim again for a command that met RESERVATION CONFLICT when `claims` claims
+    /// had been made (the caller holds no lock). True when the LUN is claimed again, by this
+    /// call or by another since; false when it is not to be: there is no claim, or another
+    /// connection under the same key took the LUN over (then the claim is given up for good).
+    async fn reclaim(&self, claims: u64) -> Result<bool, Error> {
+        let _one = self.claim_lock.lock().await;
+        if self.claims.load(SeqCst) != claims {
+            return Ok(true);
+        }
+        let key = self.claim_key.load(SeqCst);
+        if key == 0 || self.preempted_since_claim() {
+            return Ok(false);
+        }
+        tracing::info!(
+            lun = self.lun,
+            key = format_args!("{key:#018x}"),
+            "RESERVATION CONFLICT under our claim (the target forgot our registration): claiming the LUN again"
+        );
+        self.claim_now(key).await.map(|_| true).inspect_err(|e| self.lost_claim(e))
+    }
+
+    /// True when a session saw a preemption unit attention since the claim was made; then the
+    /// claim is dropped, so that nothing takes the LUN back from the connection that took it.
+    fn preempted_since_claim(&self) -> bool {
+        if self.preemptions() == self.claim_preemptions.load(SeqCst) {
+            return false;
+        }
+        tracing::warn!(
+            lun = self.lun,
+            "another connection under our reservation key took the LUN over: not claiming it back"
+        );
+        self.claim_key.store(0, SeqCst);
+        true
+    }
+
+    /// After a failed claim: another key holds the LUN, so this one no longer claims it again by
+    /// itself (a new [`BlockDev::claim`] may).
+    fn lost_claim(&self, e: &Error) {
+        if let Error::Reserved { holder } = e {
+            tracing::warn!(lun = self.lun, holder = format_args!("{holder:#018x}"), "another writer holds the LUN");
+            self.claim_key.store(0, SeqCst);
+        }
     }
 
     /// Breaks the persistent reservation `holder` holds on this LUN, for a writer that is gone
@@ -350,7 +509,8 @@ impl Lun {
             return Ok(());
         }
         let _one = self.claim_lock.lock().await;
-        if self.logins() == self.claim_logins.load(SeqCst) {
+        let key = self.claim_key.load(SeqCst);
+        if key == 0 || self.logins() == self.claim_logins.load(SeqCst) || self.preempted_since_claim() {
             return Ok(());
         }
         tracing::info!(
@@ -358,19 +518,58 @@ impl Lun {
             key = format_args!("{key:#018x}"),
             "a session was reinstated: claiming the LUN again"
         );
-        self.claim_now(key).await.map(|_| ()).map_err(claim_err)
+        self.claim_now(key).await.map(|_| ()).inspect_err(|e| self.lost_claim(e)).map_err(claim_err)
     }
 }
 
-/// Waits for queued commands, in order; the first failure is the answer.
+/// What a queued command needs to know when its answer comes.
+struct QueueCtx {
+    /// `reclaim` of the LUN.
+    reclaim: Arc<AtomicU64>,
+    /// `unsettled` of the LUN.
+    unsettled: Arc<AtomicBool>,
+    /// `claims` + 1 when the LUN held a claim as the command was queued; 0 otherwise.
+    claimed: u64,
+}
+
+impl Lun {
+    fn queue_ctx(&self) -> QueueCtx {
+        let claimed = if self.claim_key.load(SeqCst) == 0 { 0 } else { self.claims.load(SeqCst) + 1 };
+        QueueCtx { reclaim: Arc::clone(&self.reclaim), unsettled: Arc::clone(&self.unsettled), claimed }
+    }
+
+    /// A command of the ordered queue, on the one write session: never reissued after a lost
+    /// connection.
+    fn submit_once(&self, req: Request) -> impl std::future::Future<Output = Result<ScsiOutcome, Error>> + Send {
+        self.sessions[0].submit(req.once())
+    }
+}
+
+/// Waits for queued commands, in order; the first failure is the answer. A RESERVATION CONFLICT
+/// under a claim is a registration the target forgot (the next `prepare` claims again), so it
+/// is a busy device to the caller, not another writer's.
 fn queued(
     lba: u64,
     op: u8,
+    ctx: QueueCtx,
     cmds: Vec<impl std::future::Future<Output = Result<ScsiOutcome, Error>> + Send + 'static>,
 ) -> Queued {
     Box::pin(async move {
         for c in cmds {
-            let out = c.await.map_err(|e| Lun::io_err(lba, e))?;
+            let out = c.await.map_err(|e| {
+                ctx.unsettled.store(true, SeqCst);
+                Lun::io_err(lba, e)
+            })?;
+            if out.status != status::GOOD {
+                ctx.unsettled.store(true, SeqCst);
+            }
+            if out.status == status::RESERVATION_CONFLICT && ctx.claimed != 0 {
+                let _ = ctx.reclaim.compare_exchange(0, ctx.claimed, SeqCst, SeqCst);
+                return Err(BlockError::Busy(format!(
+                    "{}: the LUN is claimed again before more is queued",
+                    Error::scsi(op, &out)
+                )));
+            }
             if out.status != status::GOOD {
                 return Err(Lun::io_err(lba, Error::scsi(op, &out)));
             }
@@ -379,12 +578,34 @@ fn queued(
     })
 }
 
-/// Commands go out on the one session, never retried here: a failure must reach the caller,
-/// which knows what else it had queued behind it.
+/// Commands go out on the one write session, never retried here and never reissued after a lost
+/// connection: a failure must reach the caller, which knows what else it had queued behind it.
 #[async_trait]
 impl OrderedQueue for Lun {
+    /// After a failure or a reinstatement: takes the unit attention a reinstated session starts
+    /// with, claims again when a session was reinstated or a queued command met RESERVATION
+    /// CONFLICT, then lets commands through again after a lost connection failed some.
     async fn prepare(&self) -> Result<(), BlockError> {
-        self.keep_claim().await
+        let s = &self.sessions[0];
+        let logins = s.logins();
+        if self.unsettled.swap(false, SeqCst) || logins != self.prepared_logins.load(SeqCst) {
+            let tur = Request::new(self.lun, cdb::test_unit_ready(), Data::None);
+            if let Err(e) = execute_retrying(s, tur, s.counters_ref()).await {
+                self.unsettled.store(true, SeqCst);
+                return Err(Self::io_err(0, e));
+            }
+            self.prepared_logins.store(logins, SeqCst);
+        }
+        let conflicted = self.reclaim.swap(0, SeqCst);
+        if conflicted != 0 {
+            if let Err(e) = self.reclaim(conflicted - 1).await {
+                let _ = self.reclaim.compare_exchange(0, conflicted, SeqCst, SeqCst);
+                return Err(claim_err(e));
+            }
+        }
+        self.keep_claim().await?;
+        s.rearm();
+        Ok(())
     }
 
     fn queue_write(&self, lba: u64, data: Bytes) -> Queued {
@@ -393,21 +614,23 @@ impl OrderedQueue for Lun {
             Ok(n) => n,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
-        let s = &self.sessions[0];
+        let ctx = self.queue_ctx();
         let cmds: Vec<_> = self
             .pieces(lba, &data, blocks)
             .into_iter()
-            .map(|(at, n, chunk)| s.submit(Request::new(self.lun, cdb::write16(at, n, false), Data::Write(chunk))))
+            .map(|(at, n, chunk)| {
+                self.submit_once(Request::new(self.lun, cdb::write16(at, n, false), Data::Write(chunk)))
+            })
             .collect();
         self.write_gen.fetch_add(1, SeqCst);
-        queued(lba, stics_sam::op::WRITE_16, cmds)
+        queued(lba, stics_sam::op::WRITE_16, ctx, cmds)
     }
 
     fn queue_zeros(&self, lba: u64, blocks: u64, discard: bool) -> Queued {
         if let Err(e) = self.geometry.check_range(lba, blocks) {
             return Box::pin(async move { Err(e) });
         }
-        let s = &self.sessions[0];
+        let ctx = self.queue_ctx();
         let bs = self.geometry.block_size;
         let mut cmds = Vec::new();
         let (mut at, end) = (lba, lba + blocks);
@@ -416,14 +639,18 @@ impl OrderedQueue for Lun {
             op = stics_sam::op::UNMAP;
             for group in lim.commands(lba, blocks) {
                 let params = Bytes::from(data::unmap_parameters(&group));
-                cmds.push(s.submit(Request::new(self.lun, cdb::unmap(group.len()), Data::Write(params))));
+                cmds.push(self.submit_once(Request::new(self.lun, cdb::unmap(group.len()), Data::Write(params))));
             }
         } else if self.write_same_max > 0 && self.write_same_ok.load(Relaxed) {
             op = stics_sam::op::WRITE_SAME_16;
             let zero = Bytes::from(vec![0u8; bs as usize]);
             while at < end {
                 let n = (end - at).min(self.write_same_max) as u32;
-                cmds.push(s.submit(Request::new(self.lun, cdb::write_same16(at, n), Data::Write(zero.clone()))));
+                cmds.push(self.submit_once(Request::new(
+                    self.lun,
+                    cdb::write_same16(at, n),
+                    Data::Write(zero.clone()),
+                )));
                 at += u64::from(n);
             }
         } else {
@@ -433,25 +660,26 @@ impl OrderedQueue for Lun {
             while at < end {
                 let n = (end - at).min(per);
                 let chunk = zero.slice(..(n * u64::from(bs)) as usize);
-                cmds.push(s.submit(Request::new(self.lun, cdb::write16(at, n as u32, false), Data::Write(chunk))));
+                cmds.push(self.submit_once(Request::new(
+                    self.lun,
+                    cdb::write16(at, n as u32, false),
+                    Data::Write(chunk),
+                )));
                 at += n;
             }
         }
         self.write_gen.fetch_add(1, SeqCst);
-        queued(lba, op, cmds)
+        queued(lba, op, ctx, cmds)
     }
 
     fn queue_barrier(&self) -> Queued {
         let req = Request::new(self.lun, cdb::synchronize_cache10(), Data::None).ordered();
-        queued(0, stics_sam::op::SYNC_CACHE_10, vec![self.sessions[0].submit(req)])
+        queued(0, stics_sam::op::SYNC_CACHE_10, self.queue_ctx(), vec![self.submit_once(req)])
     }
 }
 
 fn claim_err(e: Error) -> BlockError {
-    match e {
-        Error::Reserved { holder } => BlockError::Reserved { holder: Some(holder) },
-        other => Lun::io_err(0, other),
-    }
+    Lun::io_err(0, e)
 }
 
 /// READ CAPACITY(16), or (10) when the target does not know (16).
@@ -486,6 +714,12 @@ impl BlockDev for Lun {
         }
     }
 
+    /// Reinstatements of the write sessions and the power-on or reset unit attentions their
+    /// commands saw since `open`; both are counted before the command that saw them completes.
+    fn resets(&self) -> u64 {
+        self.resets_seen().saturating_sub(self.resets_at_open)
+    }
+
     /// PERSISTENT RESERVE OUT: register `key` on every session, then reserve (or take back from
     /// a stale nexus of the same key); see `claim_now`. A target that does not implement
     /// persistent reservations gives [`Claim::Unsupported`].
@@ -515,7 +749,9 @@ impl BlockDev for Lun {
             let n = (blocks - done).min(self.max_blocks);
             let at = lba + u64::from(done);
             let len = n * bs;
-            let o = self.execute(cdb::read16(at, n), Data::Read(len)).await.map_err(|e| Self::io_err(at, e))?;
+            let s = self.reader();
+            let req = Request::new(self.lun, cdb::read16(at, n), Data::Read(len));
+            let o = execute_retrying(s, req, s.counters_ref()).await.map_err(|e| Self::io_err(at, e))?;
             if o.data.len() != len as usize {
                 return Err(Self::io_err(at, Error::Protocol(format!("short read: {} of {len} bytes", o.data.len()))));
             }
@@ -536,7 +772,9 @@ impl BlockDev for Lun {
         self.geometry.check_range(lba, blocks)?;
         self.keep_claim().await?;
         for (at, n, chunk) in self.pieces(lba, &data, blocks) {
-            self.execute(cdb::write16(at, n, fua), Data::Write(chunk)).await.map_err(|e| Self::io_err(at, e))?;
+            self.execute_claimed(self.pick(), cdb::write16(at, n, fua), Data::Write(chunk))
+                .await
+                .map_err(|e| Self::io_err(at, e))?;
         }
         self.write_gen.fetch_add(1, SeqCst);
         Ok(())
@@ -554,7 +792,7 @@ impl BlockDev for Lun {
         self.keep_claim().await?;
         for group in lim.commands(lba, blocks) {
             let params = Bytes::from(data::unmap_parameters(&group));
-            self.execute(cdb::unmap(group.len()), Data::Write(params))
+            self.execute_claimed(self.pick(), cdb::unmap(group.len()), Data::Write(params))
                 .await
                 .map_err(|e| Self::io_err(group[0].0, e))?;
         }
@@ -571,7 +809,7 @@ impl BlockDev for Lun {
         let (mut at, end) = (lba, lba + blocks);
         while at < end && self.write_same_max > 0 && self.write_same_ok.load(Relaxed) {
             let n = (end - at).min(self.write_same_max) as u32;
-            match self.execute(cdb::write_same16(at, n), Data::Write(zero.clone())).await {
+            match self.execute_claimed(self.pick(), cdb::write_same16(at, n), Data::Write(zero.clone())).await {
                 Ok(_) => at += u64::from(n),
                 Err(Error::Scsi { sense: Some(s), .. }) if s.key == sense_key::ILLEGAL_REQUEST => {
                     tracing::info!(lun = self.lun, "target refuses WRITE SAME; zeroing with writes");
@@ -597,13 +835,77 @@ impl BlockDev for Lun {
             self.flushes_skipped.fetch_add(1, Relaxed);
             return Ok(());
         }
-        // Every session's writes must be durable: SYNCHRONIZE CACHE on each.
-        for s in &self.sessions {
-            execute_retrying(s, Request::new(self.lun, cdb::synchronize_cache10(), Data::None), s.counters_ref())
-                .await
-                .map_err(|e| Self::io_err(0, e))?;
+        // SYNCHRONIZE CACHE is refused to a writer that is not the holder, like a write.
+        self.keep_claim().await?;
+        // Every write session's writes must be durable: SYNCHRONIZE CACHE on each.
+        for s in self.write_sessions() {
+            self.execute_claimed(s, cdb::synchronize_cache10(), Data::None).await.map_err(|e| Self::io_err(0, e))?;
         }
         self.flushed_gen.fetch_max(gen, SeqCst);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(status: u8, sense: Option<Vec<u8>>) -> Error {
+        let o = ScsiOutcome { status, data: Bytes::new(), sense: sense.map(Bytes::from) };
+        Error::scsi(stics_sam::op::WRITE_16, &o)
+    }
+
+    /// CHECK CONDITION with fixed-format sense bytes.
+    fn check(key: u8, asc: u8, ascq: u8) -> Error {
+        failed(status::CHECK_CONDITION, Some(vec![0x70, 0, key, 0, 0, 0, 0, 10, 0, 0, 0, 0, asc, ascq, 0, 0, 0, 0]))
+    }
+
+    fn kind(e: Error) -> String {
+        let b = Lun::io_err(7, e);
+        let name = match &b {
+            BlockError::Reserved { holder: None } => "reserved",
+            BlockError::Reserved { holder: Some(_) } => "reserved by a key",
+            BlockError::NoSpace(_) => "no space",
+            BlockError::WriteProtected(_) => "write-protected",
+            BlockError::Busy(_) => "busy",
+            BlockError::Unreachable(_) => "unreachable",
+            BlockError::Io { lba: 7, .. } => "io",
+            _ => "other",
+        };
+        format!("{name}: {b}")
+    }
+
+    #[test]
+    fn scsi_failures_map_to_lasting_and_transient_block_errors() {
+        let cases: Vec<(Error, &str)> = vec![
+            (failed(status::RESERVATION_CONFLICT, None), "reserved"),
+            (Error::Reserved { holder: 0x77 }, "reserved by a key"),
+            (check(0x07, 0x27, 0x07), "no space"),
+            (check(0x07, 0x27, 0x00), "write-protected"),
+            (check(0x07, 0x27, 0x02), "write-protected"),
+            (failed(status::BUSY, None), "busy"),
+            (failed(status::TASK_SET_FULL, None), "busy"),
+            (failed(status::TASK_ABORTED, None), "busy"),
+            (check(0x06, 0x29, 0x00), "busy"),
+            (check(0x02, 0x04, 0x01), "busy"),
+            (check(0x0b, 0x47, 0x05), "busy"),
+            (check(0x03, 0x11, 0x00), "io"),
+            (check(0x04, 0x44, 0x00), "io"),
+            (check(0x05, 0x24, 0x00), "io"),
+            (failed(status::CHECK_CONDITION, None), "io"),
+            (Error::Task(crate::core::TaskError::Unreachable("connection lost; not reissued".into())), "unreachable"),
+            (Error::Task(crate::core::TaskError::TargetFailure(1)), "io"),
+            (Error::Protocol("short read".into()), "io"),
+        ];
+        for (e, want) in cases {
+            let what = e.to_string();
+            let got = kind(e);
+            assert!(got.starts_with(&format!("{want}: ")), "{what} → {got}, expected {want}");
+        }
+        // The message names what the target said.
+        let e = Lun::io_err(0, check(0x07, 0x27, 0x07)).to_string();
+        assert!(e.contains("sense key 0x7 asc 0x27 ascq 0x07"), "{e}");
+        assert!(Lun::io_err(0, failed(status::BUSY, None)).is_transient());
+        assert!(!Lun::io_err(0, check(0x07, 0x27, 0x07)).is_transient());
     }
 }

@@ -51,6 +51,7 @@ pub fn random_isid(index: u16) -> [u8; 6] {
 
 enum UserMsg {
     Submit(Request, oneshot::Sender<Result<ScsiOutcome, TaskError>>),
+    Rearm,
     Logout(oneshot::Sender<()>),
 }
 
@@ -150,7 +151,7 @@ impl Session {
 
     /// Queues one SCSI command now (commands leave in the order of these calls, which is what
     /// ORDERED task attributes need) and returns the wait for its outcome; like
-    /// [`Session::execute`] it is reissued after reconnections.
+    /// [`Session::execute`] it is reissued after reconnections, unless it is [`Request::once`].
     pub fn submit(
         &self,
         req: Request,
@@ -161,6 +162,12 @@ impl Session {
             sent?;
             rx.await.map_err(|_| Error::Task(TaskError::Closed))?.map_err(Error::Task)
         }
+    }
+
+    /// Lets commands sent [`Request::once`] through again after a lost connection failed some
+    /// (see [`crate::core::Core::rearm`]); it takes effect before any command submitted after it.
+    pub fn rearm(&self) {
+        let _ = self.tx.send(UserMsg::Rearm);
     }
 
     /// Logs out (waits at most two seconds for the target's answer).
@@ -284,6 +291,16 @@ impl Driver {
                     }
                 }
                 Action::Complete(token, result) => {
+                    // Counted before the caller hears of it, so that a caller that looks at the
+                    // counts after its command completed sees what that command saw.
+                    if let Ok(o) = &result {
+                        if o.is_reset_attention() {
+                            Counters::add(&self.counters.reset_attentions, 1);
+                        }
+                        if o.is_preemption() {
+                            Counters::add(&self.counters.preemptions, 1);
+                        }
+                    }
                     if let Some(w) = self.waiters.remove(&token) {
                         let _ = w.send(result);
                     }
@@ -406,6 +423,7 @@ impl Driver {
                                 self.waiters.insert(token, tx);
                                 actions.extend(core.submit(token, req, now));
                             }
+                            Ok(UserMsg::Rearm) => core.rearm(),
                             Ok(UserMsg::Logout(t)) => {
                                 self.logout_waiter = Some(t);
                                 logout_asked = true;
@@ -423,6 +441,10 @@ impl Driver {
                         }
                     }
                     actions
+                }
+                Wake::User(Some(UserMsg::Rearm)) => {
+                    core.rearm();
+                    continue;
                 }
                 Wake::User(Some(UserMsg::Logout(tx))) => {
                     self.logout_waiter = Some(tx);

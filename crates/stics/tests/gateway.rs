@@ -1,8 +1,9 @@
 //! `stics gateway` as a process in front of a `stics target` process: libiscsi's conformance
 //! suite and `qemu-img convert` through it; SIGKILL at random moments, a remote killed and
 //! restarted, a cut WAN link and a lost log under verified writes; ext4 and PostMark on it; one
-//! writer per remote LUN (a second gateway and stray initiators are kept out). With the `rbd`
-//! feature, the SIGKILL test again with the remote over a Ceph RBD image behind an 8 ms WAN.
+//! writer per remote LUN (a second gateway and stray initiators are kept out); in front of tgt,
+//! a connection cut under destage. With the `rbd` feature, the SIGKILL test again with the
+//! remote over a Ceph RBD image behind an 8 ms WAN.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -1050,4 +1051,152 @@ fn sequential_reads_keep_their_read_ahead_while_destage_runs() {
     assert!(n("blocks_destaged") > 0 && after["destaged_epoch"].as_u64() > before["destaged_epoch"].as_u64());
     assert!(misses * 4 < reads * 16, "{misses} of {} blocks read missed the read cache while destage ran", reads * 16);
     eprintln!("sequential reads while destage ran: {hits} blocks from the read cache, {misses} missed it");
+}
+
+/// tgt keeps persistent-reservation registrations per session, so a gateway whose connection to
+/// it was cut comes back to a LUN that refuses its writes and its SYNCHRONIZE CACHE with
+/// RESERVATION CONFLICT until it claims it again. The cut is timed with a SYNCHRONIZE CACHE on
+/// its way to tgt, the case that stalled destage: the flush was reissued on the new session,
+/// refused, retried every 200 ms forever, and POST /drain never answered. Destage must take the
+/// claim back and go on.
+#[test]
+fn a_connection_cut_between_the_gateway_and_tgt_does_not_stall_destage() {
+    const BLOCKS: u64 = 4096;
+    let seed = 41;
+    let tgt = stics_testkit::peers::Tgt::start(16);
+    let proxy = SyncCut::start(tgt.port);
+    let dir = tempfile::tempdir().unwrap();
+    let stderr = dir.path().join("gw.log");
+    let (mut gw, port, metrics) =
+        gateway_with_metrics(&tgt.url_via(proxy.port), &dir.path().join("log"), "log", &stderr);
+    let ledger = Ledger::new(BLOCKS, "log");
+    let acked = Arc::clone(&ledger.acked);
+    let stop = Arc::new(AtomicBool::new(false));
+    let pace = Pace { pause: Some(Duration::from_micros(500)), flush_one_in: 1 };
+    let w = writer(port, ledger, seed, pace, Arc::clone(&stop));
+    std::thread::sleep(Duration::from_secs(2));
+    proxy.arm();
+    let armed = Instant::now();
+    while !proxy.fired() {
+        assert!(armed.elapsed() < Duration::from_secs(20), "no SYNCHRONIZE CACHE reached tgt in 20 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let before = acked.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_secs(2));
+    let after_cut = acked.load(Ordering::Relaxed) - before;
+    stop.store(true, Ordering::Relaxed);
+    let (mut ledger, err) = w.join().unwrap();
+    assert!(err.is_none(), "seed {seed}: a write through the gateway failed: {err:?}");
+    assert!(after_cut > 0, "seed {seed}: writes went on after the cut");
+    let t = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(http(metrics, "POST /drain"));
+    });
+    let drained = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| {
+        panic!(
+            "POST /drain did not answer within 60 s: {}; the gateway said:\n{}",
+            status(metrics),
+            std::fs::read_to_string(&stderr).unwrap_or_default()
+        )
+    });
+    let drained: serde_json::Value = serde_json::from_str(&drained).unwrap();
+    assert_eq!(drained["dirty_bytes"], 0, "after POST /drain: {drained}");
+    let drain_took = t.elapsed();
+    gw.kill();
+    let (rt, lun) = open_url(&tgt.url());
+    ledger.verify(&rt, &lun, &format!("seed {seed}: tgt alone after the cut and POST /drain"));
+    eprintln!(
+        "{} writes acknowledged, {after_cut} in the 2 s after the cut; drain took {drain_took:?}",
+        acked.load(Ordering::Relaxed)
+    );
+}
+
+/// A loopback TCP proxy to `127.0.0.1:upstream` that, once armed, cuts the connection that
+/// carries the next SYNCHRONIZE CACHE, before the target sees it.
+struct SyncCut {
+    port: u16,
+    armed: Arc<AtomicBool>,
+    fired: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
+
+impl SyncCut {
+    fn start(upstream: u16) -> SyncCut {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let p = SyncCut { port, armed: Arc::default(), fired: Arc::default(), stop: Arc::default() };
+        let (armed, fired, stop) = (Arc::clone(&p.armed), Arc::clone(&p.fired), Arc::clone(&p.stop));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let Ok((down, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                let Ok(up) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else { continue };
+                let _ = (down.set_nonblocking(false), down.set_nodelay(true), up.set_nodelay(true));
+                let (Ok(down2), Ok(up2)) = (down.try_clone(), up.try_clone()) else { continue };
+                std::thread::spawn(move || copy(up2, down2));
+                let (armed, fired) = (Arc::clone(&armed), Arc::clone(&fired));
+                std::thread::spawn(move || forward_until_sync(down, up, &armed, &fired));
+            }
+        });
+        p
+    }
+
+    fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// True once a connection was cut.
+    fn fired(&self) -> bool {
+        self.fired.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for SyncCut {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn copy(mut from: std::net::TcpStream, mut to: std::net::TcpStream) {
+    let _ = std::io::copy(&mut from, &mut to);
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+/// Forwards whole PDUs (no digests: the gateway offers none) from initiator to target; when
+/// armed, closes both sides instead of forwarding a SCSI Command PDU whose CDB is SYNCHRONIZE
+/// CACHE (10) or (16).
+fn forward_until_sync(
+    mut down: std::net::TcpStream,
+    mut up: std::net::TcpStream,
+    armed: &AtomicBool,
+    fired: &AtomicBool,
+) {
+    use std::io::{Read, Write};
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 1 << 16];
+    loop {
+        let n = match down.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        while let Ok(len) = stics_wire::frame::check(&buf, stics_wire::Digests::default(), 1 << 24) {
+            let is_sync = buf[0] & 0x3f == 0x01 && matches!(buf[32], 0x35 | 0x91);
+            if is_sync && armed.swap(false, Ordering::SeqCst) {
+                let _ = down.shutdown(std::net::Shutdown::Both);
+                let _ = up.shutdown(std::net::Shutdown::Both);
+                fired.store(true, Ordering::SeqCst);
+                return;
+            }
+            if up.write_all(&buf[..len]).is_err() {
+                break;
+            }
+            buf.drain(..len);
+        }
+    }
+    let _ = up.shutdown(std::net::Shutdown::Both);
 }

@@ -1,5 +1,6 @@
 //! The initiator against tgt (Debian's user-space target, a peer written elsewhere): listing,
-//! data integrity with digests and R2T-solicited bursts, interleaving, several sessions, CHAP.
+//! data integrity with digests and R2T-solicited bursts, interleaving, several sessions, CHAP,
+//! the claim kept across cut connections.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -8,8 +9,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use stics_block::BlockDev;
 use stics_initiator::{Error, IscsiUrl, LoginError, Lun, LunOptions};
+use stics_testkit::net::Proxy;
 use stics_testkit::peers::{Tgt, TgtOptions};
-use stics_testkit::workload::zeroing_reads_back_zeros;
+use stics_testkit::workload::{fault_options, zeroing_reads_back_zeros};
 use stics_testkit::IQN;
 
 fn pattern(seed: u64, len: usize) -> Bytes {
@@ -208,4 +210,76 @@ async fn one_writer_claims_the_lun_with_a_persistent_reservation() {
     let mut tgt = Tgt::start(16);
     let url = tgt.url();
     stics_testkit::workload::one_writer_claim(&url, || tgt.restart()).await;
+}
+
+/// tgt ties registrations to the session: after a cut connection the reinstated session is
+/// refused writes and SYNCHRONIZE CACHE with RESERVATION CONFLICT. A write on the wire when the
+/// connection was cut (reissued, refused, claimed again, sent again) and a flush after another cut
+/// both succeed, and the claim still keeps other writers out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_on_tgt_is_taken_again_after_a_cut_connection() {
+    const KEY: u64 = 0x5717_c5ca_c4e0_0003;
+    let tgt = Tgt::start(16);
+    let proxy = Proxy::start(tgt.port);
+    let lun = Arc::new(Lun::open(&IscsiUrl::parse(&tgt.url_via(proxy.port)).unwrap(), &fault_options()).await.unwrap());
+    assert_eq!(lun.claim(KEY).await.unwrap(), stics_block::Claim::Held);
+    lun.write(0, pattern(1, 4096), false).await.unwrap();
+    // The write leaves before the cut and is lost with the connection.
+    proxy.freeze(true);
+    let write = tokio::spawn({
+        let lun = Arc::clone(&lun);
+        async move { lun.write(8, pattern(2, 4096), false).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.freeze(false);
+    proxy.cut();
+    write.await.unwrap().unwrap();
+    assert_eq!(lun.sessions()[0].logins(), 2, "the session was reinstated once");
+    // A cut with nothing in flight: the flush is the first command of the new session.
+    proxy.cut();
+    let t = Instant::now();
+    while lun.sessions()[0].logins() < 3 {
+        assert!(t.elapsed() < Duration::from_secs(10), "the session was not reinstated");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    lun.flush().await.unwrap();
+    assert!(lun.resets() >= 2, "each reinstatement counts");
+    assert_eq!(lun.read(0, 16).await.unwrap(), [pattern(1, 4096), pattern(2, 4096)].concat());
+    let stray = Lun::open(&IscsiUrl::parse(&tgt.url()).unwrap(), &LunOptions::default()).await.unwrap();
+    let e = stray.write(16, pattern(3, 512), false).await.unwrap_err();
+    assert!(matches!(e, stics_block::BlockError::Reserved { holder: None }), "{e:?}");
+    stray.close().await;
+    lun.close().await;
+}
+
+/// A writer whose claim was broken while its connection was down (`stics release` naming its
+/// key, then another writer's claim) does not take the LUN back: its next write fails naming the
+/// new holder's key, and the ones after it fail without trying again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_lost_to_another_key_on_tgt_is_not_taken_back() {
+    const K1: u64 = 0x5717_c5ca_c4e0_0004;
+    const K2: u64 = 0x5717_c5ca_c4e0_0005;
+    let tgt = Tgt::start(16);
+    let proxy = Proxy::start(tgt.port);
+    let a = Lun::open(&IscsiUrl::parse(&tgt.url_via(proxy.port)).unwrap(), &fault_options()).await.unwrap();
+    assert_eq!(a.claim(K1).await.unwrap(), stics_block::Claim::Held);
+    a.write(0, pattern(1, 4096), false).await.unwrap();
+    proxy.cut();
+    let t = Instant::now();
+    while a.sessions()[0].logins() < 2 {
+        assert!(t.elapsed() < Duration::from_secs(10), "the session was not reinstated");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let b = Lun::open(&IscsiUrl::parse(&tgt.url()).unwrap(), &LunOptions::default()).await.unwrap();
+    b.release_holder(K1).await.unwrap();
+    assert_eq!(b.claim(K2).await.unwrap(), stics_block::Claim::Held);
+    let e = a.write(8, pattern(2, 4096), false).await.unwrap_err();
+    assert!(matches!(e, stics_block::BlockError::Reserved { holder: Some(K2) }), "{e:?}");
+    assert!(!e.is_transient());
+    let e = a.write(8, pattern(2, 4096), false).await.unwrap_err();
+    assert!(matches!(e, stics_block::BlockError::Reserved { holder: None }), "{e:?}");
+    b.write(8, pattern(3, 4096), false).await.unwrap();
+    assert_eq!(b.read(8, 8).await.unwrap(), pattern(3, 4096));
+    a.close().await;
+    b.close().await;
 }

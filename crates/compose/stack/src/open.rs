@@ -161,6 +161,20 @@ fn blocks(spec: &DeviceSpec, size: u64, block_size: u32) -> Result<u64, OpenErro
 
 /// Opens the device `spec` names, and every device under it.
 pub async fn open(spec: &DeviceSpec, ctx: &OpenContext) -> Result<Arc<dyn BlockDev>, OpenError> {
+    open_in(spec, ctx, Place::Top).await
+}
+
+/// Where a device sits in the tree, as far as how to open it depends on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Exported as it is, or under a wrapper that asks nothing of it.
+    Top,
+    /// The remote of a cache: its reads are the cache's misses, which must not wait behind
+    /// the cache's destage, so a remote LUN there reads on a session of its own.
+    UnderCache,
+}
+
+async fn open_in(spec: &DeviceSpec, ctx: &OpenContext, place: Place) -> Result<Arc<dyn BlockDev>, OpenError> {
     Ok(match spec {
         DeviceSpec::Mem { size, block_size } => Arc::new(MemDev::new(*block_size, blocks(spec, *size, *block_size)?)),
         DeviceSpec::Null { size, block_size } => Arc::new(NullDev::new(*block_size, blocks(spec, *size, *block_size)?)),
@@ -175,7 +189,7 @@ pub async fn open(spec: &DeviceSpec, ctx: &OpenContext) -> Result<Arc<dyn BlockD
             Arc::new(file)
         }
         DeviceSpec::Iscsi { url, options } => {
-            let opts = lun_options(&ctx.initiator, options);
+            let opts = lun_options(&ctx.initiator, options, place);
             let lun =
                 Lun::open(url, &opts).await.map_err(|source| OpenError::Iscsi { url: url.to_string(), source })?;
             let lun = Arc::new(lun);
@@ -221,7 +235,7 @@ pub async fn open(spec: &DeviceSpec, ctx: &OpenContext) -> Result<Arc<dyn BlockD
                 })?
             };
             // The inner spec is opened next (the future is recursive, hence the box).
-            let inner = match Box::pin(open(&c.inner, ctx)).await {
+            let inner = match Box::pin(open_in(&c.inner, ctx, Place::UnderCache)).await {
                 Ok(inner) => inner,
                 Err(e) => {
                     forget();
@@ -292,10 +306,12 @@ async fn open_rbd(r: &RbdSpec, _defaults: &RbdDefaults) -> Result<Arc<dyn BlockD
     Err(OpenError::RbdNotBuilt(rbd_name(r)))
 }
 
-/// The context's initiator settings with a spec's own options in force.
-fn lun_options(base: &LunOptions, options: &IscsiOptions) -> LunOptions {
-    let IscsiOptions { sessions, digests, first_burst, max_burst, max_r2t, max_transfer } = *options;
+/// The context's initiator settings with a spec's own options in force; a LUN under a cache reads
+/// on a session of its own unless its spec says otherwise.
+fn lun_options(base: &LunOptions, options: &IscsiOptions, place: Place) -> LunOptions {
+    let IscsiOptions { sessions, digests, first_burst, max_burst, max_r2t, max_transfer, read_session } = *options;
     let mut opts = base.clone();
+    opts.read_session = read_session.unwrap_or(base.read_session || place == Place::UnderCache);
     let offer = &mut opts.config.offer;
     if let Some(n) = sessions {
         opts.sessions = n;
@@ -346,16 +362,31 @@ mod tests {
                 .parse()
                 .unwrap();
         let DeviceSpec::Iscsi { options, .. } = spec else { panic!("{spec:?}") };
-        let o = lun_options(&base, &options);
+        let o = lun_options(&base, &options, Place::Top);
         let offer = &o.config.offer;
         assert_eq!((offer.first_burst_length, offer.max_burst_length, offer.max_outstanding_r2t), (65536, 262_144, 1));
         assert!(offer.header_digest && offer.data_digest);
         assert_eq!((o.max_transfer, o.sessions), (16 << 20, base.sessions));
         // Nothing asked for: the context's settings as they were.
-        assert_eq!(lun_options(&base, &IscsiOptions::default()).config.offer, base.config.offer);
+        assert_eq!(lun_options(&base, &IscsiOptions::default(), Place::Top).config.offer, base.config.offer);
         // A lower max_burst alone takes the first burst down with it.
-        let o = lun_options(&base, &IscsiOptions { max_burst: Some(8192), ..IscsiOptions::default() });
+        let o = lun_options(&base, &IscsiOptions { max_burst: Some(8192), ..IscsiOptions::default() }, Place::Top);
         assert_eq!((o.config.offer.first_burst_length, o.config.offer.max_burst_length), (8192, 8192));
+    }
+
+    #[test]
+    fn a_remote_under_a_cache_reads_on_a_session_of_its_own_unless_its_spec_says_off() {
+        let base = LunOptions::default();
+        let on = |read_session, place| {
+            lun_options(&base, &IscsiOptions { read_session, ..IscsiOptions::default() }, place).read_session
+        };
+        assert!(on(None, Place::UnderCache));
+        assert!(!on(None, Place::Top));
+        assert!(!on(Some(false), Place::UnderCache));
+        assert!(on(Some(true), Place::Top));
+        // The sessions asked for stay the write sessions.
+        let o = lun_options(&base, &IscsiOptions { sessions: Some(2), ..IscsiOptions::default() }, Place::UnderCache);
+        assert_eq!((o.sessions, o.read_session), (2, true));
     }
 
     async fn open_text(text: &str) -> Result<Arc<dyn BlockDev>, OpenError> {

@@ -14,7 +14,8 @@
 //! SIZE is bytes or a binary suffix (`1GiB`, `64M`), BLOCK the logical block size (512, 1024,
 //! 2048 or 4096; 512 when left out). The iSCSI query takes the initiator's `target_user` and
 //! `target_password` (mutual CHAP) and this crate's `sessions=N`, `digests=on|off`,
-//! `first_burst=SIZE`, `max_burst=SIZE`, `max_r2t=N` and `max_transfer=SIZE`. The RBD query
+//! `first_burst=SIZE`, `max_burst=SIZE`, `max_r2t=N`, `max_transfer=SIZE` and
+//! `read_session=on|off` (on by default under a `cache(...)`, off elsewhere). The RBD query
 //! takes `conf=PATH` (the cluster's ceph.conf), `id=NAME` (the client, `admin` for
 //! `client.admin`), `keyring=PATH`, `block=512|4096` and `timeout=SECONDS` (how long
 //! reaching the cluster may take); a snapshot is served read-only.
@@ -71,6 +72,9 @@ pub struct IscsiOptions {
     pub max_r2t: Option<u32>,
     /// Largest transfer per SCSI command (`max_transfer=SIZE`); bigger requests are split.
     pub max_transfer: Option<u32>,
+    /// A session of its own for reads (`read_session=on|off`); when not given, on for the
+    /// remote of a cache, whose reads must not wait behind its destage, and off elsewhere.
+    pub read_session: Option<bool>,
 }
 
 /// `rbd:POOL/IMAGE[@SNAP]` and its query: which image, and how to reach its cluster. What is
@@ -283,6 +287,13 @@ fn iscsi(text: &str) -> Result<DeviceSpec, SpecError> {
                             "on" => true,
                             "off" => false,
                             _ => return Err(bad("digests is on or off")),
+                        });
+                    }
+                    Some(("read_session", v)) => {
+                        options.read_session = Some(match v {
+                            "on" => true,
+                            "off" => false,
+                            _ => return Err(bad("read_session is on or off")),
                         });
                     }
                     Some(("first_burst", v)) => {
@@ -569,16 +580,19 @@ impl DeviceSpec {
             }
             DeviceSpec::Iscsi { url, options } => {
                 *out += &if secrets { url.unredacted() } else { url.to_string() };
-                let IscsiOptions { sessions, digests, first_burst, max_burst, max_r2t, max_transfer } = options;
+                let IscsiOptions { sessions, digests, first_burst, max_burst, max_r2t, max_transfer, read_session } =
+                    options;
                 let size = |key: &str, n: Option<u32>| n.map(|n| format!("{key}={}", size_text(n.into())));
+                let on_off = |key: &str, b: Option<bool>| b.map(|b| format!("{key}={}", if b { "on" } else { "off" }));
                 let args = sessions
                     .map(|n| format!("sessions={n}"))
                     .into_iter()
-                    .chain(digests.map(|d| format!("digests={}", if d { "on" } else { "off" })))
+                    .chain(on_off("digests", *digests))
                     .chain(size("first_burst", *first_burst))
                     .chain(size("max_burst", *max_burst))
                     .chain(max_r2t.map(|n| format!("max_r2t={n}")))
-                    .chain(size("max_transfer", *max_transfer));
+                    .chain(size("max_transfer", *max_transfer))
+                    .chain(on_off("read_session", *read_session));
                 for a in args {
                     out.push(if out.contains('?') { '&' } else { '?' });
                     *out += &a;
@@ -738,6 +752,12 @@ mod tests {
         assert_eq!(s.to_string(), "iscsi://u%p@h:3260/iqn.x/2?target_user=t&target_password=tp&sessions=4&digests=on");
         assert_eq!(s.redacted().to_string(), "iscsi://u%***@h:3260/iqn.x/2?sessions=4&digests=on");
         assert_eq!(parse("iscsi://h/iqn.x/0?digests=off").unwrap().to_string(), "iscsi://h:3260/iqn.x/0?digests=off");
+        for (text, want) in [("on", true), ("off", false)] {
+            let s = parse(&format!("iscsi://h/iqn.x/0?read_session={text}&sessions=2")).unwrap();
+            let DeviceSpec::Iscsi { options, .. } = &s else { panic!("{s:?}") };
+            assert_eq!(options.read_session, Some(want));
+            assert_eq!(s.to_string(), format!("iscsi://h:3260/iqn.x/0?sessions=2&read_session={text}"));
+        }
     }
 
     #[test]
@@ -753,6 +773,8 @@ mod tests {
         );
         let e = parse("iscsi://h/iqn.x/0?digests=yes").unwrap_err();
         assert!(e.to_string().contains("\"digests=yes\""), "{e}");
+        let e = parse("iscsi://h/iqn.x/0?read_session=1").unwrap_err();
+        assert_eq!(e, SpecError::IscsiOption { piece: "read_session=1".into(), reason: "read_session is on or off" });
         let e = parse("iscsi://u%hush@h/iqn.x/0?colour=red").unwrap_err();
         assert!(e.to_string().contains("unknown query argument"), "{e}");
         assert!(!e.to_string().contains("hush"), "{e}");
@@ -908,20 +930,31 @@ mod tests {
                 "iqn\\.2024-01\\.[a-z.]{1,10}:[a-z0-9.-]{1,10}",
                 0u64..16384,
                 proptest::option::of(1usize..=MAX_SESSIONS),
-                proptest::option::of(any::<bool>()),
+                (proptest::option::of(any::<bool>()), proptest::option::of(any::<bool>())),
                 burst_options(),
             )
-                .prop_map(|(host, chap, mutual, port, target, lun, sessions, digests, bursts)| {
-                    let chap = chap.map(|(user, secret)| stics_initiator::Chap {
-                        user,
-                        secret,
-                        mutual: mutual.map(|(u, p)| (u.clone(), p)),
-                    });
-                    let url = IscsiUrl { host, port: port.unwrap_or(3260), target: Some(target), lun: Some(lun), chap };
-                    let (first_burst, max_burst, max_r2t, max_transfer) = bursts;
-                    let options = IscsiOptions { sessions, digests, first_burst, max_burst, max_r2t, max_transfer };
-                    DeviceSpec::Iscsi { url, options }
-                }),
+                .prop_map(
+                    |(host, chap, mutual, port, target, lun, sessions, (digests, read_session), bursts)| {
+                        let chap = chap.map(|(user, secret)| stics_initiator::Chap {
+                            user,
+                            secret,
+                            mutual: mutual.map(|(u, p)| (u.clone(), p)),
+                        });
+                        let url =
+                            IscsiUrl { host, port: port.unwrap_or(3260), target: Some(target), lun: Some(lun), chap };
+                        let (first_burst, max_burst, max_r2t, max_transfer) = bursts;
+                        let options = IscsiOptions {
+                            sessions,
+                            digests,
+                            first_burst,
+                            max_burst,
+                            max_r2t,
+                            max_transfer,
+                            read_session,
+                        };
+                        DeviceSpec::Iscsi { url, options }
+                    }
+                ),
             (
                 "[a-z0-9._-]{1,8}",
                 "[a-zA-Z0-9._-]{1,12}",

@@ -37,9 +37,11 @@ pub(crate) async fn destager(inner: Arc<Inner>) {
             return;
         }
         let notified = inner.destager.notified();
-        if let (true, Some(q)) = (ordered, inner.remote.ordered_queue()) {
+        if let (true, Some(q), true) = (ordered, inner.remote.ordered_queue(), running.is_empty()) {
             // Cheap unless the session was reinstated or the claim was refused: then the claim
-            // is made again first.
+            // is made again first. Only with nothing in flight: after a lost connection the
+            // queue refuses new commands until this, so that none lands before the failures of
+            // those queued earlier have been seen.
             if let Err(e) = q.prepare().await {
                 let wait = {
                     let mut c = lock(&inner.core);
