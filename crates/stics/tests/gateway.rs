@@ -7,17 +7,17 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use stics_block::{BlockDev, BlockError};
+use stics_block::BlockDev;
 use stics_initiator::{IscsiUrl, Lun, LunOptions};
+use stics_testkit::ledger::{Durable, Failure, Ledger, Pace};
 use stics_testkit::net::{free_port, Proxy};
-use stics_testkit::pattern::{check_at, stamp_run};
 use stics_testkit::peers::SticsTarget;
 use stics_testkit::proc::{one_at_a_time, run_ok, spawn, spawn_stics, wait_mounted, wait_port, Guard};
 use stics_testkit::IQN;
@@ -138,116 +138,6 @@ fn open_url(u: &str) -> (tokio::runtime::Runtime, Lun) {
     (rt, lun)
 }
 
-/// What a client wrote to blocks `0..blocks` in stamped runs and which of it must survive: every
-/// version written to each block (a write never acknowledged may still land) and the newest
-/// durable one. In `log` mode an acknowledged write is durable; in `immediate` mode only once an
-/// acknowledged SYNCHRONIZE CACHE followed it.
-struct Ledger {
-    blocks: u64,
-    immediate: bool,
-    version: u64,
-    written: Vec<Vec<u64>>,
-    durable: Vec<u64>,
-    since_flush: Vec<(u64, u64, u64)>,
-    /// Writes acknowledged, readable while another thread runs the ledger.
-    acked: Arc<AtomicU64>,
-    flushes: u64,
-}
-
-/// How [`Ledger::run`] writes.
-#[derive(Clone, Copy)]
-struct Pace {
-    /// A pause after each write (keeps a long run within the log).
-    pause: Option<Duration>,
-    /// In `immediate` mode, one flush per this many writes on average.
-    flush_one_in: u32,
-}
-
-const FAST: Pace = Pace { pause: None, flush_one_in: 20 };
-
-impl Ledger {
-    fn new(blocks: u64, mode: &str) -> Ledger {
-        Ledger {
-            blocks,
-            immediate: mode == "immediate",
-            version: 0,
-            written: vec![Vec::new(); blocks as usize],
-            durable: vec![0; blocks as usize],
-            since_flush: Vec::new(),
-            acked: Arc::default(),
-            flushes: 0,
-        }
-    }
-
-    /// Random writes of 1 to 16 blocks (and flushes in `immediate` mode) until `stop` says so or
-    /// a command fails; that error, if one did.
-    async fn run(&mut self, lun: &Lun, rng: &mut StdRng, pace: Pace, stop: impl Fn() -> bool) -> Option<BlockError> {
-        while !stop() {
-            let blocks = rng.gen_range(1..=16);
-            let lba = rng.gen_range(0..=self.blocks - blocks);
-            self.version += 1;
-            let v = self.version;
-            for b in lba..lba + blocks {
-                self.written[b as usize].push(v);
-            }
-            if let Err(e) = lun.write(lba, Bytes::from(stamp_run(lba, blocks, v, 512)), false).await {
-                return Some(e);
-            }
-            self.acked.fetch_add(1, Ordering::Relaxed);
-            if self.immediate {
-                self.since_flush.push((lba, blocks, v));
-                if rng.gen_range(0..pace.flush_one_in) == 0 {
-                    if let Err(e) = lun.flush().await {
-                        return Some(e);
-                    }
-                    self.flushed();
-                }
-            } else {
-                self.durable[lba as usize..(lba + blocks) as usize].fill(v);
-            }
-            if let Some(p) = pace.pause {
-                tokio::time::sleep(p).await;
-            }
-        }
-        None
-    }
-
-    fn flushed(&mut self) {
-        self.flushes += 1;
-        for (lba, blocks, v) in self.since_flush.drain(..) {
-            self.durable[lba as usize..(lba + blocks) as usize].fill(v);
-        }
-    }
-
-    /// Checks an image of blocks `0..blocks`: each block blank or a whole stamp of its own LBA,
-    /// at a version written to it and no older than its durable one. Returns the versions seen.
-    fn check(&self, image: &[u8], what: &str) -> Vec<u64> {
-        (0..self.blocks)
-            .map(|b| {
-                let i = b as usize;
-                let buf = &image[i * 512..(i + 1) * 512];
-                let v = check_at(buf, b, self.durable[i]..=self.version)
-                    .unwrap_or_else(|e| panic!("{what}: block {b}: {e} (durable version {})", self.durable[i]));
-                assert!(
-                    v == 0 || self.written[i].contains(&v),
-                    "{what}: block {b} holds version {v}, never written to it"
-                );
-                v
-            })
-            .collect()
-    }
-
-    /// Checks `lun`'s image, and takes what it holds as durable from now on (it came back from
-    /// the log after a crash, or it is on the remote).
-    fn verify(&mut self, rt: &tokio::runtime::Runtime, lun: &Lun, what: &str) -> Vec<u64> {
-        let image = rt.block_on(lun.read(0, self.blocks as u32)).unwrap_or_else(|e| panic!("{what}: read: {e}"));
-        let seen = self.check(&image, what);
-        self.durable.clone_from(&seen);
-        self.since_flush.clear();
-        seen
-    }
-}
-
 /// SIGKILL of the gateway at `rounds` random moments of a random write workload, each restart
 /// on the same log: every durable write is still there, nothing torn or misplaced.
 fn sigkill_rounds(mode: &str, seed: u64, rounds: u32) {
@@ -261,28 +151,28 @@ fn sigkill_rounds_on(remote: &str, dir: &Path, mode: &str, seed: u64, rounds: u3
     const BLOCKS: u64 = 512;
     let log = dir.join("log");
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut ledger = Ledger::new(BLOCKS, mode);
+    let mut ledger = Ledger::new(BLOCKS, 512, Durable::of_mode(mode));
     let started = Instant::now();
     for round in 0..rounds {
         let stderr = dir.join("gw.log");
         let (mut gw, port) = gateway(remote, &log, mode, &stderr);
         let (rt, lun) = open(port);
-        ledger.verify(&rt, &lun, &format!("{mode} seed {seed} round {round}"));
+        rt.block_on(ledger.verify(&lun, &format!("{mode} seed {seed} round {round}")));
         let kill_after = Duration::from_millis(rng.gen_range(20..300));
         let t = Instant::now();
-        rt.block_on(ledger.run(&lun, &mut rng, FAST, || t.elapsed() >= kill_after));
+        rt.block_on(ledger.run(&lun, &mut rng, Pace::FAST, || t.elapsed() >= kill_after));
         gw.kill();
         drop(lun);
         drop(rt);
     }
     let (_gw, port) = gateway(remote, &log, mode, &dir.join("last.log"));
     let (rt, lun) = open(port);
-    ledger.verify(&rt, &lun, &format!("{mode} seed {seed} after the last round"));
+    rt.block_on(ledger.verify(&lun, &format!("{mode} seed {seed} after the last round")));
     eprintln!(
         "{mode}: {rounds} SIGKILLs in {:?}, {} writes acknowledged, {} flushes acknowledged",
         started.elapsed(),
-        ledger.acked.load(Ordering::Relaxed),
-        ledger.flushes
+        ledger.acked().load(Ordering::Relaxed),
+        ledger.flushes()
     );
 }
 
@@ -304,7 +194,7 @@ fn writer(
     seed: u64,
     pace: Pace,
     stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<(Ledger, Option<BlockError>)> {
+) -> std::thread::JoinHandle<(Ledger, Option<Failure>)> {
     std::thread::spawn(move || {
         let (rt, lun) = open(port);
         let mut rng = StdRng::seed_from_u64(seed);
@@ -326,10 +216,10 @@ fn remote_killed_and_restarted_under_writes_then_drained_holds_every_acknowledge
     let log = dir.path().join("log");
     let started = Instant::now();
     let (mut gw, port, metrics) = gateway_with_metrics(&remote.url(0), &log, "log", &dir.path().join("gw.log"));
-    let ledger = Ledger::new(BLOCKS, "log");
-    let acked = Arc::clone(&ledger.acked);
+    let ledger = Ledger::new(BLOCKS, 512, Durable::OnAck);
+    let acked = ledger.acked();
     let stop = Arc::new(AtomicBool::new(false));
-    let pace = Pace { pause: Some(Duration::from_micros(300)), flush_one_in: 1 };
+    let pace = Pace { pause: Some(Duration::from_micros(300)), flush_one_in: 1, timeout: None };
     let w = writer(port, ledger, seed, pace, Arc::clone(&stop));
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
     let mut while_down = 0;
@@ -352,12 +242,12 @@ fn remote_killed_and_restarted_under_writes_then_drained_holds_every_acknowledge
     let drain_took = t.elapsed();
     gw.kill();
     let (rt, lun) = open_url(&remote.url(0));
-    let on_remote = ledger.verify(&rt, &lun, &format!("seed {seed}: the remote alone after POST /drain"));
+    let on_remote = rt.block_on(ledger.verify(&lun, &format!("seed {seed}: the remote alone after POST /drain")));
     drop(lun);
     drop(rt);
     let (_gw, port) = gateway(&remote.url(0), &log, "log", &dir.path().join("gw2.log"));
     let (rt, lun) = open(port);
-    let through = ledger.verify(&rt, &lun, &format!("seed {seed}: the gateway restarted on its log"));
+    let through = rt.block_on(ledger.verify(&lun, &format!("seed {seed}: the gateway restarted on its log")));
     assert!(through == on_remote, "the drained log adds nothing to the remote");
     eprintln!(
         "remote down 6 times: {} writes acknowledged, {while_down} while it was down; drain took {drain_took:?}; \
@@ -379,10 +269,10 @@ fn wan_cut_for_30_s_keeps_writes_acknowledged_and_destage_resumes_by_itself() {
     let started = Instant::now();
     let (mut gw, port, metrics) =
         gateway_with_metrics(&via, &dir.path().join("log"), "log", &dir.path().join("gw.log"));
-    let ledger = Ledger::new(BLOCKS, "log");
-    let acked = Arc::clone(&ledger.acked);
+    let ledger = Ledger::new(BLOCKS, 512, Durable::OnAck);
+    let acked = ledger.acked();
     let stop = Arc::new(AtomicBool::new(false));
-    let pace = Pace { pause: Some(Duration::from_millis(2)), flush_one_in: 1 };
+    let pace = Pace { pause: Some(Duration::from_millis(2)), flush_one_in: 1, timeout: None };
     let w = writer(port, ledger, seed, pace, Arc::clone(&stop));
     std::thread::sleep(Duration::from_secs(2));
     // The link goes silent and its connections drop; new ones reach nothing.
@@ -425,7 +315,7 @@ fn wan_cut_for_30_s_keeps_writes_acknowledged_and_destage_resumes_by_itself() {
     let clean_after = wait_clean(metrics, Duration::from_secs(120));
     gw.kill();
     let (rt2, lun) = open_url(&remote.url(0));
-    ledger.verify(&rt2, &lun, &format!("seed {seed}: the remote alone after the cut"));
+    rt2.block_on(ledger.verify(&lun, &format!("seed {seed}: the remote alone after the cut")));
     eprintln!(
         "cut {CUT:?}: {during} writes acknowledged while cut ({dirty_during} bytes dirty), {} in all; \
          clean {clean_after:?} after the link came back + 2 s; {:?} in all",

@@ -30,8 +30,42 @@ const OPS: usize = 5;
 pub enum Effect {
     /// The operation does nothing and returns an I/O error.
     Fail,
+    /// The operation does nothing and returns an error of this kind, which a target serving
+    /// the device turns into its SCSI status and sense.
+    Error(ErrorKind),
     /// The operation waits this long (tokio time) first, then goes on.
     Delay(Duration),
+}
+
+/// The kinds of [`BlockError`] an [`Effect::Error`] returns, each what a real disk or array
+/// says in some failure: the SCSI layer answers MEDIUM ERROR, SPACE ALLOCATION FAILED, WRITE
+/// PROTECTED, RESERVATION CONFLICT and BUSY for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// [`BlockError::Io`]: a medium error.
+    Io,
+    /// [`BlockError::NoSpace`]: a thin pool that is full.
+    NoSpace,
+    /// [`BlockError::WriteProtected`].
+    WriteProtected,
+    /// [`BlockError::Reserved`] with no holder named: another initiator's reservation.
+    Reserved,
+    /// [`BlockError::Busy`].
+    Busy,
+}
+
+impl ErrorKind {
+    /// The error an operation on `lba` returns.
+    pub fn error(self, lba: u64, op: Op) -> BlockError {
+        let what = format!("injected {op:?} failure");
+        match self {
+            ErrorKind::Io => io_error(lba, &what),
+            ErrorKind::NoSpace => BlockError::NoSpace(what),
+            ErrorKind::WriteProtected => BlockError::WriteProtected(what),
+            ErrorKind::Reserved => BlockError::Reserved { holder: None },
+            ErrorKind::Busy => BlockError::Busy(what),
+        }
+    }
 }
 
 /// Picks operations by kind and, optionally, LBA range; skips the first `after` matches and then
@@ -49,6 +83,11 @@ impl Rule {
     /// Every `op` fails (narrow it with [`Rule::lbas`], [`Rule::after`], [`Rule::times`]).
     pub fn fail(op: Op) -> Rule {
         Rule { op, lbas: None, after: 0, times: None, effect: Effect::Fail }
+    }
+
+    /// Every `op` fails with an error of `kind`.
+    pub fn error(op: Op, kind: ErrorKind) -> Rule {
+        Rule { op, lbas: None, after: 0, times: None, effect: Effect::Error(kind) }
     }
 
     /// Every `op` is delayed by `by`.
@@ -174,8 +213,9 @@ impl State {
         self.down = true;
     }
 
-    /// Counts the operation, applies the rules; returns the delay to wait and whether it fails.
-    fn admit(&mut self, op: Op, range: Option<Range<u64>>) -> Result<(Duration, bool), BlockError> {
+    /// Counts the operation, applies the rules; returns the delay to wait and how it fails, if
+    /// it does.
+    fn admit(&mut self, op: Op, range: Option<Range<u64>>) -> Result<(Duration, Option<ErrorKind>), BlockError> {
         let lba = range.as_ref().map_or(0, |r| r.start);
         if self.down {
             return Err(io_error(lba, "device is down after a crash"));
@@ -184,7 +224,7 @@ impl State {
             self.geometry.check_range(r.start, r.end - r.start)?;
         }
         self.counts[op as usize] += 1;
-        let (mut delay, mut fail) = (Duration::ZERO, false);
+        let (mut delay, mut fail) = (Duration::ZERO, None);
         for (rule, seen) in &mut self.rules {
             if !rule.matches(op, range.clone()) {
                 continue;
@@ -195,7 +235,8 @@ impl State {
                 continue;
             }
             match rule.effect {
-                Effect::Fail => fail = true,
+                Effect::Fail => fail = Some(ErrorKind::Io),
+                Effect::Error(kind) => fail = Some(kind),
                 Effect::Delay(d) => delay += d,
             }
         }
@@ -318,10 +359,10 @@ impl FaultDev {
                 return Err(io_error(lba, "device went down during the operation"));
             }
         }
-        if fail {
-            return Err(io_error(lba, &format!("injected {op:?} failure")));
+        match fail {
+            Some(kind) => Err(kind.error(lba, op)),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn store(&self, lba: u64, data: &[u8], fua: bool) -> Result<(), BlockError> {
@@ -571,6 +612,27 @@ mod tests {
         d.clear_rules();
         d.read(0, 1).await.unwrap();
         assert_eq!(d.count(Op::Write), 7);
+    }
+
+    #[tokio::test]
+    async fn error_rules_return_the_chosen_kind_until_cleared() {
+        let d = dev(1);
+        d.add_rule(Rule::error(Op::Write, ErrorKind::NoSpace));
+        d.add_rule(Rule::error(Op::Flush, ErrorKind::Reserved));
+        assert!(matches!(write(&d, 3, 1, 1, false).await, Err(BlockError::NoSpace(_))));
+        assert!(matches!(d.flush().await, Err(BlockError::Reserved { holder: None })));
+        d.read(3, 1).await.unwrap();
+        d.clear_rules();
+        for (kind, want) in
+            [(ErrorKind::Io, "I/O"), (ErrorKind::WriteProtected, "write-protected"), (ErrorKind::Busy, "busy")]
+        {
+            d.add_rule(Rule::error(Op::Write, kind).times(1));
+            let e = write(&d, 3, 2, 1, false).await.unwrap_err();
+            assert!(e.to_string().to_lowercase().contains(&want.to_lowercase()), "{kind:?}: {e}");
+            assert!(matches!(kind, ErrorKind::Io) == matches!(e, BlockError::Io { lba: 3, .. }), "{kind:?}: {e:?}");
+        }
+        write(&d, 3, 3, 1, false).await.unwrap();
+        assert_eq!(check(&d.read_volatile(3, 1)), Ok((3, 3)), "a refused write leaves nothing behind");
     }
 
     #[tokio::test(start_paused = true)]

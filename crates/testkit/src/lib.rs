@@ -1,7 +1,7 @@
 //! What the stics tests stand on: process guards and peers (tgt, `stics target`, a throwaway
 //! Ceph cluster), free ports and a cutting proxy, one raw iSCSI client, data patterns that a
-//! checker can verify, a fault-injecting block device, and a verified workload through the
-//! initiator.
+//! checker can verify, a fault-injecting block device and a remote LUN over it that fails on
+//! demand, the stamped-block ledger, and a verified workload through the initiator.
 //!
 //! A dev-dependency only: no library or binary of the workspace may depend on it.
 
@@ -10,10 +10,12 @@
 pub mod ceph;
 pub mod client;
 pub mod faults;
+pub mod ledger;
 pub mod net;
 pub mod pattern;
 pub mod peers;
 pub mod proc;
+pub mod remote;
 pub mod workload;
 
 /// The target name the test peers serve unless told otherwise.

@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
+use stics_block::BlockDev;
 use stics_target::{Config, Server};
 use tokio::sync::oneshot;
 
@@ -46,7 +49,8 @@ pub struct Tgt {
     /// tgtd's control socket index, its own so that parallel tests never reach each other's.
     pub control: u16,
     pub file: PathBuf,
-    _lun: FileLun,
+    /// The sparse file it made, when it was not given one.
+    _lun: Option<FileLun>,
     options: TgtOptions,
     proc: Guard,
 }
@@ -62,9 +66,18 @@ impl Tgt {
 
     pub fn start_with(size_mib: u64, options: TgtOptions) -> Tgt {
         let lun = FileLun::new(size_mib);
+        Tgt::launch(lun.file.clone(), Some(lun), options)
+    }
+
+    /// A tgtd serving `file` (a regular file or a block device, which outlives it) as LUN 1.
+    pub fn serve(file: &Path) -> Tgt {
+        Tgt::launch(file.to_owned(), None, TgtOptions::default())
+    }
+
+    fn launch(file: PathBuf, lun: Option<FileLun>, options: TgtOptions) -> Tgt {
         let port = free_port();
         let control = 10000 + (port % 20000);
-        let mut t = Tgt { port, control, file: lun.file.clone(), _lun: lun, options, proc: Guard::default() };
+        let mut t = Tgt { port, control, file, _lun: lun, options, proc: Guard::default() };
         t.spawn();
         t
     }
@@ -116,7 +129,8 @@ impl Tgt {
         let _ = std::fs::remove_file(format!("/var/run/tgtd/socket.{}.lock", self.control));
     }
 
-    /// Starts tgtd again on the same port and file.
+    /// Starts tgtd again on the same port and file (after [`Tgt::kill`], a fresh start: the
+    /// target, its LUN and its settings are made again, persistent reservations are gone).
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
@@ -252,7 +266,17 @@ pub struct InProcess {
 impl InProcess {
     /// Binds `config` (listen on `127.0.0.1:0` for a free port) and serves it in a task.
     pub async fn start(config: &Config) -> InProcess {
-        let server = Server::bind(config).await.unwrap();
+        InProcess::serve(Server::bind(config).await.unwrap())
+    }
+
+    /// [`InProcess::start`] over devices already open: `luns[i]` are the LUNs of
+    /// `config.targets[i]` (see [`Server::bind_devices`]).
+    pub async fn start_devices(config: &Config, luns: Vec<Vec<Arc<dyn BlockDev>>>) -> InProcess {
+        InProcess::serve(Server::bind_devices(config, luns).await.unwrap())
+    }
+
+    /// Serves a bound server in a task.
+    pub fn serve(server: Server) -> InProcess {
         let addr = server.local_addrs()[0];
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -272,6 +296,16 @@ impl InProcess {
             let _ = s.send(());
         }
         let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
+    }
+
+    /// Stops serving at once, as a host that lost power does: the listener and every
+    /// connection are dropped without a word, commands in flight never answered. Reservations
+    /// and every other state of the served LUNs go with the server.
+    pub async fn kill(mut self) {
+        // The shutdown signal stays unsent (dropping it would start an orderly stop).
+        let _signal = self.stop.take();
+        self.task.abort();
+        let _ = (&mut self.task).await;
     }
 }
 

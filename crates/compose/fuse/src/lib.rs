@@ -87,10 +87,14 @@ struct BlockFile {
 
 const TTL: Duration = Duration::from_secs(1);
 
+/// The errno a file says for a device's error: a full or write-protected device as a full or
+/// read-only file system (the reverse of what a file LUN reads them as), anything else as EIO.
 fn errno(e: &BlockError) -> Errno {
     match e {
         BlockError::OutOfRange { .. } => Errno::EINVAL,
         BlockError::Unsupported(_) => Errno::EOPNOTSUPP,
+        BlockError::NoSpace(_) => Errno::ENOSPC,
+        BlockError::WriteProtected(_) => Errno::EROFS,
         _ => Errno::EIO,
     }
 }
@@ -480,6 +484,15 @@ impl Mounted {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_or_write_protected_device_reads_as_a_full_or_read_only_file_system() {
+        assert_eq!(errno(&BlockError::NoSpace("pool full".into())), Errno::ENOSPC);
+        assert_eq!(errno(&BlockError::WriteProtected("snapshot".into())), Errno::EROFS);
+        let io = BlockError::Io { lba: 1, source: io::Error::other("medium") };
+        assert_eq!(errno(&io), Errno::EIO);
+        assert_eq!(errno(&BlockError::Busy("resetting".into())), Errno::EIO);
+    }
 
     #[test]
     fn fallocate_modes_map_to_device_operations() {

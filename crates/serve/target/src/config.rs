@@ -313,6 +313,16 @@ impl Config {
 
     /// Checks every rule a running target relies on.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check(true)
+    }
+
+    /// [`Config::validate`] for a target whose LUNs are devices already open: the `luns` only
+    /// name them and are not read as specs.
+    pub(crate) fn validate_for_devices(&self) -> Result<(), ConfigError> {
+        self.check(false)
+    }
+
+    fn check(&self, specs: bool) -> Result<(), ConfigError> {
         if self.listen.is_empty() {
             return Err(invalid("no listen address"));
         }
@@ -365,7 +375,7 @@ impl Config {
             if t.luns.len() > 16384 {
                 return Err(invalid(format!("target {} has more than 16384 LUNs", t.iqn)));
             }
-            for spec in &t.luns {
+            for spec in t.luns.iter().filter(|_| specs) {
                 spec.parse::<DeviceSpec>().map_err(|e| invalid(format!("target {}: bad LUN spec: {e}", t.iqn)))?;
             }
             check_chap(&format!("target {}", t.iqn), t.chap.as_ref(), t.mutual_chap.as_ref())?;

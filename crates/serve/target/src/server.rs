@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use stics_block::BlockDev;
 use stics_scsi::{Device, LogicalUnit, LuConfig};
 use stics_stack::{DeviceSpec, OpenContext};
 use tokio::net::TcpListener;
@@ -99,8 +100,7 @@ impl Server {
         if config.rbd != RbdConfig::default() {
             devices.rbd = config.rbd.defaults();
         }
-        let mut targets = Vec::new();
-        let mut auths = Vec::new();
+        let mut opened = Vec::new();
         for t in &config.targets {
             let mut luns = Vec::new();
             for (i, spec) in t.luns.iter().enumerate() {
@@ -111,6 +111,38 @@ impl Server {
                     lun: i,
                     error,
                 })?;
+                luns.push(dev);
+            }
+            opened.push(luns);
+        }
+        Server::assemble(config, devices, opened).await
+    }
+
+    /// [`Server::bind`] over devices already open (a test's fault-injecting device, say):
+    /// `luns[i]` are the LUNs of `config.targets[i]` in order, one for each of its `luns`,
+    /// which then only name them.
+    pub async fn bind_devices(config: &Config, luns: Vec<Vec<Arc<dyn BlockDev>>>) -> Result<Server, TargetError> {
+        config.validate_for_devices()?;
+        let given: Vec<usize> = luns.iter().map(Vec::len).collect();
+        let named: Vec<usize> = config.targets.iter().map(|t| t.luns.len()).collect();
+        if given != named {
+            let e = format!("devices for {given:?} LUNs given to targets that name {named:?} LUNs");
+            return Err(ConfigError::Invalid(e).into());
+        }
+        Server::assemble(config, OpenContext::default(), luns).await
+    }
+
+    /// Puts SCSI logical units over the opened devices and binds every listen address.
+    async fn assemble(
+        config: &Config,
+        devices: OpenContext,
+        opened: Vec<Vec<Arc<dyn BlockDev>>>,
+    ) -> Result<Server, TargetError> {
+        let mut targets = Vec::new();
+        let mut auths = Vec::new();
+        for (t, devs) in config.targets.iter().zip(opened) {
+            let mut luns = Vec::new();
+            for (i, dev) in devs.into_iter().enumerate() {
                 let block = dev.geometry().block_size;
                 if config.limits.max_command_bytes < block {
                     return Err(ConfigError::Invalid(format!(
