@@ -18,6 +18,7 @@ use stics_block::BlockDev;
 use stics_initiator::{IscsiUrl, Lun, LunOptions};
 use stics_testkit::ledger::{Durable, Failure, Ledger, Pace};
 use stics_testkit::net::{free_port, Proxy};
+use stics_testkit::pattern::{check_at, stamp_run};
 use stics_testkit::peers::SticsTarget;
 use stics_testkit::proc::{one_at_a_time, run_ok, spawn, spawn_stics, wait_mounted, wait_port, Guard};
 use stics_testkit::IQN;
@@ -959,10 +960,10 @@ fn a_connection_cut_between_the_gateway_and_tgt_does_not_stall_destage() {
     let stderr = dir.path().join("gw.log");
     let (mut gw, port, metrics) =
         gateway_with_metrics(&tgt.url_via(proxy.port), &dir.path().join("log"), "log", &stderr);
-    let ledger = Ledger::new(BLOCKS, "log");
-    let acked = Arc::clone(&ledger.acked);
+    let ledger = Ledger::new(BLOCKS, 512, Durable::OnAck);
+    let acked = ledger.acked();
     let stop = Arc::new(AtomicBool::new(false));
-    let pace = Pace { pause: Some(Duration::from_micros(500)), flush_one_in: 1 };
+    let pace = Pace { pause: Some(Duration::from_micros(500)), flush_one_in: 1, timeout: None };
     let w = writer(port, ledger, seed, pace, Arc::clone(&stop));
     std::thread::sleep(Duration::from_secs(2));
     proxy.arm();
@@ -995,7 +996,7 @@ fn a_connection_cut_between_the_gateway_and_tgt_does_not_stall_destage() {
     let drain_took = t.elapsed();
     gw.kill();
     let (rt, lun) = open_url(&tgt.url());
-    ledger.verify(&rt, &lun, &format!("seed {seed}: tgt alone after the cut and POST /drain"));
+    rt.block_on(ledger.verify(&lun, &format!("seed {seed}: tgt alone after the cut and POST /drain")));
     eprintln!(
         "{} writes acknowledged, {after_cut} in the 2 s after the cut; drain took {drain_took:?}",
         acked.load(Ordering::Relaxed)
