@@ -51,6 +51,25 @@ fn gateway_with_metrics(remote: &str, log: &Path, mode: &str, stderr: &Path) -> 
     (g, port, metrics)
 }
 
+/// A gateway that must refuse to start (in front of `remote`, with its log at `log`): fails
+/// unless it exits unsuccessfully within 20 s; what it said on stderr.
+fn refused_gateway(remote: &str, log: &Path, stderr: &Path) -> String {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["gateway", "--listen", &format!("127.0.0.1:{}", free_port()), "--iqn", GATEWAY_IQN]).args([
+        "--remote",
+        remote,
+        "--log",
+        &format!("{}:256MiB", log.display()),
+        "--ram",
+        "8MiB",
+    ]);
+    let mut g = spawn(&mut cmd, Some(stderr));
+    let exited = g.wait_exit(Duration::from_secs(20));
+    let said = std::fs::read_to_string(stderr).unwrap_or_default();
+    assert!(exited.is_some_and(|s| !s.success()), "the gateway was not refused ({exited:?}): {said}");
+    said
+}
+
 /// One HTTP/1.0 request (`"GET /status"`) to the gateway's metrics port; the body of its 200
 /// answer.
 fn http(port: u16, request: &str) -> String {
@@ -152,7 +171,7 @@ fn sigkill_rounds_on(remote: &str, dir: &Path, mode: &str, seed: u64, rounds: u3
     const BLOCKS: u64 = 512;
     let log = dir.join("log");
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut ledger = Ledger::new(BLOCKS, 512, Durable::of_mode(mode));
+    let mut ledger = Ledger::new(BLOCKS, 512, Durable::of_mode(mode, false));
     let started = Instant::now();
     for round in 0..rounds {
         let stderr = dir.join("gw.log");
@@ -465,16 +484,7 @@ fn log_thrown_away_after_sigkill_leaves_a_remote_ext4_that_replays_and_fscks_cle
     std::fs::remove_file(&log).unwrap();
     // The dead gateway still holds its persistent reservation, and with its log gone nothing can
     // take it back: the operator breaks it, naming the key a new gateway's refusal reports.
-    let mut cmd = Command::new(BIN);
-    cmd.args(["gateway", "--listen", &format!("127.0.0.1:{}", free_port()), "--remote", &remote.url(0)]).args([
-        "--log",
-        &format!("{}:256MiB", dir.path().join("log2").display()),
-        "--ram",
-        "8MiB",
-    ]);
-    let mut second = spawn(&mut cmd, Some(&dir.path().join("gw2.log")));
-    assert!(second.wait_exit(Duration::from_secs(20)).is_some_and(|s| !s.success()), "a second gateway is refused");
-    let refused = std::fs::read_to_string(dir.path().join("gw2.log")).unwrap_or_default();
+    let refused = refused_gateway(&remote.url(0), &dir.path().join("log2"), &dir.path().join("gw2.log"));
     let holder = refused
         .split("reservation key ")
         .nth(1)
@@ -582,20 +592,7 @@ fn one_gateway_per_remote_lun_keeps_out_a_second_gateway_and_stray_writers() {
     rt.block_on(lun.write(0, data.clone(), true)).unwrap();
 
     // (a) A second gateway, with its own log, on the same remote: refused at start.
-    let b_err = dir.path().join("b.log");
-    let mut cmd = Command::new(BIN);
-    cmd.args(["gateway", "--listen", &format!("127.0.0.1:{}", free_port()), "--iqn", GATEWAY_IQN]).args([
-        "--remote",
-        &remote.url(0),
-        "--log",
-        &format!("{}:256MiB", dir.path().join("log-b").display()),
-        "--ram",
-        "8MiB",
-    ]);
-    let mut b = spawn(&mut cmd, Some(&b_err));
-    let status = b.wait_exit(Duration::from_secs(20)).expect("the second gateway exits");
-    assert!(!status.success(), "the second gateway must fail");
-    let stderr = std::fs::read_to_string(&b_err).unwrap();
+    let stderr = refused_gateway(&remote.url(0), &dir.path().join("log-b"), &dir.path().join("b.log"));
     assert!(stderr.contains("another writer holds the remote LUN: reservation key 0x"), "{stderr}");
 
     // (b) A plain initiator on the remote reads, but its writes end in RESERVATION CONFLICT.
@@ -711,20 +708,7 @@ fn a_second_gateway_on_the_same_log_is_refused_naming_the_holder() {
     let data = Bytes::from(vec![0x3c; 8192]);
     rt.block_on(lun.write(0, data.clone(), true)).unwrap();
 
-    let b_err = dir.path().join("b.log");
-    let mut cmd = Command::new(BIN);
-    cmd.args(["gateway", "--listen", &format!("127.0.0.1:{}", free_port()), "--iqn", GATEWAY_IQN]).args([
-        "--remote",
-        &remote.url(0),
-        "--log",
-        &format!("{}:256MiB", log.display()),
-        "--ram",
-        "8MiB",
-    ]);
-    let mut b = spawn(&mut cmd, Some(&b_err));
-    let exited = b.wait_exit(Duration::from_secs(20));
-    let said = std::fs::read_to_string(&b_err).unwrap_or_default();
-    assert!(exited.is_some_and(|s| !s.success()), "a second gateway on the same log must fail ({exited:?}): {said}");
+    let said = refused_gateway(&remote.url(0), &log, &dir.path().join("b.log"));
     assert!(said.contains(&holder) && said.contains("stics gateway"), "the error names the holder: {said}");
     assert!(!said.contains("took the remote back"), "refused before claiming the remote: {said}");
 

@@ -7,15 +7,13 @@
 //! remote alone holds exactly what the host saw.
 //!
 //! The gateway's health report (`/status` `health` and `errors_by_kind`) is checked in one
-//! place, [`expect_health`]; with `STICS_FAULTS_NO_HEALTH=1` it prints what it would check
-//! instead, which proves the rest of the campaign on a gateway that has no such report.
-//! `--full-timeout` is passed when the gateway knows it. Each of the 30 tests takes 5 to 15 s,
-//! so `.ci/run` runs them after the default test run; `STICS_FAULTS_SEED` replaces every seed.
+//! place, [`expect_health`]. Each of the 30 tests takes 5 to 20 s, so `.ci/run` runs them after
+//! the default test run; `STICS_FAULTS_SEED` replaces every seed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -50,7 +48,8 @@ const PACE: Pace = Pace { pause: Some(Duration::from_millis(1)), flush_one_in: 1
 /// What happens to the gateway or its remote while the ledger writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
-    /// Connections to the remote reset, then a few seconds in which new ones reach nothing.
+    /// Connections to the remote reset, then 8 to 12 s in which new ones reach nothing (longer
+    /// than the gateway's 5 s answer timeout, after which it counts the remote unreachable).
     NetworkCut,
     /// The storage host loses power (its volatile cache with it) for up to 3 s.
     RemotePowerLoss,
@@ -149,7 +148,7 @@ fn run(name: &str, server: Server, mode: &'static str, fault: Fault) {
     let mut remote = FaultRemote::start(server, REMOTE_MIB, seed);
     let dir = tempfile::tempdir().unwrap();
     let mut gw = Gateway::start(&remote.url(), dir.path(), mode);
-    let ledger = Ledger::new(BLOCKS, 512, Durable::of_mode(mode));
+    let ledger = Ledger::new(BLOCKS, 512, Durable::of_mode(mode, true));
     let acked = ledger.acked();
     let mut w = Writer::start(gw.url(), ledger, seed);
     sleep(ms(&mut rng, 500..2500));
@@ -162,7 +161,7 @@ fn run(name: &str, server: Server, mode: &'static str, fault: Fault) {
             remote.cut();
             sleep(ms(&mut rng, 100..500));
             remote.outage();
-            let length = ms(&mut rng, 4000..8000);
+            let length = ms(&mut rng, 8000..12_000);
             expect_health(&gw, &["degraded", "stalled"], None, length, &format!("{ctx}: while the link is down"));
             sleep(length.saturating_sub(hit.elapsed()));
             remote.restore();
@@ -278,26 +277,16 @@ fn describe(failures: &[(Instant, Failure)]) -> String {
     }
 }
 
-/// True unless `STICS_FAULTS_NO_HEALTH` is set: the gateway reports its health.
-fn health_checked() -> bool {
-    std::env::var_os("STICS_FAULTS_NO_HEALTH").is_none()
-}
-
 /// Waits up to `within` for /status to report `"health": {"state": S, "kind": K}` with S one of
-/// `states` and K `kind` (any, when None); fails naming `what` and the last report. With
-/// `STICS_FAULTS_NO_HEALTH` set, prints the check and the report instead, at once.
+/// `states` and K `kind` (any, when None); fails naming `what` and the last report.
 fn expect_health(gw: &Gateway, states: &[&str], kind: Option<&str>, within: Duration, what: &str) {
     let deadline = Instant::now() + within;
     loop {
         let s = gw.status();
         let health = &s["health"];
-        assert!(!health.is_null() || !health_checked(), "{what}: /status has no health report: {s}");
+        assert!(!health.is_null(), "{what}: /status has no health report: {s}");
         let state_ok = health["state"].as_str().is_some_and(|st| states.contains(&st));
         let kind_ok = kind.is_none_or(|k| health["kind"].as_str() == Some(k));
-        if !health_checked() {
-            eprintln!("{what}: health not checked (STICS_FAULTS_NO_HEALTH): want {states:?} {kind:?}, got {health}");
-            return;
-        }
         if state_ok && kind_ok {
             return;
         }
@@ -310,28 +299,7 @@ fn expect_health(gw: &Gateway, states: &[&str], kind: Option<&str>, within: Dura
 fn expect_errors_counted(gw: &Gateway, kind: &str, ctx: &str) {
     let s = gw.status();
     let n = s["errors_by_kind"][kind].as_u64().unwrap_or(0);
-    if !health_checked() {
-        eprintln!(
-            "{ctx}: errors_by_kind not checked (STICS_FAULTS_NO_HEALTH): want {kind} > 0, got {}",
-            s["errors_by_kind"]
-        );
-        return;
-    }
     assert!(n > 0, "{ctx}: errors_by_kind counts no {kind:?} error: {s}");
-}
-
-/// `--full-timeout SECS` when this gateway knows the option.
-fn full_timeout_args() -> &'static [String] {
-    static ARGS: OnceLock<Vec<String>> = OnceLock::new();
-    ARGS.get_or_init(|| {
-        let help = Command::new(BIN).args(["gateway", "--help"]).output().expect("stics gateway --help");
-        if String::from_utf8_lossy(&help.stdout).contains("--full-timeout") {
-            vec!["--full-timeout".into(), FULL_TIMEOUT.as_secs().to_string()]
-        } else {
-            eprintln!("this stics gateway has no --full-timeout: started without it");
-            Vec::new()
-        }
-    })
 }
 
 /// A `stics gateway` process with its status endpoint, started again on the same ports and
@@ -374,7 +342,7 @@ impl Gateway {
         cmd.args(["gateway", "--listen", &format!("127.0.0.1:{}", self.port), "--iqn", GATEWAY_IQN])
             .args(["--remote", &self.remote, "--log", &format!("{}:256MiB", self.log.display())])
             .args(["--mode", self.mode, "--ram", "8MiB", "--metrics", &format!("127.0.0.1:{}", self.metrics)])
-            .args(full_timeout_args());
+            .args(["--full-timeout", &FULL_TIMEOUT.as_secs().to_string()]);
         self.proc = spawn(&mut cmd, Some(&self.stderr()));
         for port in [self.port, self.metrics] {
             let up = wait_port(port, Duration::from_secs(30));

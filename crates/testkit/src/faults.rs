@@ -52,6 +52,8 @@ pub enum ErrorKind {
     Reserved,
     /// [`BlockError::Busy`].
     Busy,
+    /// [`BlockError::Unreachable`]: a remote whose link is down.
+    Unreachable,
 }
 
 impl ErrorKind {
@@ -64,6 +66,7 @@ impl ErrorKind {
             ErrorKind::WriteProtected => BlockError::WriteProtected(what),
             ErrorKind::Reserved => BlockError::Reserved { holder: None },
             ErrorKind::Busy => BlockError::Busy(what),
+            ErrorKind::Unreachable => BlockError::Unreachable(what),
         }
     }
 }
@@ -153,6 +156,8 @@ struct State {
     rng: StdRng,
     down: bool,
     counts: [u64; OPS],
+    /// Power cycles so far ([`BlockDev::resets`]).
+    resets: u64,
 }
 
 impl State {
@@ -169,6 +174,7 @@ impl State {
             rng: StdRng::seed_from_u64(seed),
             down: false,
             counts: [0; OPS],
+            resets: 0,
         }
     }
 
@@ -305,6 +311,17 @@ impl FaultDev {
         self.lock().crash();
     }
 
+    /// A power cycle seen from the remote's initiator: the unflushed writes are lost (or some
+    /// kept, see [`CrashMode`]) as on a crash, the device works again at once on this same
+    /// handle, and its reset count ([`BlockDev::resets`]) moves, as an initiator's does when it
+    /// reconnects and sees the power-on unit attention.
+    pub fn power_cycle(&self) {
+        let mut s = self.lock();
+        s.crash();
+        s.down = false;
+        s.resets += 1;
+    }
+
     pub fn is_down(&self) -> bool {
         self.lock().down
     }
@@ -406,6 +423,10 @@ impl FaultDev {
 impl BlockDev for FaultDev {
     fn geometry(&self) -> Geometry {
         self.geometry
+    }
+
+    fn resets(&self) -> u64 {
+        self.lock().resets
     }
 
     fn volatile_cache(&self) -> bool {

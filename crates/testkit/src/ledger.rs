@@ -16,20 +16,22 @@ use crate::pattern::{check_at, stamp_run};
 /// When a write the LUN acknowledged must survive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durable {
-    /// Once acknowledged (a LUN without a volatile cache: the gateway's `log` and
-    /// `write-through` modes).
+    /// Once acknowledged (a LUN without a volatile cache: the gateway's `log` mode, and
+    /// `write-through` in front of a remote without one).
     OnAck,
-    /// Once an acknowledged SYNCHRONIZE CACHE followed it (a volatile cache: `immediate`).
+    /// Once an acknowledged SYNCHRONIZE CACHE followed it (a volatile cache: `immediate`, and
+    /// `write-through` in front of a remote with one, whose WCE the gateway reports as its own).
     OnFlush,
 }
 
 impl Durable {
-    /// What `stics gateway --mode MODE` promises.
-    pub fn of_mode(mode: &str) -> Durable {
-        if mode == "immediate" {
-            Durable::OnFlush
-        } else {
-            Durable::OnAck
+    /// What `stics gateway --mode MODE` promises, in front of a remote with a volatile cache
+    /// when `remote_volatile`.
+    pub fn of_mode(mode: &str, remote_volatile: bool) -> Durable {
+        match mode {
+            "immediate" => Durable::OnFlush,
+            "write-through" if remote_volatile => Durable::OnFlush,
+            _ => Durable::OnAck,
         }
     }
 }

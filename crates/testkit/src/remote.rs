@@ -261,7 +261,8 @@ impl FaultRemote {
             (Server::Stics, ErrorKind::Io) => check(key::MEDIUM_ERROR, asc::WRITE_ERROR),
             (Server::Stics, ErrorKind::NoSpace) => check(key::DATA_PROTECT, asc::SPACE_ALLOCATION_FAILED),
             (Server::Stics, ErrorKind::WriteProtected) => check(key::DATA_PROTECT, asc::WRITE_PROTECTED),
-            (Server::Stics, ErrorKind::Busy) => Refusal { status: status::BUSY, sense: None },
+            // The SCSI layer answers BUSY for an unreachable device as for a busy one.
+            (Server::Stics, ErrorKind::Busy | ErrorKind::Unreachable) => Refusal { status: status::BUSY, sense: None },
         }
     }
 

@@ -103,6 +103,10 @@ pub struct Config {
     /// Longest pause between retries, and the pause between retries of a lasting failure (a
     /// medium error, a full thin remote), which are kept up only to notice a repair.
     pub retry_max: Duration,
+    /// How long the remote may leave every command destage (or write-through) has sent it
+    /// unanswered before the cache counts it unreachable (degraded): a lost connection the
+    /// initiator is still trying to restore fails nothing for a while.
+    pub answer_timeout: Duration,
     /// How long host writes wait for room once the log (or RAM, or the index) is full while the
     /// remote or the log keeps failing; after that they end with a CHECK CONDITION naming the
     /// cause instead of hanging (multipath's no_path_retry). Nothing already acknowledged is
@@ -139,6 +143,7 @@ impl Default for Config {
             deep_destage_from: 0.25,
             retry_delay: Duration::from_millis(200),
             retry_max: Duration::from_secs(5),
+            answer_timeout: Duration::from_secs(5),
             full_timeout: Duration::from_secs(60),
             index_bytes: 64 << 20,
             read_cache_bytes: 256 << 20,

@@ -455,7 +455,7 @@ impl Sim {
                                         == block_bytes(self.remote[v.lba as usize], v.lba)
                                 })
                                 .collect();
-                            self.core.probed(&matches);
+                            self.core.probed(&matches, self.now);
                         }
                         DestageIo::Sync { epoch, barrier: false } => {
                             if self.ordered

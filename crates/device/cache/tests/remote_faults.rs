@@ -4,17 +4,16 @@
 //! write-through mode over a read cache. Each test is named for what it shows.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use stics_block::{BlockDev, BlockError, Geometry, MemDev};
+use stics_block::{BlockDev, BlockError, MemDev};
 use stics_cache::core::State;
 use stics_cache::{Cache, Config, Mode};
-use stics_testkit::faults::{FaultDev, Op, Rule};
+use stics_testkit::faults::{ErrorKind, FaultDev, Op, Rule};
 use stics_testkit::pattern::{check_at, stamp_run};
 
 const BS: usize = 512;
@@ -40,62 +39,6 @@ fn log_dev(mib: u64) -> Arc<dyn BlockDev> {
     Arc::new(MemDev::new(512, mib << 11))
 }
 
-/// A remote whose power can fail: its volatile cache is lost, every command in flight fails, it
-/// comes back at once over what its medium kept, and its reset count moves (as an initiator's
-/// does when it reconnects and sees the power-on unit attention).
-struct Powered {
-    dev: Mutex<FaultDev>,
-    resets: AtomicU64,
-}
-
-impl Powered {
-    fn new(blocks: u64, seed: u64) -> Powered {
-        Powered { dev: Mutex::new(FaultDev::new(512, blocks, seed)), resets: AtomicU64::new(0) }
-    }
-
-    fn dev(&self) -> FaultDev {
-        self.dev.lock().unwrap().clone()
-    }
-
-    fn power_loss(&self) {
-        let mut d = self.dev.lock().unwrap();
-        d.crash();
-        *d = d.reopen();
-        self.resets.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-#[async_trait]
-impl BlockDev for Powered {
-    fn geometry(&self) -> Geometry {
-        self.dev().geometry()
-    }
-    fn volatile_cache(&self) -> bool {
-        true
-    }
-    fn supports_discard(&self) -> bool {
-        true
-    }
-    fn resets(&self) -> u64 {
-        self.resets.load(Ordering::SeqCst)
-    }
-    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
-        self.dev().read(lba, blocks).await
-    }
-    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
-        self.dev().write(lba, data, fua).await
-    }
-    async fn flush(&self) -> Result<(), BlockError> {
-        self.dev().flush().await
-    }
-    async fn discard(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
-        self.dev().discard(lba, blocks).await
-    }
-    async fn write_zeros(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
-        self.dev().write_zeros(lba, blocks).await
-    }
-}
-
 /// Reads `blocks` blocks through `dev` and checks each holds exactly version `want[i]` of its
 /// own LBA (0: zeros).
 async fn expect(dev: &dyn BlockDev, want: &[u64], what: &str) {
@@ -116,7 +59,9 @@ async fn a_remote_that_loses_its_volatile_cache_gets_every_unsynchronised_epoch_
     let mut resent = 0;
     for seed in 0..6u64 {
         for mode in [Mode::Log, Mode::Immediate] {
-            let remote = Arc::new(Powered::new(BLOCKS, seed));
+            // Its power can fail: its volatile cache is lost, it comes back at once over what its
+            // medium kept, and its reset count moves.
+            let remote = Arc::new(FaultDev::new(512, BLOCKS, seed));
             let cache = Cache::open(log_dev(32), remote.clone(), b"r", cfg(mode)).await.expect("opens");
             let mut rng = StdRng::seed_from_u64(seed);
             let mut want = vec![0u64; BLOCKS as usize];
@@ -129,7 +74,7 @@ async fn a_remote_that_loses_its_volatile_cache_gets_every_unsynchronised_epoch_
                     cache.flush().await.expect("flush");
                 }
                 if rng.gen_range(0..40) == 0 {
-                    remote.power_loss();
+                    remote.power_cycle();
                 }
                 if rng.gen_range(0..20) == 0 {
                     tokio::time::sleep(Duration::from_millis(rng.gen_range(0..5))).await;
@@ -139,7 +84,7 @@ async fn a_remote_that_loses_its_volatile_cache_gets_every_unsynchronised_epoch_
             tokio::time::timeout(Duration::from_secs(60), cache.drain()).await.expect("drains").expect("drained");
             let s = cache.status();
             expect(&cache, &want, &format!("seed {seed} {mode}: through the cache")).await;
-            let medium = remote.dev().read_durable(0, BLOCKS);
+            let medium = remote.read_durable(0, BLOCKS);
             let durable = MemDev::new(512, BLOCKS);
             durable.write(0, Bytes::from(medium), false).await.expect("copy");
             expect(&durable, &want, &format!("seed {seed} {mode}: the remote's medium after the drain")).await;
@@ -160,32 +105,13 @@ async fn remote_with(blocks: u64, data: &[(u64, Bytes)]) -> Arc<FaultDev> {
     Arc::new(dev)
 }
 
-/// A remote that refuses every write.
-struct Refusing(MemDev);
-
-#[async_trait]
-impl BlockDev for Refusing {
-    fn geometry(&self) -> Geometry {
-        self.0.geometry()
+/// A remote whose link is down for writes, flushes and discards (reads still answer).
+fn refusing(blocks: u64) -> Arc<FaultDev> {
+    let dev = FaultDev::new(512, blocks, 7);
+    for op in [Op::Write, Op::Flush, Op::Discard, Op::WriteZeros] {
+        dev.add_rule(Rule::error(op, ErrorKind::Unreachable));
     }
-    fn volatile_cache(&self) -> bool {
-        false
-    }
-    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
-        self.0.read(lba, blocks).await
-    }
-    async fn write(&self, lba: u64, _: Bytes, _: bool) -> Result<(), BlockError> {
-        Err(BlockError::Unreachable(format!("block {lba}: link down")))
-    }
-    async fn flush(&self) -> Result<(), BlockError> {
-        Err(BlockError::Unreachable("link down".into()))
-    }
-    async fn discard(&self, _: u64, _: u64) -> Result<(), BlockError> {
-        Err(BlockError::Unreachable("link down".into()))
-    }
-    fn supports_discard(&self) -> bool {
-        true
-    }
+    Arc::new(dev)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,7 +121,7 @@ async fn a_discard_that_never_reached_the_remote_is_sent_again_after_a_crash() {
     // epochs but not the discard kept its old data where the host was promised zeros.
     const BLOCKS: u64 = 256;
     let log = log_dev(32);
-    let down = Arc::new(Refusing(MemDev::new(512, BLOCKS)));
+    let down = refusing(BLOCKS);
     let cache = Cache::open(Arc::clone(&log), down, b"r", cfg(Mode::Log)).await.expect("opens");
     // In `log` mode each acknowledged write ends its epoch: a write, a discard, six writes.
     let first = Bytes::from(stamp_run(0, 8, 1, BS));
@@ -323,38 +249,13 @@ async fn a_log_whose_flushes_fail_is_written_again_in_place_and_keeps_every_ackn
     }
 }
 
-/// A remote whose writes fail with a chosen lasting error until it is repaired.
-struct Broken {
-    dev: MemDev,
-    broken: AtomicBool,
-}
-
-#[async_trait]
-impl BlockDev for Broken {
-    fn geometry(&self) -> Geometry {
-        self.dev.geometry()
-    }
-    fn volatile_cache(&self) -> bool {
-        false
-    }
-    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
-        self.dev.read(lba, blocks).await
-    }
-    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
-        if self.broken.load(Ordering::SeqCst) {
-            return Err(BlockError::NoSpace(format!("thin pool full writing block {lba}")));
-        }
-        self.dev.write(lba, data, fua).await
-    }
-    async fn flush(&self) -> Result<(), BlockError> {
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lasting_remote_error_stalls_destage_ends_host_writes_after_the_full_timeout_and_heals_on_repair() {
     const BLOCKS: u64 = 16384;
-    let remote = Arc::new(Broken { dev: MemDev::new(512, BLOCKS), broken: AtomicBool::new(true) });
+    // A thin pool that is full: every write fails until it is repaired.
+    let remote = Arc::new(FaultDev::new(512, BLOCKS, 9));
+    remote.set_volatile_cache(false);
+    remote.add_rule(Rule::error(Op::Write, ErrorKind::NoSpace));
     let mut conf = cfg(Mode::Log);
     conf.full_timeout = Duration::from_secs(1);
     conf.ram_bytes = 1 << 20;
@@ -377,18 +278,18 @@ async fn a_lasting_remote_error_stalls_destage_ends_host_writes_after_the_full_t
     let s = cache.status();
     assert_eq!(s.health.state, State::Stalled, "{s:?}");
     assert_eq!(s.health.kind, Some("no_space"));
-    assert!(s.health.error.as_deref().unwrap_or("").contains("thin pool full"), "{s:?}");
+    assert!(s.health.error.as_deref().unwrap_or("").contains("injected Write failure"), "{s:?}");
     assert!(s.health.lba.is_some());
     assert!(s.refused_writes >= 1);
     let drained = cache.drain().await;
     assert!(matches!(drained, Err(BlockError::NoSpace(_))), "a drain says why it cannot finish: {drained:?}");
-    remote.broken.store(false, Ordering::SeqCst);
+    remote.clear_rules();
     tokio::time::timeout(Duration::from_secs(60), cache.drain()).await.expect("drains").expect("after the repair");
     let s = cache.status();
     assert_eq!(s.health.state, State::Healthy, "{s:?}");
     assert!(s.errors_by_kind["no_space"] > 0);
     for (lba, v) in acked.iter().rev().take(200) {
-        let got = remote.dev.read(*lba, 8).await.expect("remote");
+        let got = remote.read(*lba, 8).await.expect("remote");
         assert!(check_at(&got[..BS], *lba, *v..=u64::MAX).is_ok(), "block {lba} holds version {v} or later");
     }
     cache.write(0, Bytes::from(stamp_run(0, 8, 1 << 40, BS)), false).await.expect("writes go in again");
@@ -416,7 +317,7 @@ async fn write_through_reads_return_what_was_just_written() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_through_over_a_log_with_dirty_data_never_lets_destage_overwrite_a_newer_write() {
     let log = log_dev(32);
-    let down = Arc::new(Refusing(MemDev::new(512, 4096)));
+    let down = refusing(4096);
     let cache = Cache::open(Arc::clone(&log), down, b"r", cfg(Mode::Log)).await.expect("opens");
     let old = Bytes::from(stamp_run(64, 8, 1, BS));
     cache.write(64, old, false).await.expect("write");

@@ -302,7 +302,24 @@ impl Device {
         }
     }
 
+    /// Runs a command, watching the device's reset count: a reset seen before it is reported
+    /// first, and one that came while a command that writes or flushes ran replaces its answer
+    /// (what it did may rest on what was lost; the initiator sends it again).
     async fn run(&self, lu: &LogicalUnit, nexus: &Nexus, cmd: &Command) -> Outcome {
+        let before = lu.dev.resets();
+        lu.notice_resets(before);
+        let out = self.run_inner(lu, nexus, cmd).await;
+        let writes = decode_cdb(&cmd.cdb).is_ok_and(|c| access_of(&c) == Access::Write);
+        if writes && out.is_ok() && lu.notice_resets(lu.dev.resets()) {
+            let mut st = lu.lock();
+            if let Some(ua) = lu.take_ua(&mut st, nexus.id) {
+                return Err(Sense::unit_attention(ua).into());
+            }
+        }
+        out
+    }
+
+    async fn run_inner(&self, lu: &LogicalUnit, nexus: &Nexus, cmd: &Command) -> Outcome {
         let opcode = cmd.cdb.first().copied().unwrap_or(0xff);
         if lu.may_have_ua(nexus.id) && !matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
             let mut st = lu.lock();

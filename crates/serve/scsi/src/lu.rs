@@ -92,6 +92,8 @@ pub struct LogicalUnit {
     pub(crate) state: Mutex<LuState>,
     /// Writes hold it shared; COMPARE AND WRITE and ORWRITE hold it exclusively.
     pub(crate) write_lock: tokio::sync::RwLock<()>,
+    /// The device's reset count last seen ([`BlockDev::resets`]).
+    pub(crate) resets: AtomicU64,
 }
 
 impl LogicalUnit {
@@ -99,6 +101,7 @@ impl LogicalUnit {
     pub fn new(dev: Arc<dyn BlockDev>, config: LuConfig) -> Self {
         let geo = dev.geometry();
         let volatile = dev.volatile_cache();
+        let resets = AtomicU64::new(dev.resets());
         LogicalUnit {
             discard: dev.supports_discard(),
             volatile,
@@ -110,6 +113,7 @@ impl LogicalUnit {
             reserved: AtomicBool::new(false),
             state: Mutex::new(LuState::default()),
             write_lock: tokio::sync::RwLock::new(()),
+            resets,
         }
     }
 
@@ -204,6 +208,19 @@ impl LogicalUnit {
             self.refresh_ua_bit(st, id);
         }
         ua
+    }
+
+    /// The device says it may have lost completed writes it had not made durable (a remote
+    /// behind it lost its volatile cache, or its connection): when that is news, every session
+    /// learns it as a reset (29h/00h), as from a disk that lost power, so that no initiator
+    /// counts on a flush to cover writes completed before it. True when it was news.
+    pub(crate) fn notice_resets(&self, now: u64) -> bool {
+        if self.resets.swap(now, Ordering::AcqRel) == now {
+            return false;
+        }
+        let mut st = self.lock();
+        self.queue_ua_all(&mut st, None, asc::POWER_ON_RESET);
+        true
     }
 
     pub(crate) fn add_nexus(&self, id: u64, key: NexusKey) {

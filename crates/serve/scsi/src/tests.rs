@@ -962,3 +962,68 @@ proptest! {
         prop_assert_eq!(crate::device::first_difference(&b, &a), naive);
     }
 }
+
+/// A memory device whose reset count a test moves, optionally during a write.
+struct Resetting {
+    mem: MemDev,
+    resets: std::sync::atomic::AtomicU64,
+    during_write: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl BlockDev for Resetting {
+    fn geometry(&self) -> Geometry {
+        self.mem.geometry()
+    }
+    fn volatile_cache(&self) -> bool {
+        true
+    }
+    fn resets(&self) -> u64 {
+        self.resets.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
+        self.mem.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
+        if self.during_write.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.resets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.mem.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> Result<(), BlockError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_device_that_lost_its_volatile_cache_is_reported_as_a_reset_to_every_session() {
+    // A cache in write-through mode passes its remote's resets on: an initiator must not count
+    // on a flush to cover writes the remote may have lost before it.
+    use std::sync::atomic::Ordering::SeqCst;
+    let dev = Arc::new(Resetting {
+        mem: MemDev::new(BS, NB),
+        resets: std::sync::atomic::AtomicU64::new(5),
+        during_write: std::sync::atomic::AtomicBool::new(false),
+    });
+    let d = Device::new(vec![Arc::new(LogicalUnit::new(dev.clone(), LuConfig::default()))]);
+    let (a, b) = (nexus(1), nexus(2));
+    for n in [&a, &b] {
+        d.nexus_added(n);
+        run(&d, n, &[0; 6], 0, &[]).await;
+        assert_eq!(run(&d, n, &[0; 6], 0, &[]).await.status, 0, "the login's unit attention is cleared");
+    }
+    let ua = |r: &Response| r.sense.as_deref().and_then(Sense::parse);
+    let reset = Some(Sense::unit_attention(sense::asc::POWER_ON_RESET));
+    dev.resets.fetch_add(1, SeqCst);
+    for n in [&a, &b] {
+        let r = run(&d, n, &[0; 6], 0, &[]).await;
+        assert_eq!(ua(&r), reset, "every session learns of the reset");
+        assert_eq!(run(&d, n, &[0; 6], 0, &[]).await.status, 0, "once");
+    }
+    // A reset while a write runs: the write's answer is the unit attention.
+    dev.during_write.store(true, SeqCst);
+    let r = run(&d, &a, &write10(0, 1), 512, &[7; 512]).await;
+    assert_eq!(ua(&r), reset, "the write may rest on what was lost");
+    assert_eq!(ua(&run(&d, &b, &[0; 6], 0, &[]).await), reset, "and the other session learns too");
+    assert_eq!(run(&d, &a, &write10(0, 1), 512, &[7; 512]).await.status, 0, "sent again, it succeeds");
+}

@@ -175,6 +175,8 @@ pub(crate) struct Destage {
     solo: bool,
     /// Nothing goes out before this (backoff after a failure).
     retry_at: Option<Instant>,
+    /// When the remote last answered anything, or something went out with nothing outstanding.
+    heard: Option<Instant>,
     next_io: u64,
     /// Destage runs the whole pipeline whatever the log's fill (a drain waits for it).
     hurry: bool,
@@ -260,7 +262,8 @@ impl Core {
 
     /// What a [`DestageIo::Probe`] read back: `matches[i]` is true when the remote holds
     /// `versions[i]`. Destage resumes after the newest epoch the remote holds whole.
-    pub fn probed(&mut self, matches: &[bool]) {
+    pub fn probed(&mut self, matches: &[bool], now: Instant) {
+        self.destage.heard = Some(now);
         let Some(PendingProbe { probe, base, sent: Some(resets) }) = self.destage.probe.take() else { return };
         let reached = reached_epoch(base, &probe, matches);
         if reached > base {
@@ -282,6 +285,7 @@ impl Core {
     /// Books a failure of the remote at `now` (about block `lba`, when it was): health, and the
     /// pause before anything more goes out.
     pub fn remote_failed(&mut self, err: &BlockError, lba: Option<u64>, now: Instant) {
+        self.destage.heard = Some(now);
         let (first, max) = (self.cfg.retry_delay, self.cfg.retry_max);
         let (wait, change) = self.health.failed(ErrorKind::of(err), err.to_string(), lba, now, first, max);
         self.changes.extend(change);
@@ -329,6 +333,7 @@ impl Core {
             }
             return out;
         }
+        let was_quiet = self.destage.quiet();
         let limit = self.cfg.destage_inflight.max(1);
         let mut inflight = self.destage.inflight();
         let mut i = 0;
@@ -360,7 +365,42 @@ impl Core {
             }
             i += 1;
         }
+        if was_quiet && !out.is_empty() {
+            self.destage.heard = Some(now);
+        }
         out
+    }
+
+    /// At `now`, with commands outstanding that the remote has left unanswered for longer than
+    /// the answer timeout: the remote counts unreachable (its connection is lost and not yet
+    /// restored, or it hangs), until destage makes progress again.
+    pub fn check_answers(&mut self, now: Instant) {
+        let Some(heard) = self.destage.heard else { return };
+        let silent = now.saturating_duration_since(heard);
+        if self.destage.quiet() || silent < self.cfg.answer_timeout || self.health.failure().is_some() {
+            return;
+        }
+        self.remote_silent(silent, now);
+    }
+
+    /// The remote has not answered for `silent`: a failure that may go away by itself.
+    pub fn remote_silent(&mut self, silent: std::time::Duration, now: Instant) {
+        let err = BlockError::Unreachable(format!("no answer from the remote for {:.0} s", silent.as_secs_f64()));
+        let (_, change) = self.health.failed(
+            ErrorKind::of(&err),
+            err.to_string(),
+            None,
+            now,
+            self.cfg.retry_delay,
+            self.cfg.retry_max,
+        );
+        self.changes.extend(change);
+    }
+
+    /// A write-through request the remote answered at `now`: progress, as an epoch is.
+    pub fn remote_answered(&mut self, now: Instant) {
+        let change = self.health.succeeded(false, now);
+        self.changes.extend(change);
     }
 
     fn start_epoch(&mut self, resets: u64) -> bool {
@@ -479,6 +519,7 @@ impl Core {
     /// have been reported first (answers are not taken in the order they came); then the epoch
     /// is on the remote now, and this returns true, as [`Core::synced`] does.
     pub fn destage_done(&mut self, id: u64, now: Instant) -> bool {
+        self.destage.heard = Some(now);
         if let Some(e) = self.destage.epoch_of(id) {
             if let Some(DestageIo::Write { blocks, .. } | DestageIo::Zero { blocks, .. }) = e.inflight.remove(&id) {
                 self.stats.blocks_destaged += u64::from(blocks);
@@ -523,6 +564,7 @@ impl Core {
     /// records that held only destaged epochs are freed. Returns true when the checkpoint
     /// moved.
     pub fn synced(&mut self, epoch: u64, resets: u64, now: Instant) -> bool {
+        self.destage.heard = Some(now);
         let Some(e) = self.destage.active.iter_mut().find(|e| e.epoch == epoch && e.sync == SyncState::Sent) else {
             return false;
         };

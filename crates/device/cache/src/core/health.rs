@@ -14,8 +14,7 @@ use stics_block::BlockError;
 pub enum ErrorKind {
     /// The remote could not be reached (a lost connection, a timed-out login).
     Unreachable,
-    /// The remote was busy or resetting (BUSY, TASK SET FULL, a unit attention, not ready), or
-    /// reported our reservation lost before the claim was made again.
+    /// The remote was busy or resetting (BUSY, TASK SET FULL, a unit attention, not ready).
     Busy,
     /// The remote's medium failed (MEDIUM ERROR, HARDWARE ERROR, any other error).
     Medium,
@@ -23,7 +22,8 @@ pub enum ErrorKind {
     NoSpace,
     /// The remote refuses writes.
     WriteProtected,
-    /// Another writer holds the remote: the claim could not be made again.
+    /// The remote refuses our writes under a reservation: another writer holds it, or took it
+    /// from us (the initiator makes a claim a target merely forgot again itself).
     Reserved,
     /// The local log device failed.
     Log,
@@ -34,8 +34,8 @@ impl ErrorKind {
     pub fn of(e: &BlockError) -> ErrorKind {
         match e {
             BlockError::Unreachable(_) => ErrorKind::Unreachable,
-            BlockError::Busy(_) | BlockError::Reserved { holder: None } => ErrorKind::Busy,
-            BlockError::Reserved { holder: Some(_) } => ErrorKind::Reserved,
+            BlockError::Busy(_) => ErrorKind::Busy,
+            BlockError::Reserved { .. } => ErrorKind::Reserved,
             BlockError::NoSpace(_) => ErrorKind::NoSpace,
             BlockError::WriteProtected(_) => ErrorKind::WriteProtected,
             _ => ErrorKind::Medium,
@@ -267,7 +267,7 @@ mod tests {
     fn errors_are_classified_by_what_an_operator_can_do_about_them() {
         assert!(ErrorKind::of(&BlockError::Unreachable("x".into())).transient());
         assert!(ErrorKind::of(&BlockError::Busy("x".into())).transient());
-        assert!(ErrorKind::of(&BlockError::Reserved { holder: None }).transient());
+        assert_eq!(ErrorKind::of(&BlockError::Reserved { holder: None }), ErrorKind::Reserved);
         assert_eq!(ErrorKind::of(&BlockError::Reserved { holder: Some(3) }), ErrorKind::Reserved);
         assert_eq!(ErrorKind::of(&BlockError::NoSpace("x".into())), ErrorKind::NoSpace);
         let medium = BlockError::Io { lba: 1, source: std::io::Error::other("x") };

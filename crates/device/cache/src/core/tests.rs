@@ -401,7 +401,7 @@ fn after_a_failure_with_many_epochs_sent_destage_reads_back_then_resends_one_epo
     assert_eq!(p.epochs, vec![1, 2, 3, 4, 5]);
     assert!(c.next_destage(0, later).is_empty(), "nothing else while the probe is out");
     // The remote got epochs 1 and 2: epoch 2 goes again, alone, its flush after its write.
-    c.probed(&[true, true, false, false, false]);
+    c.probed(&[true, true, false, false, false], later);
     let ios = c.next_destage(0, later);
     let [DestageIo::Write { id, lba: 1, .. }] = ios.as_slice() else { panic!("epoch 2 alone: {ios:?}") };
     c.destage_done(*id, later);

@@ -42,7 +42,17 @@ pub(crate) async fn destager(inner: Arc<Inner>) {
             // is made again first. Only with nothing in flight: after a lost connection the
             // queue refuses new commands until this, so that none lands before the failures of
             // those queued earlier have been seen.
-            if let Err(e) = q.prepare().await {
+            let prepared = tokio::time::timeout(inner.cfg.answer_timeout, q.prepare()).await;
+            let failed = match prepared {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                // Still reconnecting: the remote counts unreachable meanwhile.
+                Err(_) => Some(BlockError::Unreachable(format!(
+                    "no answer from the remote for {} s while claiming it again",
+                    inner.cfg.answer_timeout.as_secs()
+                ))),
+            };
+            if let Some(e) = failed {
                 let wait = {
                     let mut c = lock(&inner.core);
                     c.remote_failed(&e, None, Instant::now());
@@ -64,12 +74,20 @@ pub(crate) async fn destager(inner: Arc<Inner>) {
                 }
             }
         }
-        // Collect what finished; wait for the first if nothing else can happen.
-        while let Some(joined) = if progressed { running.try_join_next() } else { running.join_next().await } {
+        // Collect what finished; wait a while for the first if nothing else can happen (not for
+        // ever: a remote that stops answering must still be noticed below).
+        loop {
+            let joined = if progressed {
+                running.try_join_next()
+            } else {
+                tokio::time::timeout(Duration::from_millis(500), running.join_next()).await.ok().flatten()
+            };
+            let Some(joined) = joined else { break };
             progressed = true;
             let Ok(ended) = joined else { continue };
             destage_ended(&inner, ended).await;
         }
+        lock(&inner.core).check_answers(Instant::now());
         report(&inner);
         if !progressed {
             // Idle, or holding back after a failure: until the backoff ends or new work comes.
@@ -264,7 +282,7 @@ async fn destage_ended(inner: &Arc<Inner>, ended: Ended) {
             false
         }
         Ended::Probe(Ok(matches)) => {
-            lock(&inner.core).probed(&matches);
+            lock(&inner.core).probed(&matches, now);
             tracing::info!("read back what the remote holds of the epochs in flight; destage resumes");
             false
         }

@@ -291,7 +291,11 @@ impl Cache {
             };
             // When clean: destage wrote a checkpoint after its last epoch; a head that moved
             // since (pins let go of) is written here, so that the empty log is final on disk.
+            // Write-through writes went to the remote directly: its cache is flushed too.
             if clean && !log_writer::persist_checkpoint(&self.inner).await {
+                if self.inner.cfg.mode == Mode::WriteThrough {
+                    self.inner.remote.flush().await?;
+                }
                 return Ok(());
             }
             self.inner.destager.notify_one();
@@ -461,9 +465,26 @@ impl Cache {
     where
         F: std::future::Future<Output = Result<(), BlockError>>,
     {
-        let r = run.await;
-        lock(&self.inner.core).direct_done(lba, blocks);
-        r
+        // A remote that leaves the request unanswered for long counts unreachable meanwhile.
+        let mut run = std::pin::pin!(run);
+        let r = match tokio::time::timeout(self.inner.cfg.answer_timeout, &mut run).await {
+            Ok(r) => r,
+            Err(_) => {
+                lock(&self.inner.core).remote_silent(self.inner.cfg.answer_timeout, Instant::now());
+                report(&self.inner);
+                run.await
+            }
+        };
+        {
+            let mut c = lock(&self.inner.core);
+            c.direct_done(lba, blocks);
+            match &r {
+                Ok(()) => c.remote_answered(Instant::now()),
+                Err(e) => c.remote_failed(e, Some(lba), Instant::now()),
+            }
+        }
+        report(&self.inner);
+        r.map_err(host_facing)
     }
 }
 
@@ -504,6 +525,16 @@ pub(crate) fn report(inner: &Inner) {
     if let Some(f) = reminder {
         let secs = Instant::now().saturating_duration_since(f.since).as_secs();
         tracing::warn!(kind = f.kind.name(), "still failing after {secs} s: {}", f.error);
+    }
+}
+
+/// A remote's error as the host sees it when a write-through request carried it there: the
+/// remote's reservation is the gateway's affair, so a conflict (another writer holds the remote)
+/// is the write protection it amounts to.
+fn host_facing(e: BlockError) -> BlockError {
+    match e {
+        BlockError::Reserved { .. } => core::ErrorKind::Reserved.host_error(&e.to_string()),
+        other => other,
     }
 }
 
@@ -572,6 +603,16 @@ impl BlockDev for Cache {
         true
     }
 
+    /// In write-through mode writes rest on the remote's volatile cache, as its flushes do:
+    /// its resets are the cache's. In the other modes acknowledged (or flushed) writes are in
+    /// the log, whatever the remote loses.
+    fn resets(&self) -> u64 {
+        match self.inner.cfg.mode {
+            Mode::WriteThrough => self.inner.remote.resets(),
+            Mode::Log | Mode::Immediate => 0,
+        }
+    }
+
     async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
         self.wait_for_prefetch(lba, u64::from(blocks)).await;
         let plan = lock(&self.inner.core).read(lba, u64::from(blocks)).map_err(from_core)?;
@@ -616,7 +657,15 @@ impl BlockDev for Cache {
 
     async fn flush(&self) -> Result<(), BlockError> {
         match self.submit(false, |c| Ok(c.flush())).await? {
-            Submitted::Remote => self.inner.remote.flush().await,
+            Submitted::Remote => {
+                let r = self.inner.remote.flush().await;
+                match &r {
+                    Ok(()) => lock(&self.inner.core).remote_answered(Instant::now()),
+                    Err(e) => lock(&self.inner.core).remote_failed(e, None, Instant::now()),
+                }
+                report(&self.inner);
+                r.map_err(host_facing)
+            }
             Submitted::Done | Submitted::Wait(_) => Ok(()),
         }
     }

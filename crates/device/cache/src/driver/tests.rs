@@ -2,6 +2,7 @@ use super::*;
 use crate::readcache::Policy;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use stics_block::{MemDev, OrderedQueue, Queued};
+use stics_testkit::faults::{FaultDev, Op, Rule};
 
 fn opts(mode: Mode) -> Config {
     Config {
@@ -182,32 +183,12 @@ async fn what_is_in_the_log_survives_a_close_and_reaches_the_remote_after_reopen
     assert_eq!(cache.status().dirty_blocks, 0);
 }
 
-/// A remote whose writes all fail.
-struct Down(MemDev);
-
-#[async_trait]
-impl BlockDev for Down {
-    fn geometry(&self) -> Geometry {
-        self.0.geometry()
-    }
-    fn volatile_cache(&self) -> bool {
-        false
-    }
-    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
-        self.0.read(lba, blocks).await
-    }
-    async fn write(&self, lba: u64, _data: Bytes, _fua: bool) -> Result<(), BlockError> {
-        Err(BlockError::Io { lba, source: std::io::Error::other("remote down") })
-    }
-    async fn flush(&self) -> Result<(), BlockError> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn recovery_reads_back_the_remote_and_resumes_after_the_epochs_it_holds() {
     let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 32 << 11));
-    let down = Arc::new(Down(MemDev::new(512, 4096)));
+    // A remote whose writes all fail.
+    let down = Arc::new(FaultDev::new(512, 4096, 1));
+    down.add_rule(Rule::fail(Op::Write));
     let cache = Cache::open(Arc::clone(&log), down, b"r", opts(Mode::Log)).await.expect("opens");
     // In `log` mode each acknowledged write closes its epoch: eleven epochs, none destaged.
     let writes: Vec<(u64, Bytes)> = (0..10u64).map(|i| (i * 3, pattern(i * 3, 1, i as u8 + 1))).collect();
