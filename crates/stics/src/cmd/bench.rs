@@ -80,7 +80,7 @@ enum Cmd {
     CacheLocation(cache_location::Args),
     /// Seed 000 Table 3 / Fig. 6: PostMark at 2 ms one way with background load 0-75 % of 100 Mbit/s, no cache against gateway caches of 0.1-10 % of the working set.
     Congestion(congestion::Args),
-    /// The gateway across stics wan at 8 ms: random writes past the log's size in log against write-through mode (destage stalls), and the restart on a full log after SIGKILL against an empty one.
+    /// The gateway across stics wan at 8 ms: random writes past the log's size in log against write-through mode (destage stalls), the restart on a full log after SIGKILL against an empty one, and sequential reads while destage runs against the same reads after a drain.
     Gateway(gateway::Args),
     /// stics target (and tgt) with libiscsi's tools, qemu-img convert both ways, and ext4 + PostMark over qemu-storage-daemon's FUSE export, checked with e2fsck.
     Interop(interop::Args),

@@ -51,8 +51,7 @@ impl Core {
         let full = !self.ram_has_room(bytes) || fill >= FULL || self.index_extents() >= self.cfg.max_extents();
         if full {
             if let Some(f) = self.health.past(self.cfg.full_timeout, now) {
-                let since = now.saturating_duration_since(f.since).as_secs();
-                return Admit::Refuse(f.kind.host_error(&format!("{} for {since} s", f.error)));
+                return Admit::Refuse(f.host_error(now));
             }
             return Admit::Full;
         }
@@ -78,9 +77,6 @@ impl Core {
         // Writes wait in RAM with no record being written: the ring has no room for one, and
         // only destage (the remote) can make it.
         let ring_full = self.log.waiting_for_room();
-        (log_failing || ring_full || for_remote).then(|| {
-            let since = now.saturating_duration_since(f.since).as_secs();
-            f.kind.host_error(&format!("{} for {since} s", f.error))
-        })
+        (log_failing || ring_full || for_remote).then(|| f.host_error(now))
     }
 }

@@ -106,6 +106,15 @@ pub struct Failure {
     pub since: Instant,
 }
 
+impl Failure {
+    /// The error a host write that cannot be absorbed because of this failure ends with at
+    /// `now`, naming the failure and how long it has lasted.
+    pub fn host_error(&self, now: Instant) -> BlockError {
+        let since = now.saturating_duration_since(self.since).as_secs();
+        self.kind.host_error(&format!("{} for {since} s", self.error))
+    }
+}
+
 /// A change of state, to log once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {

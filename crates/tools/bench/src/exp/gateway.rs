@@ -164,9 +164,6 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     wan.gateway_stop(b, g, &target.url, &path)?;
     t.push(vec!["empty".into(), 0.0.into(), restart_empty.into(), f64::NAN.into()])?;
     bar.inc(1);
-    reads_beside_destage(b, a, &wan, &target.url, &mut r)?;
-    bar.inc(1);
-    bar.finish_and_clear();
     r.section(
         format!(
             "Random 4 KiB writes at depth 32 into a {} MiB log with the WAN cut (100 % loss) for at most {fill_secs} \
@@ -186,6 +183,9 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     if let Some(line) = recovered.lines().rev().find(|l| l.contains("recovered") || l.contains("read back")) {
         r.note(format!("The gateway's own account of the empty-log restart: {}", line.trim()));
     }
+    reads_beside_destage(b, a, &wan, &target.url, &mut r)?;
+    bar.inc(1);
+    bar.finish_and_clear();
     drop(target);
     drop(wan);
     Ok(r)
@@ -198,7 +198,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
 fn reads_beside_destage(b: &Bench, a: &Args, wan: &Wan, remote: &str, r: &mut Report) -> Result<()> {
     let reads = if b.quick() { a.reads.min(300) } else { a.reads };
     // Each run reads its own region, so that neither finds the other's blocks in the read cache.
-    let region = (reads * 8192).next_multiple_of(1 << 20);
+    let region = (reads * 8192).next_multiple_of(1 << 20).max(8 << 20);
     let path = b.work().join("reads-log.img");
     let o = GatewayOptions {
         mode: "log".into(),
@@ -302,14 +302,17 @@ fn reads_beside_destage(b: &Bench, a: &Args, wan: &Wan, remote: &str, r: &mut Re
     ])?;
     r.section(
         format!(
-            "{reads} sequential 8 KiB reads at depth 1 of blocks the remote holds, {} one way: while a writer keeps              destage busy (random 4 KiB writes at depth 4 in log mode, each an epoch with a remote flush of its own),              then of other blocks after a drain",
+            "{reads} sequential 8 KiB reads at depth 1 of blocks the remote holds, {} one way: while a writer keeps \
+             destage busy (random 4 KiB writes at depth 4 in log mode, each an epoch with a remote flush of its \
+             own), then of other blocks after a drain",
             a.delay
         ),
         t,
         None,
     );
     r.note(format!(
-        "Reads while destage ran took {:.2}× as long on average as after the drain (the goal: within 2×); {}          epochs reached the remote while they ran.",
+        "Reads while destage ran took {:.2}× as long on average as after the drain (the goal: within 2×); {} \
+         epochs reached the remote while they ran.",
         busy.mean / quiet.mean,
         n(&during, "destaged_epoch") - n(&before, "destaged_epoch")
     ));
