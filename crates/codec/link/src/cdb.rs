@@ -1,0 +1,80 @@
+//! The vendor-specific SCSI commands (operation codes C4h–C6h, SPC-4's vendor range) that carry
+//! groups over an iSCSI session: LINK WRITE puts a piece of an encoded group at an offset,
+//! LINK COMMIT asks the SG to take the assembled group (durable when it answers GOOD), LINK
+//! STATUS reads what the SG holds of each source.
+
+use crate::{field, u32_at, u64_at, LinkError};
+
+/// LINK WRITE: data-out is bytes `offset..` of group `seq`'s encoding.
+pub const LINK_WRITE: u8 = 0xc4;
+/// LINK COMMIT: group `seq`, `len` bytes long, is whole; GOOD once it is durable on the SG.
+pub const LINK_COMMIT: u8 = 0xc5;
+/// LINK STATUS: data-in is a [`crate::status::Status`] of at most `alloc` bytes.
+pub const LINK_STATUS: u8 = 0xc6;
+
+/// A decoded link command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkCdb {
+    Write { seq: u64, offset: u32 },
+    Commit { seq: u64, len: u32 },
+    Status { alloc: u32 },
+}
+
+fn cdb(op: u8, a: u64, b: u32) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = op;
+    c[2..10].copy_from_slice(&a.to_be_bytes());
+    c[10..14].copy_from_slice(&b.to_be_bytes());
+    c
+}
+
+/// LINK WRITE of group `seq` at `offset`.
+pub fn write(seq: u64, offset: u32) -> [u8; 16] {
+    cdb(LINK_WRITE, seq, offset)
+}
+
+/// LINK COMMIT of group `seq`, `len` bytes long.
+pub fn commit(seq: u64, len: u32) -> [u8; 16] {
+    cdb(LINK_COMMIT, seq, len)
+}
+
+/// LINK STATUS into `alloc` bytes.
+pub fn status(alloc: u32) -> [u8; 16] {
+    cdb(LINK_STATUS, 0, alloc)
+}
+
+/// True for the link's operation codes.
+pub fn is_link(opcode: u8) -> bool {
+    matches!(opcode, LINK_WRITE | LINK_COMMIT | LINK_STATUS)
+}
+
+/// Decodes a link command (a 16-byte CDB whose operation code [`is_link`]).
+pub fn decode(c: &[u8]) -> Result<LinkCdb, LinkError> {
+    if c.len() < 16 {
+        return Err(LinkError::Truncated { need: 16, got: c.len() });
+    }
+    let (a, b) = (u64_at(c, 2)?, u32_at(c, 10)?);
+    match c.first().copied() {
+        Some(LINK_WRITE) => Ok(LinkCdb::Write { seq: a, offset: b }),
+        Some(LINK_COMMIT) => Ok(LinkCdb::Commit { seq: a, len: b }),
+        Some(LINK_STATUS) => Ok(LinkCdb::Status { alloc: b }),
+        other => Err(field("operation code", format!("{other:?} is no link command"))),
+    }
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_round_trip_and_have_their_bytes_where_the_target_looks() {
+        assert_eq!(decode(&write(7, 1 << 20)).unwrap(), LinkCdb::Write { seq: 7, offset: 1 << 20 });
+        assert_eq!(decode(&commit(u64::MAX, 9)).unwrap(), LinkCdb::Commit { seq: u64::MAX, len: 9 });
+        assert_eq!(decode(&status(4096)).unwrap(), LinkCdb::Status { alloc: 4096 });
+        assert_eq!(&commit(1, 2)[..], &[0xc5, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0]);
+        assert!(decode(&[0xc4; 10]).is_err());
+        assert!(decode(&[0x2a; 16]).is_err());
+        assert!(is_link(0xc6) && !is_link(0xc7));
+    }
+}

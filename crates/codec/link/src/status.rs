@@ -1,0 +1,118 @@
+//! LINK STATUS: what the SG holds of each source (the newest group it took and the newest it
+//! applied to its medium), how large a group it takes and how full its journal is. A gateway
+//! reads it at start and after a lost connection to learn which epochs are already durable on
+//! the SG.
+
+use crate::{be, field, need, u32_at, u64_at, LinkError};
+
+const HEADER_LEN: usize = 32;
+const ENTRY_LEN: usize = 40;
+
+/// One source's groups on the SG.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceState {
+    /// The gateway's log UUID.
+    pub source: [u8; 16],
+    /// The newest group durable in the SG's journal, and the newest epoch it held.
+    pub committed_seq: u64,
+    pub committed_epoch: u64,
+    /// The newest group on the SG's medium.
+    pub applied_seq: u64,
+}
+
+/// The SG's answer to LINK STATUS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    /// The link version it speaks.
+    pub version: u32,
+    /// The largest encoded group it takes.
+    pub max_group: u32,
+    /// Its journal's size and what is in use.
+    pub journal_bytes: u64,
+    pub journal_used: u64,
+    pub sources: Vec<SourceState>,
+}
+
+impl Status {
+    /// The encoding.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(HEADER_LEN + self.sources.len() * ENTRY_LEN);
+        b.extend_from_slice(&self.version.to_be_bytes());
+        b.extend_from_slice(&self.max_group.to_be_bytes());
+        b.extend_from_slice(&self.journal_bytes.to_be_bytes());
+        b.extend_from_slice(&self.journal_used.to_be_bytes());
+        b.extend_from_slice(&(self.sources.len() as u32).to_be_bytes());
+        b.extend_from_slice(&[0; 4]);
+        for s in &self.sources {
+            b.extend_from_slice(&s.source);
+            for v in [s.committed_seq, s.committed_epoch, s.applied_seq] {
+                b.extend_from_slice(&v.to_be_bytes());
+            }
+        }
+        b
+    }
+
+    /// Reads an answer; a short one (the initiator's allocation cut it) keeps the sources
+    /// that came whole.
+    pub fn decode(b: &[u8]) -> Result<Status, LinkError> {
+        need(b, HEADER_LEN)?;
+        let count = u32_at(b, 24)? as usize;
+        let whole = b.len().saturating_sub(HEADER_LEN) / ENTRY_LEN;
+        let mut sources = Vec::with_capacity(count.min(whole));
+        for i in 0..count.min(whole) {
+            let at = HEADER_LEN + i * ENTRY_LEN;
+            sources.push(SourceState {
+                source: be(b, at)?,
+                committed_seq: u64_at(b, at + 16)?,
+                committed_epoch: u64_at(b, at + 24)?,
+                applied_seq: u64_at(b, at + 32)?,
+            });
+        }
+        let s = Status {
+            version: u32_at(b, 0)?,
+            max_group: u32_at(b, 4)?,
+            journal_bytes: u64_at(b, 8)?,
+            journal_used: u64_at(b, 16)?,
+            sources,
+        };
+        if s.version == 0 || s.max_group == 0 {
+            return Err(field("status", "version and the largest group must not be zero"));
+        }
+        Ok(s)
+    }
+
+    /// What the SG holds of `source`.
+    pub fn of(&self, source: &[u8; 16]) -> Option<SourceState> {
+        self.sources.iter().find(|s| &s.source == source).copied()
+    }
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_round_trips_and_a_cut_one_keeps_its_whole_entries() {
+        let s = Status {
+            version: 1,
+            max_group: 64 << 20,
+            journal_bytes: 1 << 30,
+            journal_used: 12345,
+            sources: (0..3u8)
+                .map(|i| SourceState {
+                    source: [i; 16],
+                    committed_seq: 10 + u64::from(i),
+                    committed_epoch: 100,
+                    applied_seq: 9,
+                })
+                .collect(),
+        };
+        let b = s.encode();
+        assert_eq!(Status::decode(&b).unwrap(), s);
+        let cut = Status::decode(&b[..HEADER_LEN + ENTRY_LEN + 5]).unwrap();
+        assert_eq!(cut.sources.len(), 1);
+        assert_eq!(s.of(&[2; 16]).map(|x| x.committed_seq), Some(12));
+        assert!(Status::decode(&b[..10]).is_err());
+    }
+}
