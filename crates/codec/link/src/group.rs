@@ -178,6 +178,42 @@ fn check_extents(extents: &[Extent]) -> Result<(), LinkError> {
     Ok(())
 }
 
+/// The raw bytes of chunk `i` of a payload described by `chunks`.
+pub fn chunk_of(chunks: &[Chunk], payload: &[u8], i: usize) -> Result<Vec<u8>, LinkError> {
+    let c = chunks.get(i).ok_or_else(|| field("chunk", format!("no chunk {i}")))?;
+    let from = c.stored_offset as usize;
+    let stored = payload.get(from..from + c.stored_len as usize).ok_or_else(|| field("chunk", "out of the payload"))?;
+    if !c.compressed {
+        return Ok(stored.to_vec());
+    }
+    let raw = zstd::bulk::decompress(stored, c.raw_len as usize)
+        .map_err(|e| LinkError::Compression { chunk: i, why: e.to_string() })?;
+    if raw.len() != c.raw_len as usize {
+        return Err(LinkError::Compression { chunk: i, why: format!("{} bytes, not {}", raw.len(), c.raw_len) });
+    }
+    Ok(raw)
+}
+
+/// `len` raw bytes from raw offset `offset` of a payload described by `chunks`, decompressing
+/// only the chunks they lie in.
+pub fn read_raw(chunks: &[Chunk], payload: &[u8], offset: u64, len: usize) -> Result<Vec<u8>, LinkError> {
+    let raw_len = chunks.last().map_or(0, |c| c.raw_offset + u64::from(c.raw_len));
+    let end = offset.checked_add(len as u64).filter(|e| *e <= raw_len);
+    let Some(end) = end else { return Err(field("raw range", format!("{offset}+{len} past {raw_len}"))) };
+    let mut out = Vec::with_capacity(len);
+    for (i, c) in chunks.iter().enumerate() {
+        let (c_start, c_end) = (c.raw_offset, c.raw_offset + u64::from(c.raw_len));
+        if c_end <= offset || c_start >= end {
+            continue;
+        }
+        let raw = chunk_of(chunks, payload, i)?;
+        let from = (offset.max(c_start) - c_start) as usize;
+        let to = (end.min(c_end) - c_start) as usize;
+        out.extend_from_slice(raw.get(from..to).ok_or_else(|| field("raw range", "chunk short"))?);
+    }
+    Ok(out)
+}
+
 /// A group read back and checked, without decompressing its data.
 #[derive(Debug, Clone)]
 pub struct GroupView<'a> {
@@ -297,37 +333,18 @@ pub fn parse(bytes: &[u8], max_raw: u64) -> Result<GroupView<'_>, LinkError> {
 impl GroupView<'_> {
     /// The raw bytes of chunk `i`.
     pub fn chunk(&self, i: usize) -> Result<Vec<u8>, LinkError> {
-        let c = self.chunks.get(i).ok_or_else(|| field("chunk", format!("no chunk {i}")))?;
-        let from = c.stored_offset as usize;
-        let stored =
-            self.payload.get(from..from + c.stored_len as usize).ok_or_else(|| field("chunk", "out of the payload"))?;
-        if !c.compressed {
-            return Ok(stored.to_vec());
-        }
-        let raw = zstd::bulk::decompress(stored, c.raw_len as usize)
-            .map_err(|e| LinkError::Compression { chunk: i, why: e.to_string() })?;
-        if raw.len() != c.raw_len as usize {
-            return Err(LinkError::Compression { chunk: i, why: format!("{} bytes, not {}", raw.len(), c.raw_len) });
-        }
-        Ok(raw)
+        chunk_of(&self.chunks, self.payload, i)
     }
 
     /// `len` raw bytes from raw offset `offset`, decompressing only the chunks they lie in.
     pub fn raw_range(&self, offset: u64, len: usize) -> Result<Vec<u8>, LinkError> {
-        let end = offset.checked_add(len as u64).filter(|e| *e <= self.raw_len);
-        let Some(end) = end else { return Err(field("raw range", format!("{offset}+{len} past {}", self.raw_len))) };
-        let mut out = Vec::with_capacity(len);
-        for (i, c) in self.chunks.iter().enumerate() {
-            let (c_start, c_end) = (c.raw_offset, c.raw_offset + u64::from(c.raw_len));
-            if c_end <= offset || c_start >= end {
-                continue;
-            }
-            let raw = self.chunk(i)?;
-            let from = (offset.max(c_start) - c_start) as usize;
-            let to = (end.min(c_end) - c_start) as usize;
-            out.extend_from_slice(raw.get(from..to).ok_or_else(|| field("raw range", "chunk short"))?);
-        }
-        Ok(out)
+        read_raw(&self.chunks, self.payload, offset, len)
+    }
+
+    /// Where the payload starts in the encoded group: a reader that keeps the group's bytes and
+    /// its chunk table reads its data later with [`read_raw`] on what follows.
+    pub fn payload_offset(&self) -> usize {
+        HEADER_LEN + self.extents.len() * EXTENT_LEN + self.chunks.len() * CHUNK_LEN
     }
 
     /// All the data, decompressed.

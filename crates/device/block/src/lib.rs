@@ -13,6 +13,7 @@ use std::pin::Pin;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+pub mod extent;
 pub mod file;
 pub mod mem;
 pub mod null;
@@ -146,6 +147,24 @@ pub trait OrderedQueue: Send + Sync {
     fn queue_barrier(&self) -> Queued;
 }
 
+/// A device that takes groups of whole epochs as one step (a stics storage gateway, seed 000's
+/// SG): an encoded group (see the `stics-link` crate) is durable once [`GroupSink::commit`]
+/// returns, and what the device serves is its medium plus every committed group, never part of
+/// one. A gateway in front of such a device ships groups instead of writes and flushes.
+#[async_trait]
+pub trait GroupSink: Send + Sync {
+    /// The largest encoded group the device takes, in bytes.
+    fn max_group(&self) -> u32;
+
+    /// Takes an encoded group; on return it is durable. A group the device already holds (the
+    /// same source and sequence number, sent again after a lost answer) is taken again without
+    /// effect.
+    async fn commit(&self, group: Bytes) -> Result<(), BlockError>;
+
+    /// What the device holds of each source, encoded as the link's status answer.
+    async fn status(&self) -> Result<Bytes, BlockError>;
+}
+
 /// A device that reads and writes ranges of logical blocks.
 ///
 /// Buffers are owned (`Bytes`) so that implementations may hand them to threads or sockets
@@ -230,6 +249,11 @@ pub trait BlockDev: Send + Sync + 'static {
     /// to cover it writes again. Devices that never lose completed writes that way say 0.
     fn resets(&self) -> u64 {
         0
+    }
+
+    /// The device's group sink, when it takes groups of epochs (see [`GroupSink`]).
+    fn group_sink(&self) -> Option<&dyn GroupSink> {
+        None
     }
 
     /// The device's ordered queue, when it has one that keeps order (see [`OrderedQueue`]).

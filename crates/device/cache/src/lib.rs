@@ -4,7 +4,7 @@
 //!
 //! [`config`] is its one configuration, [`format`] the log's on-disk format (versioned,
 //! checksummed records and a superblock that binds the log to its remote LUN), [`scan`]
-//! recovery's walk of it, [`extent`] the runs of blocks its indexes are kept in, [`core`] every
+//! recovery's walk of it, [`extent`] (from stics-block) the runs of blocks its indexes are kept in, [`core`] every
 //! decision as a pure state machine, [`readcache`] the clean-block cache and [`driver`] the tokio
 //! driver that does the I/O.
 //!
@@ -20,7 +20,7 @@ pub use driver::{claim_key, Cache, CacheError, HealthStatus, Status};
 pub mod config;
 pub mod core;
 pub mod driver;
-pub mod extent;
+pub use stics_block::extent;
 pub mod format;
 pub mod readcache;
 pub mod scan;

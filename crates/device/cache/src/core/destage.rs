@@ -418,7 +418,7 @@ impl Core {
             .iter()
             .chain([&epoch])
             .filter_map(|e| self.epochs.get(e))
-            .map(crate::extent::ExtentMap::blocks)
+            .map(stics_block::extent::ExtentMap::blocks)
             .sum();
         let pipelined = self.layout.ordered_remote && !self.destage.solo;
         if pipelined {

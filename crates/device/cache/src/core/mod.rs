@@ -15,7 +15,7 @@
 //! The parts: [`log`] (group commit and acknowledgements), [`read`] (read plans, read-ahead, the
 //! read cache), [`destage`] (epochs to the remote, failures, recovery's read-back), [`admit`]
 //! (whether a host write may come in) and [`health`] (what failed, since when). The dirty index
-//! is kept by runs of blocks ([`crate::extent`]), so its memory follows what is dirty, never the
+//! is kept by runs of blocks ([`stics_block::extent`]), so its memory follows what is dirty, never the
 //! LUN's size.
 
 use std::collections::BTreeMap;
@@ -24,9 +24,9 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use crate::config::{Config, Layout, Mode};
-use crate::extent::{ExtentMap, Run};
 use crate::format::{Checkpoint, ExtentKind, RecordHeader};
 use crate::readcache::ReadCache;
+use stics_block::extent::{ExtentMap, Run};
 
 pub mod admit;
 pub mod destage;

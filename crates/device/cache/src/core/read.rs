@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 
 use super::{Core, CoreError, Loc};
-use crate::extent::ExtentMap;
 use crate::readcache::ReadCache;
+use stics_block::extent::ExtentMap;
 
 /// Where one run of a read comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,5 +1,5 @@
-//! Runs of blocks mapped to values, with no two runs overlapping: the cache's indexes cost memory
-//! per run written, never per block, so a discard of a whole 1 TiB LUN is one entry.
+//! Runs of blocks mapped to values, with no two runs overlapping: an index kept in them costs
+//! memory per run written, never per block, so a discard of a whole 1 TiB LUN is one entry.
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,519 @@
+//! `JournalDev`, the tokio driver around [`crate::core::Core`]: commits groups (one at a time:
+//! record written and the journal flushed before the answer), applies them to the medium in the
+//! background (then flushes the medium and writes the checkpoint), serves reads from the newest
+//! committed group or the medium, and holds plain writes back until no committed group still has
+//! to write their blocks.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use stics_block::{BlockDev, BlockError, Geometry, GroupSink};
+use stics_link::group::{self, ExtentKind};
+use stics_link::status::{SourceState, Status};
+use tokio::sync::Notify;
+
+use crate::core::{Core, Piece, Take};
+use crate::format::{RecordHeader, Superblock, BLOCK, RING_START};
+use crate::{JournalError, Result};
+
+/// How a journal runs.
+#[derive(Debug, Clone)]
+pub struct JournalConfig {
+    /// The largest encoded group taken (announced to gateways in LINK STATUS).
+    pub max_group: u32,
+    /// Pause before applying a group again after the medium failed.
+    pub retry_delay: Duration,
+}
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        JournalConfig { max_group: 64 << 20, retry_delay: Duration::from_millis(200) }
+    }
+}
+
+/// What the journal has done, for `/status` and `/metrics`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct JournalStatus {
+    /// Groups committed, and their bytes: encoded (as shipped) and raw (the data they carry).
+    pub groups_committed: u64,
+    pub group_bytes: u64,
+    pub group_raw_bytes: u64,
+    /// Groups sent again after a lost answer, taken without effect.
+    pub groups_again: u64,
+    /// Groups applied to the medium.
+    pub groups_applied: u64,
+    /// Groups committed and not on the medium yet.
+    pub groups_unapplied: u64,
+    /// Journal bytes in use, and its size.
+    pub journal_used: u64,
+    pub journal_bytes: u64,
+    /// Age of the oldest group not on the medium yet, seconds.
+    pub apply_lag_secs: f64,
+    /// Times applying a group to the medium failed (it is tried again).
+    pub apply_failures: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn dev_err(what: &'static str) -> impl FnOnce(BlockError) -> JournalError {
+    move |source| JournalError::Device { what, source }
+}
+
+struct Inner {
+    core: Mutex<Core>,
+    medium: Arc<dyn BlockDev>,
+    journal: Arc<dyn BlockDev>,
+    cfg: JournalConfig,
+    sb: Mutex<Superblock>,
+    /// One commit at a time: records go to the ring in sequence.
+    turn: tokio::sync::Mutex<()>,
+    /// Ring space came free, or a group reached the medium.
+    progress: Notify,
+    /// A group was committed.
+    committed: Notify,
+    stats: Mutex<JournalStatus>,
+    /// When each unapplied group was committed, oldest first.
+    pending_since: Mutex<std::collections::VecDeque<Instant>>,
+    stopping: AtomicBool,
+}
+
+/// The SG's device: a medium, a journal of committed groups over it.
+pub struct JournalDev {
+    inner: Arc<Inner>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for JournalDev {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JournalDev").field("geometry", &self.inner.medium.geometry()).finish_non_exhaustive()
+    }
+}
+
+async fn read_at(dev: &dyn BlockDev, off: u64, len: usize) -> std::result::Result<Bytes, BlockError> {
+    stics_block::range::read_at(dev, off, len).await
+}
+
+/// Writes whole journal blocks at byte offset `off`, then flushes the journal.
+async fn write_durable(dev: &dyn BlockDev, off: u64, data: Bytes) -> std::result::Result<(), BlockError> {
+    let bs = u64::from(dev.geometry().block_size);
+    dev.write(off / bs, data, false).await?;
+    dev.flush().await
+}
+
+impl JournalDev {
+    /// Opens (or formats, when it holds nothing) the journal on `journal` for `medium`, replays
+    /// what it holds and starts applying it.
+    pub async fn open(journal: Arc<dyn BlockDev>, medium: Arc<dyn BlockDev>, cfg: JournalConfig) -> Result<JournalDev> {
+        let g = medium.geometry();
+        let device_bytes = journal.geometry().bytes() / BLOCK * BLOCK;
+        let head = read_at(journal.as_ref(), 0, 2 * BLOCK as usize).await.map_err(dev_err("journal"))?;
+        let (a, b) = head.split_at(BLOCK as usize);
+        let sb = match Superblock::choose(a, b) {
+            Ok(sb) => sb,
+            Err(JournalError::Magic) if head.iter().all(|x| *x == 0) => {
+                format(journal.as_ref(), device_bytes, g).await?
+            }
+            Err(e) => return Err(e),
+        };
+        if sb.medium_blocks != g.num_blocks || sb.block_size != g.block_size {
+            return Err(JournalError::WrongMedium {
+                found_blocks: sb.medium_blocks,
+                found_bs: sb.block_size,
+                blocks: g.num_blocks,
+                bs: g.block_size,
+            });
+        }
+        if sb.journal_bytes > device_bytes {
+            return Err(JournalError::Format { field: "journal_bytes", why: "larger than the device".into() });
+        }
+        // A group may expand to many times its encoding; the bound keeps a corrupt one from
+        // asking for more memory than a group could ever need.
+        let max_raw = u64::from(cfg.max_group).saturating_mul(64).max(1 << 30);
+        let mut core = Core::new(
+            sb.uuid,
+            sb.journal_bytes,
+            g.block_size,
+            g.num_blocks,
+            (sb.head_offset, sb.head_seq),
+            &sb.sources,
+            max_raw,
+        );
+        let replayed = scan(journal.as_ref(), &sb, &mut core).await?;
+        if replayed > 0 {
+            tracing::info!(groups = replayed, "replayed the journal: its groups go to the medium again");
+        }
+        let inner = Arc::new(Inner {
+            stats: Mutex::new(JournalStatus { journal_bytes: sb.journal_bytes - RING_START, ..Default::default() }),
+            pending_since: Mutex::new(std::iter::repeat_n(Instant::now(), core.unapplied()).collect()),
+            core: Mutex::new(core),
+            medium,
+            journal,
+            cfg,
+            sb: Mutex::new(sb),
+            turn: tokio::sync::Mutex::new(()),
+            progress: Notify::new(),
+            committed: Notify::new(),
+            stopping: AtomicBool::new(false),
+        });
+        let task = tokio::spawn(applier(Arc::clone(&inner)));
+        Ok(JournalDev { inner, task: Mutex::new(Some(task)) })
+    }
+
+    /// What the journal has done.
+    pub fn status(&self) -> JournalStatus {
+        let c = lock(&self.inner.core);
+        let mut s = lock(&self.inner.stats).clone();
+        s.journal_used = c.fill().0;
+        s.groups_unapplied = c.unapplied() as u64;
+        s.apply_lag_secs = lock(&self.inner.pending_since).front().map_or(0.0, |t| t.elapsed().as_secs_f64());
+        s
+    }
+
+    /// Waits until every committed group is on the medium (the medium alone is then the truth).
+    pub async fn settle(&self) {
+        loop {
+            let notified = self.inner.progress.notified();
+            if lock(&self.inner.core).unapplied() == 0 {
+                return;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+        }
+    }
+
+    /// Stops applying; what is committed stays in the journal for the next open.
+    pub async fn close(&self) {
+        self.inner.stopping.store(true, Ordering::Release);
+        self.inner.committed.notify_one();
+        let task = lock(&self.task).take();
+        if let Some(t) = task {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+    }
+
+    /// Holds a plain write back until no committed group still has to write its blocks.
+    async fn clear_of_groups(&self, lba: u64, blocks: u64) {
+        loop {
+            let notified = self.inner.progress.notified();
+            if !lock(&self.inner.core).overlaps(lba, blocks) {
+                return;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
+        }
+    }
+}
+
+impl Drop for JournalDev {
+    fn drop(&mut self) {
+        self.inner.stopping.store(true, Ordering::Release);
+        if let Some(t) = lock(&self.task).take() {
+            t.abort();
+        }
+    }
+}
+
+/// Writes a new journal's superblock, both copies.
+async fn format(journal: &dyn BlockDev, device_bytes: u64, g: Geometry) -> Result<Superblock> {
+    if device_bytes < RING_START + 2 * BLOCK {
+        return Err(JournalError::Format { field: "journal_bytes", why: format!("{device_bytes} bytes is too small") });
+    }
+    let mut sb = Superblock {
+        uuid: rand::random(),
+        generation: 1,
+        journal_bytes: device_bytes,
+        medium_blocks: g.num_blocks,
+        block_size: g.block_size,
+        head_offset: RING_START,
+        head_seq: 1,
+        sources: Vec::new(),
+    };
+    for _ in 0..2 {
+        sb.generation += 1;
+        write_durable(journal, sb.copy_offset(), Bytes::from(sb.encode())).await.map_err(dev_err("journal"))?;
+    }
+    tracing::info!(bytes = device_bytes, "formatted a new journal");
+    Ok(sb)
+}
+
+/// Follows the chain of records from the checkpoint and commits each again in the core;
+/// returns how many. A record that is absent or damaged ends the chain: it was being written
+/// when the SG stopped and never answered.
+async fn scan(journal: &dyn BlockDev, sb: &Superblock, core: &mut Core) -> Result<usize> {
+    let mut n = 0;
+    let mut at = sb.head_offset;
+    loop {
+        let seq = core.next_seq();
+        let mut found = None;
+        for place in [at, RING_START] {
+            if place + BLOCK > sb.journal_bytes {
+                continue;
+            }
+            let hb = read_at(journal, place, BLOCK as usize).await.map_err(dev_err("journal"))?;
+            let Ok(h) = RecordHeader::decode(&hb) else { continue };
+            if h.uuid != sb.uuid || h.seq != seq || h.offset != place || place + h.record_len() > sb.journal_bytes {
+                continue;
+            }
+            let g = read_at(journal, place + BLOCK, h.group_len as usize).await.map_err(dev_err("journal"))?;
+            if crc32c::crc32c(&g) != h.group_crc {
+                continue;
+            }
+            found = Some((h, g));
+            break;
+        }
+        let Some((h, g)) = found else { return Ok(n) };
+        let Ok(Take::New(checked)) = core.check(&g, true) else { return Ok(n) };
+        core.committed(seq, h.offset, h.record_len(), checked, &g);
+        at = h.offset + h.record_len();
+        n += 1;
+    }
+}
+
+/// Applies committed groups to the medium in order, one at a time: every extent, a flush of the
+/// medium, then the checkpoint that frees its record.
+async fn applier(inner: Arc<Inner>) {
+    loop {
+        if inner.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let notified = inner.committed.notified();
+        let next = lock(&inner.core).next_apply();
+        let Some(a) = next else {
+            let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
+            continue;
+        };
+        match apply(&inner, &a).await {
+            Ok(()) => {
+                lock(&inner.core).applied(a.seq);
+                lock(&inner.pending_since).pop_front();
+                lock(&inner.stats).groups_applied += 1;
+                checkpoint(&inner).await;
+                inner.progress.notify_waiters();
+            }
+            Err(e) => {
+                tracing::warn!(group = a.seq, "applying a group to the medium failed, retrying: {e}");
+                lock(&inner.core).apply_failed();
+                lock(&inner.stats).apply_failures += 1;
+                tokio::time::sleep(inner.cfg.retry_delay).await;
+            }
+        }
+    }
+}
+
+/// Writes one group's extents to the medium and flushes it.
+async fn apply(inner: &Inner, a: &crate::core::Apply) -> std::result::Result<(), BlockError> {
+    let m = inner.medium.as_ref();
+    let bs = u64::from(m.geometry().block_size);
+    let per = ((1u64 << 20) / bs).max(1);
+    for (e, raw) in &a.placed {
+        let (lba, blocks) = (e.lba, u64::from(e.blocks));
+        match (e.kind, raw) {
+            (ExtentKind::Data, Some(raw)) => {
+                let mut done = 0;
+                while done < blocks {
+                    let n = (blocks - done).min(per);
+                    let bytes = group::read_raw(&a.data.chunks, &a.data.payload, raw + done * bs, (n * bs) as usize)
+                        .map_err(|e| BlockError::Io { lba, source: std::io::Error::other(e.to_string()) })?;
+                    m.write(lba + done, Bytes::from(bytes), false).await?;
+                    done += n;
+                }
+            }
+            (ExtentKind::Discard, _) if m.supports_discard() => m.discard(lba, blocks).await?,
+            _ => m.write_zeros(lba, blocks).await?,
+        }
+    }
+    m.flush().await
+}
+
+/// Writes the checkpoint (retrying the same bytes at the same place until it is durable), then
+/// lets the core reuse the space of the records it leaves behind.
+async fn checkpoint(inner: &Inner) {
+    let (offset, bytes, head_seq) = {
+        let (head_offset, head_seq, sources) = lock(&inner.core).checkpoint();
+        let mut sb = lock(&inner.sb);
+        sb.generation += 1;
+        sb.head_offset = head_offset;
+        sb.head_seq = head_seq;
+        sb.sources = sources;
+        (sb.copy_offset(), Bytes::from(sb.encode()), head_seq)
+    };
+    loop {
+        match write_durable(inner.journal.as_ref(), offset, bytes.clone()).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!("writing the journal's checkpoint failed, retrying: {e}");
+                tokio::time::sleep(inner.cfg.retry_delay).await;
+            }
+        }
+    }
+    lock(&inner.core).checkpoint_durable(head_seq);
+}
+
+#[async_trait]
+impl GroupSink for JournalDev {
+    fn max_group(&self) -> u32 {
+        self.inner.cfg.max_group
+    }
+
+    async fn commit(&self, group: Bytes) -> std::result::Result<(), BlockError> {
+        let inner = &self.inner;
+        if group.len() as u64 > u64::from(inner.cfg.max_group) {
+            return Err(refused(format!(
+                "a group of {} bytes; at most {} are taken",
+                group.len(),
+                inner.cfg.max_group
+            )));
+        }
+        let _turn = inner.turn.lock().await;
+        let checked = match lock(&inner.core).check(&group, false) {
+            Ok(Take::Again) => {
+                lock(&inner.stats).groups_again += 1;
+                return Ok(());
+            }
+            Ok(Take::New(c)) => c,
+            Err(e) => return Err(refused(e.to_string())),
+        };
+        let len = BLOCK + (group.len() as u64).div_ceil(BLOCK) * BLOCK;
+        if lock(&inner.core).too_large(len) {
+            return Err(refused(format!("a group of {} bytes does not fit a journal of this size", group.len())));
+        }
+        let (at, seq, uuid) = loop {
+            let notified = inner.progress.notified();
+            let placed = {
+                let c = lock(&inner.core);
+                c.place(len).map(|at| (at, c.next_seq(), c.uuid()))
+            };
+            if let Some(p) = placed {
+                break p;
+            }
+            // The ring is full of groups not yet on the medium: wait for the applier.
+            let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+        };
+        let header =
+            RecordHeader { uuid, seq, offset: at, group_len: group.len() as u64, group_crc: crc32c::crc32c(&group) };
+        write_durable(inner.journal.as_ref(), at, Bytes::from(header.encode_record(&group))).await?;
+        let (raw, encoded) = (checked.raw_len, checked.encoded_len);
+        lock(&inner.core).committed(seq, at, len, checked, &group);
+        lock(&inner.pending_since).push_back(Instant::now());
+        {
+            let mut s = lock(&inner.stats);
+            s.groups_committed += 1;
+            s.group_bytes += encoded;
+            s.group_raw_bytes += raw;
+        }
+        inner.committed.notify_one();
+        Ok(())
+    }
+
+    async fn status(&self) -> std::result::Result<Bytes, BlockError> {
+        let c = lock(&self.inner.core);
+        let (used, size) = c.fill();
+        let sources = c
+            .sources()
+            .map(|(source, s)| SourceState {
+                source: *source,
+                committed_seq: s.committed_seq,
+                committed_epoch: s.committed_epoch,
+                applied_seq: s.applied_seq,
+            })
+            .collect();
+        let st = Status {
+            version: stics_link::LINK_VERSION,
+            max_group: self.inner.cfg.max_group,
+            journal_bytes: size,
+            journal_used: used,
+            sources,
+        };
+        Ok(Bytes::from(st.encode()))
+    }
+}
+
+fn refused(why: String) -> BlockError {
+    BlockError::Io { lba: 0, source: std::io::Error::new(std::io::ErrorKind::InvalidData, why) }
+}
+
+#[async_trait]
+impl BlockDev for JournalDev {
+    fn geometry(&self) -> Geometry {
+        self.inner.medium.geometry()
+    }
+
+    fn volatile_cache(&self) -> bool {
+        self.inner.medium.volatile_cache()
+    }
+
+    fn device_id(&self) -> Option<String> {
+        self.inner.medium.device_id()
+    }
+
+    fn supports_discard(&self) -> bool {
+        self.inner.medium.supports_discard()
+    }
+
+    fn resets(&self) -> u64 {
+        self.inner.medium.resets()
+    }
+
+    fn group_sink(&self) -> Option<&dyn GroupSink> {
+        Some(self)
+    }
+
+    async fn read(&self, lba: u64, blocks: u32) -> std::result::Result<Bytes, BlockError> {
+        self.geometry().check_range(lba, u64::from(blocks))?;
+        let pieces = lock(&self.inner.core).read(lba, u64::from(blocks));
+        if let [Piece::Medium { lba, blocks }] = pieces.as_slice() {
+            return self.inner.medium.read(*lba, *blocks).await;
+        }
+        let bs = self.geometry().block_size as usize;
+        let mut out = BytesMut::with_capacity(blocks as usize * bs);
+        for p in pieces {
+            match p {
+                Piece::Medium { lba, blocks } => out.extend_from_slice(&self.inner.medium.read(lba, blocks).await?),
+                Piece::Zero { blocks } => out.resize(out.len() + blocks as usize * bs, 0),
+                Piece::Group { data, raw, len } => {
+                    let bytes = group::read_raw(&data.chunks, &data.payload, raw, len)
+                        .map_err(|e| BlockError::Io { lba, source: std::io::Error::other(e.to_string()) })?;
+                    out.extend_from_slice(&bytes);
+                }
+            }
+        }
+        Ok(out.freeze())
+    }
+
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> std::result::Result<(), BlockError> {
+        let blocks = stics_block::blocks_in(&data, self.geometry().block_size)?;
+        self.geometry().check_range(lba, blocks)?;
+        self.clear_of_groups(lba, blocks).await;
+        self.inner.medium.write(lba, data, fua).await
+    }
+
+    async fn flush(&self) -> std::result::Result<(), BlockError> {
+        self.inner.medium.flush().await
+    }
+
+    async fn write_zeros(&self, lba: u64, blocks: u64) -> std::result::Result<(), BlockError> {
+        self.geometry().check_range(lba, blocks)?;
+        self.clear_of_groups(lba, blocks).await;
+        self.inner.medium.write_zeros(lba, blocks).await
+    }
+
+    async fn discard(&self, lba: u64, blocks: u64) -> std::result::Result<(), BlockError> {
+        self.geometry().check_range(lba, blocks)?;
+        self.clear_of_groups(lba, blocks).await;
+        self.inner.medium.discard(lba, blocks).await
+    }
+
+    async fn provisioning(&self, lba: u64) -> std::result::Result<(stics_block::Provisioning, u64), BlockError> {
+        // Blocks a committed group writes are mapped whatever the medium says.
+        if lock(&self.inner.core).overlaps(lba, 1) {
+            return Ok((stics_block::Provisioning::Mapped, 1));
+        }
+        self.inner.medium.provisioning(lba).await
+    }
+}
+
+#[cfg(test)]
+mod tests;

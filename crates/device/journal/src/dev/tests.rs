@@ -1,0 +1,225 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use stics_block::{BlockDev, GroupSink, MemDev};
+use stics_link::group::{encode, Extent, ExtentKind, GroupHead};
+use stics_link::status::Status;
+use stics_testkit::faults::{FaultDev, Op, Rule};
+
+use super::*;
+
+const BLOCKS: u64 = 4096;
+
+fn head(seq: u64) -> GroupHead {
+    GroupHead { source: [5; 16], seq, first_epoch: seq * 10, last_epoch: seq * 10 + 3, block_size: 512 }
+}
+
+/// A group of `runs` (lba, blocks, fill; fill 0 is a discard) as source 5's group `seq`.
+fn group(seq: u64, runs: &[(u64, u32, u8)]) -> Bytes {
+    let mut extents = Vec::new();
+    let mut data = Vec::new();
+    for &(lba, blocks, fill) in runs {
+        let kind = if fill == 0 { ExtentKind::Discard } else { ExtentKind::Data };
+        extents.push(Extent { lba, blocks, kind });
+        if fill != 0 {
+            data.extend(std::iter::repeat_n(fill, blocks as usize * 512));
+        }
+    }
+    Bytes::from(encode(&head(seq), &extents, &data, 1).expect("encodes"))
+}
+
+/// What `runs` groups, applied in order over zeros, leave at each block.
+fn model(groups: &[&[(u64, u32, u8)]]) -> Vec<u8> {
+    let mut m = vec![0u8; BLOCKS as usize];
+    for runs in groups {
+        for &(lba, blocks, fill) in *runs {
+            m[lba as usize..(lba + u64::from(blocks)) as usize].fill(fill);
+        }
+    }
+    m
+}
+
+/// Fails naming the first block where `got` and `want` differ (a whole image in a message is
+/// unreadable).
+#[track_caller]
+fn same(got: &[u8], want: &[u8], what: &str) {
+    if let Some(b) = got.iter().zip(want).position(|(g, w)| g != w) {
+        panic!("{what}: block {b} holds {}, not {}", got[b], want[b]);
+    }
+    assert_eq!(got.len(), want.len(), "{what}");
+}
+
+async fn view(dev: &dyn BlockDev) -> Vec<u8> {
+    let all = dev.read(0, BLOCKS as u32).await.expect("read");
+    all.chunks(512).map(|b| b[0]).collect()
+}
+
+fn fault(seed: u64, blocks: u64) -> FaultDev {
+    FaultDev::new(512, blocks, seed)
+}
+
+/// Group `seq` of `blocks` blocks of noise at `lba` (it does not compress).
+fn noise_group(seq: u64, lba: u64, blocks: u32) -> Bytes {
+    let mut x = seq | 1;
+    let data: Vec<u8> = (0..blocks as usize * 512)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let extents = [Extent { lba, blocks, kind: ExtentKind::Data }];
+    Bytes::from(encode(&head(seq), &extents, &data, 1).expect("encodes"))
+}
+
+const G1: &[(u64, u32, u8)] = &[(0, 8, 1), (100, 300, 2)];
+const G2: &[(u64, u32, u8)] = &[(4, 8, 3), (200, 10, 0), (3000, 1, 4)];
+const G3: &[(u64, u32, u8)] = &[(0, 4096, 6)];
+
+#[tokio::test]
+async fn a_committed_group_is_served_at_once_and_reaches_the_medium_whole() {
+    let medium = Arc::new(MemDev::new(512, BLOCKS));
+    let dev = JournalDev::open(Arc::new(MemDev::new(512, 2048 * 16)), medium.clone(), JournalConfig::default())
+        .await
+        .expect("opens");
+    dev.commit(group(1, G1)).await.expect("commit 1");
+    dev.commit(group(2, G2)).await.expect("commit 2");
+    same(&view(&dev).await, &model(&[G1, G2]), "served");
+    dev.settle().await;
+    same(&view(medium.as_ref()).await, &model(&[G1, G2]), "the medium alone");
+    let s = dev.status();
+    assert_eq!((s.groups_committed, s.groups_applied, s.groups_unapplied), (2, 2, 0));
+    // Sent again after a lost answer: taken without effect.
+    dev.commit(group(2, G2)).await.expect("again");
+    assert_eq!(dev.status().groups_again, 1);
+    let st = Status::decode(&dev.status_bytes().await).expect("status");
+    let me = st.of(&[5; 16]).expect("source 5");
+    assert_eq!((me.committed_seq, me.committed_epoch, me.applied_seq), (2, 23, 2));
+    dev.close().await;
+}
+
+impl JournalDev {
+    async fn status_bytes(&self) -> Bytes {
+        GroupSink::status(self).await.expect("status")
+    }
+}
+
+#[tokio::test]
+async fn after_a_crash_the_journal_replays_whole_groups_only() {
+    for crash_after in 0..3u64 {
+        let journal = fault(1, 2048 * 32);
+        let medium = fault(2, BLOCKS);
+        // The medium is slow, so that groups wait in the journal when the power goes.
+        medium.add_rule(Rule::delay(Op::Write, Duration::from_millis(5)));
+        let dev = JournalDev::open(Arc::new(journal.clone()), Arc::new(medium.clone()), JournalConfig::default())
+            .await
+            .expect("opens");
+        let groups = [G1, G2, G3];
+        for (i, g) in groups.iter().enumerate() {
+            dev.commit(group(i as u64 + 1, g)).await.expect("commit");
+        }
+        tokio::time::sleep(Duration::from_millis(crash_after * 40)).await;
+        drop(dev);
+        journal.crash();
+        medium.crash();
+        let (journal, medium) = (journal.reopen(), medium.reopen());
+        let dev = JournalDev::open(Arc::new(journal), Arc::new(medium.clone()), JournalConfig::default())
+            .await
+            .expect("reopens");
+        same(&view(&dev).await, &model(&groups), &format!("after {crash_after}: every committed group, whole"));
+        dev.settle().await;
+        same(&view(&medium).await, &model(&groups), "the medium after replay");
+        // The source's groups are known: the next one follows, one sent again is skipped.
+        dev.commit(group(3, G3)).await.expect("again");
+        assert_eq!(dev.status().groups_again, 1);
+        dev.close().await;
+    }
+}
+
+#[tokio::test]
+async fn a_record_torn_by_the_crash_was_never_answered_and_is_dropped() {
+    let journal = fault(3, 2048 * 32);
+    let medium = Arc::new(MemDev::new(512, BLOCKS));
+    let dev =
+        JournalDev::open(Arc::new(journal.clone()), medium.clone(), JournalConfig::default()).await.expect("opens");
+    dev.commit(group(1, G1)).await.expect("commit");
+    // The next record's write tears halfway through its group (noise: it does not compress).
+    journal.tear_write(0, 4096 + 100_000);
+    assert!(dev.commit(noise_group(2, 0, 1024)).await.is_err(), "a torn record is not answered GOOD");
+    drop(dev);
+    let dev = JournalDev::open(Arc::new(journal.reopen()), medium, JournalConfig::default()).await.expect("reopens");
+    same(&view(&dev).await, &model(&[G1]), "only the whole group");
+    dev.close().await;
+}
+
+#[tokio::test]
+async fn a_plain_write_waits_for_the_groups_that_write_its_blocks() {
+    let medium = fault(4, BLOCKS);
+    medium.set_volatile_cache(false);
+    // Applying stalls until the rule is cleared.
+    medium.add_rule(Rule::delay(Op::Write, Duration::from_millis(300)).times(1));
+    let dev = Arc::new(
+        JournalDev::open(Arc::new(MemDev::new(512, 2048 * 16)), Arc::new(medium.clone()), JournalConfig::default())
+            .await
+            .expect("opens"),
+    );
+    dev.commit(group(1, &[(10, 1, 7)])).await.expect("commit");
+    let plain = Bytes::from(vec![9u8; 512]);
+    dev.write(10, plain.clone(), false).await.expect("plain write");
+    dev.settle().await;
+    assert_eq!(dev.read(10, 1).await.expect("read"), plain, "the later plain write wins");
+    assert_eq!(medium.read(10, 1).await.expect("medium"), plain, "the group never landed over it");
+    dev.close().await;
+}
+
+#[tokio::test]
+async fn groups_for_another_medium_or_past_the_bound_are_refused() {
+    let dev = JournalDev::open(
+        Arc::new(MemDev::new(512, 2048 * 16)),
+        Arc::new(MemDev::new(512, 1024)),
+        JournalConfig { max_group: 1 << 20, ..JournalConfig::default() },
+    )
+    .await
+    .expect("opens");
+    assert!(dev.commit(group(1, &[(2000, 1, 1)])).await.is_err(), "outside the medium");
+    assert!(dev.commit(Bytes::from(vec![0u8; 2 << 20])).await.is_err(), "larger than max_group");
+    assert!(dev.commit(Bytes::from_static(b"not a group")).await.is_err());
+    dev.close().await;
+    let other = JournalDev::open(
+        Arc::new(MemDev::new(512, 2048 * 16)),
+        Arc::new(MemDev::new(512, 1024)),
+        JournalConfig::default(),
+    )
+    .await
+    .expect("a fresh journal");
+    drop(other);
+}
+
+#[tokio::test]
+async fn a_journal_is_refused_for_another_medium() {
+    let journal: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 2048 * 16));
+    let dev = JournalDev::open(Arc::clone(&journal), Arc::new(MemDev::new(512, BLOCKS)), JournalConfig::default())
+        .await
+        .expect("opens");
+    dev.close().await;
+    drop(dev);
+    let err = JournalDev::open(journal, Arc::new(MemDev::new(512, BLOCKS * 2)), JournalConfig::default()).await.err();
+    assert!(matches!(err, Some(JournalError::WrongMedium { .. })), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_full_journal_makes_commits_wait_for_the_medium() {
+    // Room for about two and a half large groups: the third waits until the first is applied.
+    let journal: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 2 * (16 + 5 * 260)));
+    let medium = fault(6, BLOCKS);
+    let dev = JournalDev::open(journal, Arc::new(medium.clone()), JournalConfig::default()).await.expect("opens");
+    for seq in 1..=4 {
+        let g = noise_group(seq, 0, 1024);
+        tokio::time::timeout(Duration::from_secs(20), dev.commit(g)).await.expect("no deadlock").expect("commit");
+    }
+    dev.settle().await;
+    assert!(dev.status().groups_applied >= 4);
+    dev.close().await;
+}
