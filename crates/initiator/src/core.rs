@@ -782,6 +782,7 @@ mod tests {
             max_cmd_sn: 6,
             target_alias: None,
             target_portal_group_tag: None,
+            private: Vec::new(),
         }
     }
 

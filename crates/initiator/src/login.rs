@@ -19,6 +19,9 @@ pub struct Offer {
     pub max_outstanding_r2t: u32,
     pub immediate_data: bool,
     pub initial_r2t: bool,
+    /// Private keys (`X-…`, RFC 7143 §13) offered on normal sessions; the target's answers come
+    /// back in [`Outcome::private`].
+    pub private: Vec<(String, String)>,
 }
 
 impl Default for Offer {
@@ -33,6 +36,7 @@ impl Default for Offer {
             max_outstanding_r2t: 8,
             immediate_data: true,
             initial_r2t: false,
+            private: Vec::new(),
         }
     }
 }
@@ -66,6 +70,8 @@ pub struct Outcome {
     pub max_cmd_sn: u32,
     pub target_alias: Option<String>,
     pub target_portal_group_tag: Option<String>,
+    /// The target's answers to the private keys offered, where it understood them.
+    pub private: Vec<(String, String)>,
 }
 
 /// What to do after a Login Response.
@@ -152,6 +158,7 @@ pub struct Login {
     target_alias: Option<String>,
     tpgt: Option<String>,
     mutual_verified: bool,
+    private: Vec<(String, String)>,
 }
 
 impl Login {
@@ -171,6 +178,7 @@ impl Login {
             target_alias: None,
             tpgt: None,
             mutual_verified: false,
+            private: Vec::new(),
             cfg,
         };
         let mut keys = vec![("InitiatorName".to_owned(), login.cfg.initiator_name.clone())];
@@ -228,6 +236,7 @@ impl Login {
                 ("DefaultTime2Wait".to_owned(), "0".to_owned()),
                 ("DefaultTime2Retain".to_owned(), "0".to_owned()),
             ]);
+            keys.extend(o.private.iter().cloned());
         }
         keys.extend([("IFMarker".to_owned(), "No".to_owned()), ("OFMarker".to_owned(), "No".to_owned())]);
         keys
@@ -379,6 +388,13 @@ impl Login {
     fn absorb(&mut self, k: &str, v: &str, reply: &mut Vec<(String, String)>) -> Result<(), LoginError> {
         let perr = |e: keys::KeyError| LoginError::Protocol(e.to_string());
         let Some(def) = keys::lookup(k) else {
+            if let Some(pos) = self.offered.iter().position(|(o, _)| o == k) {
+                self.offered.remove(pos);
+                if ![keys::NOT_UNDERSTOOD, keys::IRRELEVANT, keys::REJECT].contains(&v) {
+                    self.private.push((k.to_owned(), v.to_owned()));
+                }
+                return Ok(());
+            }
             if !k.starts_with("X-") && !k.starts_with("X#") {
                 reply.push((k.to_owned(), keys::NOT_UNDERSTOOD.to_owned()));
             }
@@ -419,6 +435,7 @@ impl Login {
             max_cmd_sn: r.max_cmd_sn,
             target_alias: self.target_alias.clone(),
             target_portal_group_tag: self.tpgt.clone(),
+            private: self.private.clone(),
         }))
     }
 }

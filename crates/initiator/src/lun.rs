@@ -9,10 +9,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use stics_block::{blocks_in, write_zeros_by_writes, BlockDev, BlockError, Claim, Geometry, OrderedQueue, Queued};
+use stics_block::{
+    blocks_in, write_zeros_by_writes, BlockDev, BlockError, Claim, Geometry, GroupSink, OrderedQueue, Queued,
+};
 
 use crate::core::{Data, Request};
 use crate::counters::{Counters, Snapshot};
+use crate::link::LinkInfo;
 use stics_sam::op::{mode_page, pr_in, pr_out, pr_type, vpd};
 use stics_sam::sense::{asc, key as sense_key};
 use stics_sam::{cdb, data, status};
@@ -34,11 +37,14 @@ pub struct LunOptions {
     /// behind ORDERED barriers (a target orders tasks per session), behind write data queued
     /// on the same connection, or for a command window that writes fill.
     pub read_session: bool,
+    /// Offer the link to a stics SG at login (`stics_link::LOGIN_KEY`); when the target takes
+    /// it and the LUN takes groups, the LUN is a [`stics_block::GroupSink`].
+    pub link: bool,
 }
 
 impl Default for LunOptions {
     fn default() -> Self {
-        LunOptions { config: Config::default(), sessions: 1, max_transfer: 1 << 20, read_session: false }
+        LunOptions { config: Config::default(), sessions: 1, max_transfer: 1 << 20, read_session: false, link: false }
     }
 }
 
@@ -82,12 +88,12 @@ pub struct Lun {
     /// How many of `sessions` carry writes, flushes, the claim and the ordered queue.
     writers: usize,
     next: AtomicUsize,
-    lun: u64,
-    geometry: Geometry,
+    pub(crate) lun: u64,
+    pub(crate) geometry: Geometry,
     wce: bool,
     /// The LUN's name from its Device Identification page.
     device_id: Option<String>,
-    max_blocks: u32,
+    pub(crate) max_blocks: u32,
     /// Writes completed so far; a flush covers every write counted before it started.
     write_gen: AtomicU64,
     /// `write_gen` as sampled at the start of the last flush that succeeded.
@@ -103,13 +109,13 @@ pub struct Lun {
     /// zeros (what `discard` promises); `None` otherwise.
     unmap: Option<UnmapLimits>,
     /// The key this LUN was claimed under (0: not claimed).
-    claim_key: AtomicU64,
+    pub(crate) claim_key: AtomicU64,
     /// Sum of the write sessions' logins when the claim was made: a change means a session was
     /// reinstated since, and the claim is made again before the next write.
     claim_logins: AtomicU64,
     /// Claims made so far. Many commands meet the same lost registration at once; one that met
     /// RESERVATION CONFLICT claims again only if no claim was made since it was sent.
-    claims: AtomicU64,
+    pub(crate) claims: AtomicU64,
     /// Preemption unit attentions the sessions had seen when the claim was made: a later one
     /// means that another connection under the same key took the LUN over (a restarted
     /// writer), and this one does not take it back.
@@ -130,6 +136,8 @@ pub struct Lun {
     ordered: bool,
     /// What `resets` counted when `open` returned: the power-on unit attentions of new nexuses.
     resets_at_open: u64,
+    /// The SG's link, when the target took the login key and this LUN takes groups.
+    pub(crate) link: Option<LinkInfo>,
 }
 
 /// How much one UNMAP may carry.
@@ -158,7 +166,11 @@ impl Lun {
     /// and write-cache setting.
     pub async fn open(url: &IscsiUrl, opts: &LunOptions) -> Result<Lun, Error> {
         let (_, lun) = url.require_lun()?;
-        let first = Session::connect(url, &opts.config, random_isid(0)).await?;
+        let mut config = opts.config.clone();
+        if opts.link {
+            config.offer.private.push((stics_link::LOGIN_KEY.to_owned(), stics_link::LINK_VERSION.to_string()));
+        }
+        let first = Session::connect(url, &config, random_isid(0)).await?;
         let c = first.counters_ref().clone();
         let inq = execute_retrying(&first, Request::new(lun, cdb::inquiry(96), Data::Read(96)), &c).await?;
         let inq = data::parse_inquiry(&inq.data).ok_or_else(|| Error::Protocol("short INQUIRY data".into()))?;
@@ -197,7 +209,7 @@ impl Lun {
         let writers = opts.sessions.max(1);
         let mut sessions = vec![first];
         for i in 1..writers + usize::from(opts.read_session) {
-            sessions.push(Session::connect(url, &opts.config, random_isid(i as u16)).await?);
+            sessions.push(Session::connect(url, &config, random_isid(i as u16)).await?);
         }
         // A new nexus starts with a power-on unit attention (the commands above may be exempt
         // from it): taken now, not by the first command that has work to do, which on the
@@ -206,6 +218,7 @@ impl Lun {
             let tur = Request::new(lun, cdb::test_unit_ready(), Data::None);
             let _ = execute_retrying(s, tur, s.counters_ref()).await;
         }
+        let link = if opts.link { crate::link::probe(&sessions[0], lun).await } else { None };
         let max_blocks = (opts.max_transfer / cap.block_size).max(1);
         let mut l = Lun {
             sessions,
@@ -232,6 +245,7 @@ impl Lun {
             claim_lock: tokio::sync::Mutex::new(()),
             ordered: ordsup && writers == 1,
             resets_at_open: 0,
+            link,
         };
         l.resets_at_open = l.resets_seen();
         Ok(l)
@@ -292,6 +306,11 @@ impl Lun {
         self.sessions.iter().map(super::session::Session::counters).fold(Snapshot::default(), |a, b| a + b)
     }
 
+    /// The SG's link, when this LUN takes groups over it.
+    pub fn link(&self) -> Option<LinkInfo> {
+        self.link
+    }
+
     /// Flushes that needed no SYNCHRONIZE CACHE (nothing written since the previous flush).
     pub fn flushes_skipped(&self) -> u64 {
         self.flushes_skipped.load(Relaxed)
@@ -322,7 +341,7 @@ impl Lun {
     /// What a failed command means to the caller of a block device: a lasting or a transient
     /// failure, and which. A status that [`execute_retrying`] retries and that stayed after its
     /// retries is a busy device.
-    fn io_err(lba: u64, e: Error) -> BlockError {
+    pub(crate) fn io_err(lba: u64, e: Error) -> BlockError {
         let text = e.to_string();
         match e {
             Error::Task(crate::core::TaskError::Unreachable(m)) => BlockError::Unreachable(m),
@@ -438,7 +457,7 @@ impl Lun {
     /// had been made (the caller holds no lock). True when the LUN is claimed again, by this
     /// call or by another since; false when it is not to be: there is no claim, or another
     /// connection under the same key took the LUN over (then the claim is given up for good).
-    async fn reclaim(&self, claims: u64) -> Result<bool, Error> {
+    pub(crate) async fn reclaim(&self, claims: u64) -> Result<bool, Error> {
         let _one = self.claim_lock.lock().await;
         if self.claims.load(SeqCst) != claims {
             return Ok(true);
@@ -704,6 +723,14 @@ impl BlockDev for Lun {
 
     fn device_id(&self) -> Option<String> {
         self.device_id.clone()
+    }
+
+    fn group_sink(&self) -> Option<&dyn GroupSink> {
+        if self.link.is_some() {
+            Some(self)
+        } else {
+            None
+        }
     }
 
     fn ordered_queue(&self) -> Option<&dyn OrderedQueue> {

@@ -76,6 +76,8 @@ pub struct Session {
     tx: mpsc::UnboundedSender<UserMsg>,
     counters: Arc<Counters>,
     params: Arc<Mutex<Params>>,
+    /// The target's answers to the private keys offered, at the last login.
+    private: Arc<Mutex<Vec<(String, String)>>>,
     info: Arc<SessionInfo>,
     /// Successful logins: 1 after connect, one more for each reinstatement.
     logins: Arc<AtomicU64>,
@@ -122,6 +124,7 @@ impl Session {
             target_alias: outcome.target_alias.clone(),
         });
         let params = Arc::new(Mutex::new(outcome.params.clone()));
+        let private = Arc::new(Mutex::new(outcome.private.clone()));
         let logins = Arc::new(AtomicU64::new(1));
         let (tx, rx) = mpsc::unbounded_channel();
         let (events, events_rx) = mpsc::unbounded_channel();
@@ -131,6 +134,7 @@ impl Session {
             info: info.clone(),
             counters: counters.clone(),
             params: params.clone(),
+            private: private.clone(),
             waiters: HashMap::new(),
             next_token: 0,
             link: None,
@@ -140,7 +144,7 @@ impl Session {
             logins: logins.clone(),
         };
         tokio::spawn(driver.run(rx, events_rx, conn, outcome));
-        Ok(Session { tx, counters, params, info, logins })
+        Ok(Session { tx, counters, params, private, info, logins })
     }
 
     /// Runs one SCSI command; it is reissued after reconnections until it finishes or the
@@ -181,6 +185,12 @@ impl Session {
     /// Parameters negotiated at the last login.
     pub fn params(&self) -> Params {
         self.params.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    /// The target's answer to private key `key` at the last login, if it understood the key.
+    pub fn private_answer(&self, key: &str) -> Option<String> {
+        let p = self.private.lock().ok()?;
+        p.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
     }
 
     pub fn info(&self) -> &SessionInfo {
@@ -226,6 +236,7 @@ struct Driver {
     info: Arc<SessionInfo>,
     counters: Arc<Counters>,
     params: Arc<Mutex<Params>>,
+    private: Arc<Mutex<Vec<(String, String)>>>,
     waiters: HashMap<u64, oneshot::Sender<Result<ScsiOutcome, TaskError>>>,
     next_token: u64,
     link: Option<Link>,
@@ -256,6 +267,9 @@ impl Driver {
         self.digests = Digests { header: outcome.params.header_digest, data: outcome.params.data_digest };
         if let Ok(mut p) = self.params.lock() {
             *p = outcome.params.clone();
+        }
+        if let Ok(mut p) = self.private.lock() {
+            p.clone_from(&outcome.private);
         }
         let Connection { reader, writer, .. } = conn;
         self.link = Some(Link { gen, reader, writer, out: bytes::BytesMut::with_capacity(1 << 16) });

@@ -77,6 +77,8 @@ pub mod asc {
     pub const REGISTRATIONS_PREEMPTED: (u8, u8) = (0x2a, 0x05);
     /// COMMANDS CLEARED BY ANOTHER INITIATOR
     pub const COMMANDS_CLEARED_BY_ANOTHER_INITIATOR: (u8, u8) = (0x2f, 0x00);
+    /// COMMAND SEQUENCE ERROR
+    pub const COMMAND_SEQUENCE_ERROR: (u8, u8) = (0x2c, 0x00);
     /// SAVING PARAMETERS NOT SUPPORTED
     pub const SAVING_PARAMETERS_NOT_SUPPORTED: (u8, u8) = (0x39, 0x00);
     /// INTERNAL TARGET FAILURE
@@ -182,6 +184,12 @@ impl Sense {
 
     pub const fn invalid_field_in_iu() -> Self {
         Sense::of(key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_IU)
+    }
+
+    /// A command that needs earlier ones this nexus did not send (a link COMMIT of a group
+    /// whose pieces are missing).
+    pub const fn command_sequence_error() -> Self {
+        Sense::of(key::ILLEGAL_REQUEST, asc::COMMAND_SEQUENCE_ERROR)
     }
 
     pub const fn saving_not_supported() -> Self {

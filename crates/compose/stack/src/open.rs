@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use stics_block::{BlockDev, FileDev, InUse, LockError, MemDev, NullDev, DEFAULT_BLOCK_SIZE};
 use stics_cache::{Cache, Config as CacheConfig};
 use stics_initiator::{Lun, LunOptions};
+use stics_journal::{JournalConfig, JournalDev};
 
-use crate::spec::{valid_block_size, DeviceSpec, IscsiOptions, Layer, RbdSpec};
+use crate::spec::{valid_block_size, DeviceSpec, IscsiOptions, JournalAt, Layer, RbdSpec};
 
 /// Size a new log file is created at when `log=PATH` gives none.
 pub const DEFAULT_LOG_BYTES: u64 = 1 << 30;
@@ -25,6 +26,7 @@ pub struct OpenContext {
     pub rbd: RbdDefaults,
     remote: Mutex<Vec<Arc<Lun>>>,
     caches: Mutex<Vec<Arc<Cache>>>,
+    journals: Mutex<Vec<Arc<JournalDev>>>,
 }
 
 impl OpenContext {
@@ -35,6 +37,7 @@ impl OpenContext {
             rbd: RbdDefaults::default(),
             remote: Mutex::new(Vec::new()),
             caches: Mutex::new(Vec::new()),
+            journals: Mutex::new(Vec::new()),
         }
     }
 
@@ -57,12 +60,26 @@ impl OpenContext {
         self.caches().clone()
     }
 
-    /// Closes every cache opened through this context (what is dirty stays in its log), then
-    /// logs out of every remote LUN; their I/O fails afterwards.
+    fn journals(&self) -> MutexGuard<'_, Vec<Arc<JournalDev>>> {
+        self.journals.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Every SG journal opened through this context: for status and metrics.
+    pub fn journal_devices(&self) -> Vec<Arc<JournalDev>> {
+        self.journals().clone()
+    }
+
+    /// Closes every cache opened through this context (what is dirty stays in its log) and
+    /// every journal (what is not applied stays in it), then logs out of every remote LUN;
+    /// their I/O fails afterwards.
     pub async fn close(&self) {
         let caches = std::mem::take(&mut *self.caches());
         for c in caches {
             c.close().await;
+        }
+        let journals = std::mem::take(&mut *self.journals());
+        for j in journals {
+            j.close().await;
         }
         let luns = std::mem::take(&mut *self.remote());
         for lun in luns {
@@ -113,6 +130,13 @@ pub enum OpenError {
         image: String,
         #[source]
         source: stics_rbd::RbdError,
+    },
+    /// An SG's journal could not be opened or replayed.
+    #[error("{spec}: {source}")]
+    Journal {
+        spec: String,
+        #[source]
+        source: stics_journal::JournalError,
     },
     /// An `rbd:` spec given to a build without Ceph.
     #[error(
@@ -170,7 +194,8 @@ enum Place {
     /// Exported as it is, or under a wrapper that asks nothing of it.
     Top,
     /// The remote of a cache: its reads are the cache's misses, which must not wait behind
-    /// the cache's destage, so a remote LUN there reads on a session of its own.
+    /// the cache's destage, so a remote LUN there reads on a session of its own, and it offers
+    /// the link to a stics SG.
     UnderCache,
 }
 
@@ -270,6 +295,38 @@ async fn open_in(spec: &DeviceSpec, ctx: &OpenContext, place: Place) -> Result<A
             ctx.caches().push(Arc::clone(&cache));
             cache
         }
+        // A journal, like a cache's log, is opened for one SG alone, before the medium.
+        DeviceSpec::Layer(Layer::Journal(j)) => {
+            let journal: Arc<dyn BlockDev> = match &j.journal {
+                JournalAt::Path { path, size } => {
+                    let exists = path.exists();
+                    let size = if exists { None } else { Some(size.unwrap_or(DEFAULT_LOG_BYTES)) };
+                    let f = FileDev::open_exclusive(path, size, DEFAULT_BLOCK_SIZE).map_err(|e| match e {
+                        LockError::InUse(source) => OpenError::LogInUse { log: path.clone(), source },
+                        LockError::Io(source) => OpenError::File { path: path.clone(), source },
+                    })?;
+                    if let Err(source) = f.reserve() {
+                        if !exists {
+                            let _ = std::fs::remove_file(path);
+                        }
+                        return Err(OpenError::LogSpace { log: path.clone(), kept: exists, source });
+                    }
+                    Arc::new(f)
+                }
+                JournalAt::Device(d) => Box::pin(open_in(d, ctx, Place::Top)).await?,
+            };
+            let medium = Box::pin(open_in(&j.inner, ctx, Place::Top)).await?;
+            let mut cfg = JournalConfig::default();
+            if let Some(n) = j.max_group {
+                cfg.max_group = n;
+            }
+            let dev = JournalDev::open(journal, medium, cfg)
+                .await
+                .map_err(|source| OpenError::Journal { spec: spec.redacted().to_string(), source })?;
+            let dev = Arc::new(dev);
+            ctx.journals().push(Arc::clone(&dev));
+            dev
+        }
     })
 }
 
@@ -309,9 +366,11 @@ async fn open_rbd(r: &RbdSpec, _defaults: &RbdDefaults) -> Result<Arc<dyn BlockD
 /// The context's initiator settings with a spec's own options in force; a LUN under a cache reads
 /// on a session of its own unless its spec says otherwise.
 fn lun_options(base: &LunOptions, options: &IscsiOptions, place: Place) -> LunOptions {
-    let IscsiOptions { sessions, digests, first_burst, max_burst, max_r2t, max_transfer, read_session } = *options;
+    let IscsiOptions { sessions, digests, first_burst, max_burst, max_r2t, max_transfer, read_session, link } =
+        *options;
     let mut opts = base.clone();
     opts.read_session = read_session.unwrap_or(base.read_session || place == Place::UnderCache);
+    opts.link = link.unwrap_or(base.link || place == Place::UnderCache);
     let offer = &mut opts.config.offer;
     if let Some(n) = sessions {
         opts.sessions = n;

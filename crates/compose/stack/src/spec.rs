@@ -75,6 +75,9 @@ pub struct IscsiOptions {
     /// A session of its own for reads (`read_session=on|off`); when not given, on for the
     /// remote of a cache, whose reads must not wait behind its destage, and off elsewhere.
     pub read_session: Option<bool>,
+    /// Offer the link to a stics SG at login (`link=on|off`); when not given, on for the remote
+    /// of a cache, which then ships groups of epochs to an SG that takes them, and off elsewhere.
+    pub link: Option<bool>,
 }
 
 /// `rbd:POOL/IMAGE[@SNAP]` and its query: which image, and how to reach its cluster. What is
@@ -120,6 +123,31 @@ pub enum Layer {
     /// read-cache=SIZE, policy=lru|s3fifo, full-timeout=SECS, index-memory=SIZE)`: the STICS
     /// cache over the device SPEC names.
     Cache(CacheSpec),
+    /// `journal(SPEC, journal=PATH[:SIZE]|DEVICE-SPEC, max-group=SIZE)`: the storage side of
+    /// STICS (an SG) over the device SPEC names: it takes groups of epochs from gateways over
+    /// the link, makes them durable in its journal and applies them to SPEC whole.
+    Journal(JournalSpec),
+}
+
+/// The arguments of `journal(...)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalSpec {
+    /// The medium the groups are applied to.
+    pub inner: Box<DeviceSpec>,
+    /// Where the journal lives.
+    pub journal: JournalAt,
+    /// The largest encoded group taken.
+    pub max_group: Option<u32>,
+}
+
+/// Where a journal lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JournalAt {
+    /// A file (created at the size, 1 GiB when not given, if missing) or a block-device node.
+    Path { path: PathBuf, size: Option<u64> },
+    /// A device of its own (an `rbd:` image in the medium's cluster, so that a standby SG finds
+    /// it).
+    Device(Box<DeviceSpec>),
 }
 
 /// The arguments of `cache(...)`.
@@ -147,7 +175,7 @@ pub struct CacheSpec {
 }
 
 /// The names of the wrappers, for error messages.
-pub const LAYERS: &[&str] = &["cache"];
+pub const LAYERS: &[&str] = &["cache", "journal"];
 
 /// Why a spec was refused; each names the piece of text at fault (with secrets hidden).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -294,6 +322,13 @@ fn iscsi(text: &str) -> Result<DeviceSpec, SpecError> {
                             "on" => true,
                             "off" => false,
                             _ => return Err(bad("read_session is on or off")),
+                        });
+                    }
+                    Some(("link", v)) => {
+                        options.link = Some(match v {
+                            "on" => true,
+                            "off" => false,
+                            _ => return Err(bad("link is on or off")),
                         });
                     }
                     Some(("first_burst", v)) => {
@@ -445,6 +480,7 @@ impl Layer {
     fn from_call(call: syntax::Call<'_>) -> Result<Layer, SpecError> {
         match call.name {
             "cache" => cache(&call).map(Layer::Cache),
+            "journal" => journal(&call).map(Layer::Journal),
             _ => Err(SpecError::UnknownLayer { kind: call.name.to_owned() }),
         }
     }
@@ -482,8 +518,74 @@ impl Layer {
                 }
                 out.push(')');
             }
+            Layer::Journal(j) => {
+                *out += "journal(";
+                j.inner.write(out, secrets);
+                match &j.journal {
+                    JournalAt::Path { path, size } => {
+                        *out += &format!(", journal={}", path.display());
+                        if let Some(n) = size {
+                            *out += &format!(":{}", size_text(*n));
+                        }
+                    }
+                    JournalAt::Device(d) => {
+                        *out += ", journal=";
+                        d.write(out, secrets);
+                    }
+                }
+                if let Some(n) = j.max_group {
+                    *out += &format!(", max-group={}", size_text(n.into()));
+                }
+                out.push(')');
+            }
         }
     }
+}
+
+/// The largest `max-group=` a journal takes (a LINK WRITE offset is 32 bits).
+pub const MAX_GROUP: u64 = 1 << 30;
+
+/// Reads `journal(SPEC, journal=PATH[:SIZE]|DEVICE-SPEC, max-group=SIZE)`.
+fn journal(call: &syntax::Call<'_>) -> Result<JournalSpec, SpecError> {
+    let args = LayerArgs::parse(call)?;
+    let bad = |piece: &str, reason| SpecError::LayerArg { kind: "journal".into(), piece: redact(piece), reason };
+    let mut j = JournalSpec {
+        inner: Box::new(args.inner),
+        journal: JournalAt::Path { path: PathBuf::new(), size: None },
+        max_group: None,
+    };
+    let mut given = false;
+    for (k, v) in &args.options {
+        let piece = format!("{k}={v}");
+        match k.as_str() {
+            "journal" => {
+                given = true;
+                // A device spec (`rbd:`, `mem:`, `file:`) names a device; anything else is a path
+                // with an optional `:SIZE`, as for a cache's log.
+                let device = ["rbd:", "mem:", "file:", "null:"].iter().any(|p| v.starts_with(p));
+                j.journal = if device {
+                    JournalAt::Device(Box::new(v.parse()?))
+                } else {
+                    match v.rsplit_once(':') {
+                        Some((p, n)) if !p.is_empty() && parse_size(n).is_ok() => {
+                            JournalAt::Path { path: PathBuf::from(p), size: Some(parse_size(n)?) }
+                        }
+                        _ if v.is_empty() => return Err(bad(&piece, "the journal needs a path or a device")),
+                        _ => JournalAt::Path { path: PathBuf::from(v), size: None },
+                    }
+                };
+            }
+            "max-group" => {
+                let n = parse_size(v).ok().filter(|n| (1 << 20..=MAX_GROUP).contains(n));
+                j.max_group = Some(n.ok_or_else(|| bad(&piece, "a size from 1 MiB to 1 GiB"))? as u32);
+            }
+            _ => return Err(bad(&piece, "known keys: journal, max-group")),
+        }
+    }
+    if !given {
+        return Err(bad("", "journal(...) needs journal=PATH[:SIZE] or journal=DEVICE-SPEC"));
+    }
+    Ok(j)
 }
 
 /// Reads `cache(SPEC, log=PATH[:SIZE], ...)`.
@@ -580,8 +682,16 @@ impl DeviceSpec {
             }
             DeviceSpec::Iscsi { url, options } => {
                 *out += &if secrets { url.unredacted() } else { url.to_string() };
-                let IscsiOptions { sessions, digests, first_burst, max_burst, max_r2t, max_transfer, read_session } =
-                    options;
+                let IscsiOptions {
+                    sessions,
+                    digests,
+                    first_burst,
+                    max_burst,
+                    max_r2t,
+                    max_transfer,
+                    read_session,
+                    link,
+                } = options;
                 let size = |key: &str, n: Option<u32>| n.map(|n| format!("{key}={}", size_text(n.into())));
                 let on_off = |key: &str, b: Option<bool>| b.map(|b| format!("{key}={}", if b { "on" } else { "off" }));
                 let args = sessions
@@ -592,7 +702,8 @@ impl DeviceSpec {
                     .chain(size("max_burst", *max_burst))
                     .chain(max_r2t.map(|n| format!("max_r2t={n}")))
                     .chain(size("max_transfer", *max_transfer))
-                    .chain(on_off("read_session", *read_session));
+                    .chain(on_off("read_session", *read_session))
+                    .chain(on_off("link", *link));
                 for a in args {
                     out.push(if out.contains('?') { '&' } else { '?' });
                     *out += &a;
@@ -837,7 +948,7 @@ mod tests {
             ("file:", "file: needs a path"),
             ("cache(mem:1G", "unbalanced parentheses in \"cache(mem:1G\": '(' is never closed (byte 5)"),
             ("cache(mem:1G))", "unexpected \")\" after the closing ')'"),
-            ("zip(mem:1G, log=/l)", "unknown wrapper \"zip\" (known: cache)"),
+            ("zip(mem:1G, log=/l)", "unknown wrapper \"zip\" (known: cache, journal)"),
             ("cache(mem:1G)", "cache(...) needs log=PATH[:SIZE]"),
             ("cache(mem:1G, log=/l, mode=fast)", "use log, immediate or write-through"),
             ("cache(mem:1G, log=/l, speed=9)", "known keys: log, mode, ram, read-cache, policy"),
@@ -864,6 +975,33 @@ mod tests {
         }
         let DeviceSpec::Layer(Layer::Cache(c)) = "cache(mem:1G, log=/x:y:512MiB)".parse().unwrap() else { panic!() };
         assert_eq!((c.log, c.log_size), (PathBuf::from("/x:y"), Some(512 << 20)));
+    }
+
+    #[test]
+    fn journal_specs_read_and_print_back_and_name_what_is_wrong() {
+        for text in [
+            "journal(file:/srv/lun.img:10GiB, journal=/srv/journal:2GiB)",
+            "journal(rbd:p/img, journal=rbd:p/img-journal, max-group=16MiB)",
+            "journal(mem:1GiB, journal=/j)",
+            "cache(iscsi://h:3260/iqn.2024-01.org.x:y/0?link=off, log=/l)",
+        ] {
+            let spec: DeviceSpec = text.parse().unwrap();
+            assert_eq!(spec.to_string(), text);
+        }
+        let DeviceSpec::Layer(Layer::Journal(j)) = "journal(mem:1G, journal=rbd:p/j)".parse().unwrap() else {
+            panic!()
+        };
+        assert!(matches!(j.journal, JournalAt::Device(d) if matches!(*d, DeviceSpec::Rbd(_))));
+        for (text, want) in [
+            ("journal(mem:1G)", "needs journal=PATH[:SIZE] or journal=DEVICE-SPEC"),
+            ("journal(mem:1G, journal=/j, max-group=1KiB)", "a size from 1 MiB to 1 GiB"),
+            ("journal(mem:1G, journal=/j, lag=3)", "known keys: journal, max-group"),
+            ("journal(mem:1G, journal=)", "needs a path or a device"),
+            ("iscsi://h/iqn.2024-01.org.x:y/0?link=maybe", "link is on or off"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
     }
 
     #[test]
@@ -930,11 +1068,15 @@ mod tests {
                 "iqn\\.2024-01\\.[a-z.]{1,10}:[a-z0-9.-]{1,10}",
                 0u64..16384,
                 proptest::option::of(1usize..=MAX_SESSIONS),
-                (proptest::option::of(any::<bool>()), proptest::option::of(any::<bool>())),
+                (
+                    proptest::option::of(any::<bool>()),
+                    proptest::option::of(any::<bool>()),
+                    proptest::option::of(any::<bool>()),
+                ),
                 burst_options(),
             )
                 .prop_map(
-                    |(host, chap, mutual, port, target, lun, sessions, (digests, read_session), bursts)| {
+                    |(host, chap, mutual, port, target, lun, sessions, (digests, read_session, link), bursts)| {
                         let chap = chap.map(|(user, secret)| stics_initiator::Chap {
                             user,
                             secret,
@@ -951,6 +1093,7 @@ mod tests {
                             max_r2t,
                             max_transfer,
                             read_session,
+                            link,
                         };
                         DeviceSpec::Iscsi { url, options }
                     }

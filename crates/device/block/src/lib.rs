@@ -100,6 +100,11 @@ pub enum BlockError {
     /// (a cache's remote or log) has been failing for longer: the message names the cause.
     #[error("device stalled: {0}")]
     Stalled(String),
+    /// The device refused what the request carries as invalid (a group whose checksum or
+    /// structure does not hold): sent again unchanged it fails again, unless it was damaged on
+    /// the way.
+    #[error("request refused: {0}")]
+    Rejected(String),
 }
 
 impl BlockError {

@@ -432,7 +432,7 @@ impl GroupSink for JournalDev {
 }
 
 fn refused(why: String) -> BlockError {
-    BlockError::Io { lba: 0, source: std::io::Error::new(std::io::ErrorKind::InvalidData, why) }
+    BlockError::Rejected(why)
 }
 
 #[async_trait]

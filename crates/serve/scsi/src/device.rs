@@ -7,11 +7,13 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use stics_block::{BlockError, Provisioning};
 
+use stics_link::cdb::LinkCdb;
 use stics_sam::cdb::{decode_cdb, Cdb, ModeSense, RwForm, WriteSame};
 use stics_sam::op::{self, mode_page, pr_in};
 use stics_sam::sense::{asc, Sense};
 use stics_sam::{lun, status};
 
+use crate::link::StageError;
 use crate::lu::LogicalUnit;
 use crate::pr::{Access, PrError, PrOutParams, PrState};
 use crate::spc;
@@ -105,7 +107,15 @@ fn block_error(e: BlockError, write: bool) -> Fail {
         BlockError::NoSpace(_) => Sense::space_allocation_failed().into(),
         BlockError::WriteProtected(_) => Sense::write_protected().into(),
         BlockError::Stalled(_) => Sense::communication_timeout().into(),
+        BlockError::Rejected(_) => Sense::invalid_param_field(0, None).into(),
         _ => Sense::internal_target_failure().into(),
+    }
+}
+
+fn stage_fail(e: StageError) -> Fail {
+    match e {
+        StageError::Sense(s) => Fail::from(s),
+        StageError::Busy => Fail { status: status::BUSY, sense: None, xfer: 0 },
     }
 }
 
@@ -327,6 +337,9 @@ impl Device {
                 return Err(Sense::unit_attention(ua).into());
             }
         }
+        if stics_link::cdb::is_link(opcode) && lu.dev.group_sink().is_some() {
+            return self.link(lu, nexus, cmd).await;
+        }
         let c = decode_cdb(&cmd.cdb).map_err(|e| Fail::from(e.sense()))?;
         if lu.reserved.load(Ordering::Acquire) {
             let st = lu.lock();
@@ -543,6 +556,39 @@ impl Device {
                 let fmt = cmd.cdb.get(if twelve { 1 } else { 2 }).copied().unwrap_or(0) & 0x1f;
                 let v = if twelve { vec![0, fmt, 0, 0, 0, 0, 0, 0] } else { vec![0, fmt, 0, 0] };
                 Ok(Done::data_in(v, alloc))
+            }
+        }
+    }
+
+    /// The link's commands (`stics_link::cdb`), on a device that takes groups. They are
+    /// writes (LINK STATUS a read) to reservations: a gateway that claimed the LUN fences others.
+    async fn link(&self, lu: &LogicalUnit, nexus: &Nexus, cmd: &Command) -> Outcome {
+        let Some(sink) = lu.dev.group_sink() else { return Err(Sense::invalid_opcode().into()) };
+        let c = stics_link::cdb::decode(&cmd.cdb).map_err(|_| Fail::from(Sense::invalid_cdb_field(0, None)))?;
+        let access = if matches!(c, LinkCdb::Status { .. }) { Access::Read } else { Access::Write };
+        if lu.reserved.load(Ordering::Acquire) && lu.lock().resv.pr.conflicts(&nexus.key(), access) {
+            return Err(Fail::conflict());
+        }
+        if lu.cfg.read_only && access == Access::Write {
+            return Err(Sense::write_protected().into());
+        }
+        match c {
+            LinkCdb::Write { seq, offset } => {
+                let data = cmd.data_out.get(..cmd.expected_len as usize).unwrap_or(&cmd.data_out);
+                let n = data.len() as u64;
+                lu.staging()
+                    .write(nexus.id, seq, offset, data, sink.max_group())
+                    .map_err(|e| stage_fail(e).with_xfer(n))?;
+                Ok(Done::out(n))
+            }
+            LinkCdb::Commit { seq, len } => {
+                let group = lu.staging().take(nexus.id, seq, len).map_err(stage_fail)?;
+                sink.commit(group).await.map_err(|e| block_error(e, true))?;
+                Ok(Done::none())
+            }
+            LinkCdb::Status { alloc } => {
+                let st = sink.status().await.map_err(|e| block_error(e, false))?;
+                Ok(Done::data_in(st.to_vec(), alloc))
             }
         }
     }

@@ -15,6 +15,7 @@
 use bytes::Bytes;
 
 mod device;
+mod link;
 mod lu;
 pub mod pr;
 mod spc;

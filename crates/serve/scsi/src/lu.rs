@@ -9,6 +9,7 @@ use stics_block::{BlockDev, Geometry};
 
 use stics_sam::sense::asc;
 
+use crate::link::Staging;
 use crate::pr::{NexusKey, PrState};
 use crate::spc::{MAX_CAW_BLOCKS, MAX_WRITE_SAME_BLOCKS};
 
@@ -94,6 +95,8 @@ pub struct LogicalUnit {
     pub(crate) write_lock: tokio::sync::RwLock<()>,
     /// The device's reset count last seen ([`BlockDev::resets`]).
     pub(crate) resets: AtomicU64,
+    /// Groups being sent over the link, when the device takes them.
+    pub(crate) staging: Mutex<Staging>,
 }
 
 impl LogicalUnit {
@@ -114,6 +117,7 @@ impl LogicalUnit {
             state: Mutex::new(LuState::default()),
             write_lock: tokio::sync::RwLock::new(()),
             resets,
+            staging: Mutex::new(Staging::default()),
         }
     }
 
@@ -125,6 +129,10 @@ impl LogicalUnit {
     /// The configuration this LU was created with.
     pub fn config(&self) -> &LuConfig {
         &self.cfg
+    }
+
+    pub(crate) fn staging(&self) -> MutexGuard<'_, Staging> {
+        self.staging.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, LuState> {
@@ -232,6 +240,7 @@ impl LogicalUnit {
     }
 
     pub(crate) fn remove_nexus(&self, id: u64) {
+        self.staging.lock().unwrap_or_else(std::sync::PoisonError::into_inner).forget(id);
         let mut st = self.lock();
         let Some(key) = st.nexuses.remove(&id) else { return };
         if st.ua.remove(&id).is_some() {

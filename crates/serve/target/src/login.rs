@@ -25,6 +25,9 @@ pub struct TargetAuth {
     pub mutual_chap: Option<Credentials>,
     /// Allowed initiator names; empty allows all.
     pub initiators: Vec<String>,
+    /// A LUN of this target takes groups over the link (`stics_link`): the target accepts the
+    /// link's login key.
+    pub link: bool,
 }
 
 impl TargetAuth {
@@ -544,6 +547,15 @@ impl Login {
 
     /// The answer to one operational key (None for declarations that need none).
     fn answer(&mut self, k: &str, v: &str) -> Option<String> {
+        if k == stics_link::LOGIN_KEY
+            && self.session_type == SessionType::Normal
+            && self.target_auth().is_some_and(|t| t.link)
+        {
+            return Some(match stics_link::negotiated(Some(v)) {
+                Some(version) => version.to_string(),
+                None => keys::REJECT.into(),
+            });
+        }
         let Some(def) = keys::lookup(k) else { return Some(keys::NOT_UNDERSTOOD.into()) };
         if self.session_type == SessionType::Discovery && def.normal_only {
             return Some(keys::IRRELEVANT.into());
@@ -601,6 +613,7 @@ mod tests {
                 chap: chap.then(|| Credentials { user: "alice".into(), secret: "alice-secret-1".into() }),
                 mutual_chap: mutual.then(|| Credentials { user: "tgt".into(), secret: "target-secret-2".into() }),
                 initiators: vec![],
+                link: false,
             }],
             discovery: DiscoveryConfig::default(),
             limits: Limits::default(),
@@ -700,6 +713,22 @@ mod tests {
                 assert_eq!(out.target, Some(0));
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_link_key_is_answered_only_by_a_target_that_takes_groups() {
+        for link in [false, true] {
+            let mut p = (*policy(false, false)).clone();
+            if let Some(t) = p.targets.first_mut() {
+                t.link = link;
+            }
+            let mut l = Login::new(Arc::new(p), vec![1; 16], 1);
+            continue_pdu(l.step(&req(0, 1, true), format!("{}AuthMethod=None\0", names(IQN)).as_bytes()));
+            let ops = format!("{}=1\0", stics_link::LOGIN_KEY);
+            let Step::Ready(p, _) = l.step(&req(1, 3, true), ops.as_bytes()) else { panic!("login did not finish") };
+            let want = if link { "1" } else { "NotUnderstood" };
+            assert_eq!(get(&p, stics_link::LOGIN_KEY).as_deref(), Some(want), "link={link}");
         }
     }
 
@@ -947,6 +976,7 @@ mod tests {
             chap: chap.then(|| Credentials { user: "u".into(), secret: "target-secret-6".into() }),
             mutual_chap: None,
             initiators: initiators.iter().map(|i| (*i).to_owned()).collect(),
+            link: false,
         };
         let p = Policy {
             targets: vec![

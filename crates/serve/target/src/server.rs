@@ -142,6 +142,7 @@ impl Server {
         let mut auths = Vec::new();
         for (t, devs) in config.targets.iter().zip(opened) {
             let mut luns = Vec::new();
+            let link = devs.iter().any(|d| d.group_sink().is_some());
             for (i, dev) in devs.into_iter().enumerate() {
                 let block = dev.geometry().block_size;
                 if config.limits.max_command_bytes < block {
@@ -170,6 +171,7 @@ impl Server {
                 chap: t.chap.clone(),
                 mutual_chap: t.mutual_chap.clone(),
                 initiators: t.initiators.clone(),
+                link,
             });
         }
         let mut listeners = Vec::new();
