@@ -35,7 +35,7 @@ const ATTEMPTS: u32 = 20;
 
 /// The SG's status, read with retries of transient statuses.
 pub(crate) async fn read_status(s: &Session, lun: u64) -> Result<Status, Error> {
-    let req = Request::new(lun, link_cdb::status(STATUS_ALLOC), Data::Read(STATUS_ALLOC));
+    let req = Request::new(lun, link_cdb::status(0, STATUS_ALLOC), Data::Read(STATUS_ALLOC));
     let out = execute_retrying(s, req, s.counters_ref()).await?;
     Status::decode(&out.data).map_err(|e| Error::Protocol(format!("LINK STATUS answer: {e}")))
 }
@@ -143,9 +143,9 @@ impl GroupSink for Lun {
         }
     }
 
-    async fn status(&self) -> Result<Bytes, BlockError> {
+    async fn link_status(&self, fence: u64) -> Result<Bytes, BlockError> {
         let s = self.write_sessions().first().ok_or(BlockError::Unsupported("a LUN without sessions"))?;
-        let req = Request::new(self.lun, link_cdb::status(STATUS_ALLOC), Data::Read(STATUS_ALLOC));
+        let req = Request::new(self.lun, link_cdb::status(fence, STATUS_ALLOC), Data::Read(STATUS_ALLOC));
         let out = execute_retrying(s, req, s.counters_ref()).await.map_err(commit_err)?;
         Ok(out.data)
     }

@@ -9,7 +9,10 @@ use crate::{field, u32_at, u64_at, LinkError};
 pub const LINK_WRITE: u8 = 0xc4;
 /// LINK COMMIT: group `seq`, `len` bytes long, is whole; GOOD once it is durable on the SG.
 pub const LINK_COMMIT: u8 = 0xc5;
-/// LINK STATUS: data-in is a [`crate::status::Status`] of at most `alloc` bytes.
+/// LINK STATUS: data-in is a [`crate::status::Status`] of at most `alloc` bytes. A non-zero
+/// `fence` ([`crate::fence_of`] a source) also fences that source: a commit of its groups sent
+/// before this read and not yet taken is refused, so that a gateway that restarted never sees a
+/// group of its previous run land after it read what the SG holds.
 pub const LINK_STATUS: u8 = 0xc6;
 
 /// A decoded link command.
@@ -17,7 +20,7 @@ pub const LINK_STATUS: u8 = 0xc6;
 pub enum LinkCdb {
     Write { seq: u64, offset: u32 },
     Commit { seq: u64, len: u32 },
-    Status { alloc: u32 },
+    Status { fence: u64, alloc: u32 },
 }
 
 fn cdb(op: u8, a: u64, b: u32) -> [u8; 16] {
@@ -38,9 +41,9 @@ pub fn commit(seq: u64, len: u32) -> [u8; 16] {
     cdb(LINK_COMMIT, seq, len)
 }
 
-/// LINK STATUS into `alloc` bytes.
-pub fn status(alloc: u32) -> [u8; 16] {
-    cdb(LINK_STATUS, 0, alloc)
+/// LINK STATUS into `alloc` bytes, fencing `fence` (0: none).
+pub fn status(fence: u64, alloc: u32) -> [u8; 16] {
+    cdb(LINK_STATUS, fence, alloc)
 }
 
 /// True for the link's operation codes.
@@ -57,7 +60,7 @@ pub fn decode(c: &[u8]) -> Result<LinkCdb, LinkError> {
     match c.first().copied() {
         Some(LINK_WRITE) => Ok(LinkCdb::Write { seq: a, offset: b }),
         Some(LINK_COMMIT) => Ok(LinkCdb::Commit { seq: a, len: b }),
-        Some(LINK_STATUS) => Ok(LinkCdb::Status { alloc: b }),
+        Some(LINK_STATUS) => Ok(LinkCdb::Status { fence: a, alloc: b }),
         other => Err(field("operation code", format!("{other:?} is no link command"))),
     }
 }
@@ -71,7 +74,7 @@ mod tests {
     fn commands_round_trip_and_have_their_bytes_where_the_target_looks() {
         assert_eq!(decode(&write(7, 1 << 20)).unwrap(), LinkCdb::Write { seq: 7, offset: 1 << 20 });
         assert_eq!(decode(&commit(u64::MAX, 9)).unwrap(), LinkCdb::Commit { seq: u64::MAX, len: 9 });
-        assert_eq!(decode(&status(4096)).unwrap(), LinkCdb::Status { alloc: 4096 });
+        assert_eq!(decode(&status(9, 4096)).unwrap(), LinkCdb::Status { fence: 9, alloc: 4096 });
         assert_eq!(&commit(1, 2)[..], &[0xc5, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0]);
         assert!(decode(&[0xc4; 10]).is_err());
         assert!(decode(&[0x2a; 16]).is_err());

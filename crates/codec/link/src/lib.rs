@@ -23,6 +23,14 @@ pub const LOGIN_KEY: &str = "X-org.stics.link";
 /// The link version this build speaks.
 pub const LINK_VERSION: u32 = 1;
 
+/// The fence a source's status reads carry ([`cdb::status`]): its UUID folded to 64 bits,
+/// never 0.
+pub fn fence_of(source: &[u8; 16]) -> u64 {
+    let (a, b) = source.split_at(8);
+    let word = |x: &[u8]| x.iter().fold(0u64, |w, byte| (w << 8) | u64::from(*byte));
+    (word(a) ^ word(b)).max(1)
+}
+
 /// What the far side answered to [`LOGIN_KEY`]: the version both speak, if it speaks one.
 pub fn negotiated(answer: Option<&str>) -> Option<u32> {
     let v: u32 = answer?.trim().parse().ok()?;

@@ -166,8 +166,10 @@ pub trait GroupSink: Send + Sync {
     /// effect.
     async fn commit(&self, group: Bytes) -> Result<(), BlockError>;
 
-    /// What the device holds of each source, encoded as the link's status answer.
-    async fn status(&self) -> Result<Bytes, BlockError>;
+    /// What the device holds of each source, encoded as the link's status answer; a non-zero
+    /// `fence` (`stics_link::fence_of` a source) refuses that source's commits that were under
+    /// way when it was asked (see the link's LINK STATUS).
+    async fn link_status(&self, fence: u64) -> Result<Bytes, BlockError>;
 }
 
 /// A device that reads and writes ranges of logical blocks.

@@ -122,6 +122,13 @@ pub struct Config {
     /// Largest read-ahead window for sequential readers (0: none); it doubles while reads stay
     /// sequential.
     pub read_ahead_bytes: u64,
+    /// Oldest a write the remote does not hold yet may get (`None`: no bound but the log's
+    /// size). Beyond it host writes wait, as for a full log; on an SG, groups are also kept
+    /// small enough to ship in a quarter of it at the rate measured.
+    pub max_lag: Option<Duration>,
+    /// zstd level groups are compressed at (1 is fast and, on a WAN, as good as higher levels
+    /// on the bytes that matter; see `stics bench packets`).
+    pub group_level: i32,
 }
 
 impl Default for Config {
@@ -149,6 +156,8 @@ impl Default for Config {
             read_cache_bytes: 256 << 20,
             read_cache_policy: Policy::default(),
             read_ahead_bytes: 1 << 20,
+            max_lag: None,
+            group_level: 1,
         }
     }
 }
@@ -167,6 +176,9 @@ pub struct Layout {
     pub ring_end: u64,
     /// Destage pipelines epochs on an ordered queue (see [`Config::ordered_destage`]).
     pub ordered_remote: bool,
+    /// The remote is a stics SG that takes groups of epochs up to this many encoded bytes
+    /// ([`stics_block::GroupSink`]): destage ships groups.
+    pub max_group: Option<u32>,
 }
 
 /// A configuration the cache cannot run with.

@@ -22,7 +22,9 @@
 //! power: its volatile cache then keeps only some of what it took since its last flush, and its
 //! reset count moves, so that a flush answered afterwards must not retire an epoch. A third run
 //! switches between `log` and `write-through` modes at crashes, so that write-through meets a
-//! log that holds dirty data and a clean one.
+//! log that holds dirty data and a clean one. Two more run against a stics SG, which takes
+//! groups of epochs whole and durably (and epochs too large for a group as plain writes), reads
+//! its status after every restart and may see a group of the crashed run land after that.
 
 use std::collections::BTreeMap;
 
@@ -31,14 +33,17 @@ use proptest::prelude::*;
 use std::time::{Duration, Instant};
 
 use stics_block::BlockError;
-use stics_cache::core::{Core, DestageIo, Piece, Submitted, Ticket};
+use stics_cache::core::{Core, DestageIo, GroupPlan, Piece, SgHolds, Submitted, Ticket};
 use stics_cache::format::{Checkpoint, RemoteBinding, Superblock, LOG_BLOCK, RING_START};
 use stics_cache::readcache::Policy;
 use stics_cache::{scan, Config, Layout, Mode};
+use stics_link::group::ExtentKind;
 
 const BS: usize = 512;
 const BLOCKS: u64 = 48;
 const RING_BLOCKS: u64 = 72; // 288 KiB of ring: just what the limits below need, so it wraps and fills
+/// The SG's largest group: some of the model's epochs (up to 8 KiB) do not fit one.
+const SG_MAX_GROUP: u32 = 6 << 10;
 
 /// A block's content: which write put it there (0: never written; zeros are write ids too).
 type Val = u64;
@@ -190,10 +195,16 @@ struct Sim {
     /// In `log` mode a completed write is durable, so a write issued after any acknowledgement
     /// may depend on it: such a write starts a new epoch for the consistency check.
     acked_since_boundary: bool,
+    /// The remote is a stics SG: what it holds of the log.
+    sg: Option<SgHolds>,
+    /// What the SG answered to each group that landed.
+    verdicts: BTreeMap<u64, Result<(), BlockError>>,
+    /// A group of a crashed run still landing on the SG after the restart.
+    late: Option<GroupPlan>,
 }
 
 impl Sim {
-    fn new(mode: Mode, ordered: bool, switching: bool) -> Sim {
+    fn new(mode: Mode, ordered: bool, switching: bool, sg: bool) -> Sim {
         let ring_end = RING_START + RING_BLOCKS * LOG_BLOCK;
         let cfg = Config {
             mode,
@@ -220,6 +231,7 @@ impl Sim {
             ring_start: RING_START,
             ring_end,
             ordered_remote: ordered,
+            max_group: sg.then_some(SG_MAX_GROUP),
         };
         cfg.validate(&layout).expect("the simulated log is large enough");
         let uuid = [0x5a; 16];
@@ -249,6 +261,9 @@ impl Sim {
             next_id: 1,
             generation: 0,
             acked_since_boundary: false,
+            sg: sg.then_some(SgHolds::default()),
+            verdicts: BTreeMap::new(),
+            late: None,
         };
         // Formatting writes both superblock copies.
         sim.write_superblock(cp);
@@ -439,8 +454,26 @@ impl Sim {
                 if tracing() {
                     eprintln!("  handed out: {}", show(&new));
                 }
+                if self.late.is_some() && new.contains(&DestageIo::GroupStatus) {
+                    // The crashed run's last commit, still on its way, meets the new run's status
+                    // read: it takes the SG's turn first and lands, or comes after the read,
+                    // which fences it, and is refused.
+                    if let Some(plan) = self.late.take().filter(|_| complete % 2 == 1) {
+                        let _ = self.land_group(&plan)?;
+                    }
+                }
                 for io in new {
                     match io {
+                        DestageIo::GroupStatus => {
+                            if complete == 0 {
+                                self.core.group_status_failed(&BlockError::Unreachable("lost".into()), self.now);
+                                continue;
+                            }
+                            let holds = self.sg.ok_or("a status read from a remote that is no SG")?;
+                            if self.core.group_status(holds, self.now) {
+                                self.checkpoint_moved();
+                            }
+                        }
                         DestageIo::Probe(probe) => {
                             if complete == 0 {
                                 self.core.probe_failed(&BlockError::Unreachable("lost".into()), self.now);
@@ -470,6 +503,7 @@ impl Sim {
                         other => self.in_flight_destage.push(other),
                     }
                 }
+
                 let mut landed = Vec::new();
                 for _ in 0..complete {
                     // Complete the newest first: remote order is not issue order, except that
@@ -496,7 +530,23 @@ impl Sim {
                             }
                         }
                         DestageIo::Sync { epoch, .. } => self.synced(epoch),
-                        DestageIo::Probe(_) => return Err("a probe was in flight".into()),
+                        DestageIo::Probe(_) | DestageIo::GroupStatus => {
+                            return Err("a probe or a status read was in flight".into())
+                        }
+                        DestageIo::Group(plan) => {
+                            let verdict =
+                                self.verdicts.remove(&plan.seq).ok_or("a group answered that never landed")?;
+                            let moved = match verdict {
+                                Ok(()) => self.core.group_committed(plan.seq, 1, Duration::from_millis(10), self.now),
+                                Err(e) => {
+                                    self.core.group_failed(plan.seq, &e, self.now);
+                                    false
+                                }
+                            };
+                            if moved {
+                                self.checkpoint_moved();
+                            }
+                        }
                     }
                 }
                 self.check_remote_consistent()?;
@@ -580,8 +630,56 @@ impl Sim {
                 DestageIo::Write { id, .. } | DestageIo::Zero { id, .. } => self.core.destage_failed(id, &e, self.now),
                 DestageIo::Sync { epoch, .. } => self.core.sync_failed(epoch, &e, self.now),
                 DestageIo::Probe(_) => self.core.probe_failed(&e, self.now),
+                DestageIo::Group(p) => self.core.group_failed(p.seq, &e, self.now),
+                DestageIo::GroupStatus => self.core.group_status_failed(&e, self.now),
             }
         }
+    }
+
+    /// The SG takes a group as the journal does: whole and durable, once per number (the newest
+    /// again without effect, anything else under a used number refused).
+    fn land_group(&mut self, plan: &GroupPlan) -> Result<Result<(), BlockError>, String> {
+        let holds = self.sg.as_mut().ok_or("a group sent to a remote that is no SG")?;
+        if plan.seq <= holds.committed_seq {
+            if plan.seq == holds.committed_seq && plan.last_epoch == holds.committed_epoch {
+                return Ok(Ok(()));
+            }
+            return Ok(Err(BlockError::Rejected(format!("group {} under a used number", plan.seq))));
+        }
+        if plan.first_epoch > plan.last_epoch || plan.last_epoch <= holds.committed_epoch && holds.committed_seq > 0 {
+            return Err(format!(
+                "group {} holds epochs {}..={} after epoch {} was committed",
+                plan.seq, plan.first_epoch, plan.last_epoch, holds.committed_epoch
+            ));
+        }
+        *holds = SgHolds { committed_seq: plan.seq, committed_epoch: plan.last_epoch };
+        let data = self.resolve(&plan.sources);
+        let mut at = 0usize;
+        let mut last_end = 0u64;
+        for x in &plan.extents {
+            if x.lba < last_end || x.blocks == 0 {
+                return Err(format!("group {} has extents out of order or empty", plan.seq));
+            }
+            last_end = x.lba + u64::from(x.blocks);
+            for b in x.lba..last_end {
+                let v = match x.kind {
+                    ExtentKind::Data => {
+                        let chunk = data.get(at * BS..(at + 1) * BS).ok_or("a group's data is short")?;
+                        at += 1;
+                        val_of(chunk, b)?.unwrap_or(0)
+                    }
+                    ExtentKind::Zero | ExtentKind::Discard => 0,
+                };
+                // Durable at once: the journal holds it and replays it after a power loss.
+                self.remote[b as usize] = v;
+                self.remote_durable[b as usize] = v;
+                self.since_flush.retain(|(s, _)| *s != b);
+            }
+        }
+        if at * BS != data.len() {
+            return Err(format!("group {} carries {} bytes for {at} data blocks", plan.seq, data.len()));
+        }
+        Ok(Ok(()))
     }
 
     /// Hands what the plan read from the remote (and its read-ahead) to the read cache, as the
@@ -642,7 +740,11 @@ impl Sim {
                 }
             }
             DestageIo::Sync { .. } => self.remote_flushed(),
-            DestageIo::Probe(_) => {}
+            DestageIo::Probe(_) | DestageIo::GroupStatus => {}
+            DestageIo::Group(plan) => {
+                let verdict = self.land_group(plan)?;
+                self.verdicts.insert(plan.seq, verdict);
+            }
         }
         Ok(())
     }
@@ -702,8 +804,17 @@ impl Sim {
             }
         }
         self.held.clear();
-        let inflight = std::mem::take(&mut self.in_flight_destage);
+        let mut inflight = std::mem::take(&mut self.in_flight_destage);
+        if self.sg.is_some() && tear.is_multiple_of(5) {
+            // The group's commit is still on its way to the SG: it lands after the restart.
+            if let Some(i) = inflight.iter().position(|io| matches!(io, DestageIo::Group(_))) {
+                if let DestageIo::Group(p) = inflight.remove(i) {
+                    self.late = Some(p);
+                }
+            }
+        }
         self.land_some(&inflight, land)?;
+        self.verdicts.clear();
         self.waiting.clear();
         self.check_remote_consistent()?;
         if self.switching && switch {
@@ -790,12 +901,18 @@ fn show(ios: &[DestageIo]) -> String {
         DestageIo::Zero { id, lba, blocks, .. } => format!("Z{id}@{lba}+{blocks}"),
         DestageIo::Sync { epoch, barrier } => format!("S{epoch}{}", if *barrier { "b" } else { "" }),
         DestageIo::Probe(p) => format!("P{:?}", p.epochs),
+        DestageIo::Group(g) => format!("G{}[{}..={}]", g.seq, g.first_epoch, g.last_epoch),
+        DestageIo::GroupStatus => "STATUS".to_owned(),
     };
     ios.iter().map(one).collect::<Vec<_>>().join(" ")
 }
 
 fn run(mode: Mode, ordered: bool, switching: bool, ops: &[Op]) -> Result<(), String> {
-    let mut sim = Sim::new(mode, ordered, switching);
+    run_on(mode, ordered, switching, false, ops)
+}
+
+fn run_on(mode: Mode, ordered: bool, switching: bool, sg: bool, ops: &[Op]) -> Result<(), String> {
+    let mut sim = Sim::new(mode, ordered, switching, sg);
     let trace = tracing();
     for op in ops {
         sim.step(op)?;
@@ -811,7 +928,11 @@ fn run(mode: Mode, ordered: bool, switching: bool, ops: &[Op]) -> Result<(), Str
     }
     // Drain: finish the log, destage everything.
     for _ in 0..10_000 {
-        if sim.core.is_clean() && sim.in_flight_record.is_none() && sim.in_flight_destage.is_empty() {
+        if sim.core.is_clean()
+            && sim.in_flight_record.is_none()
+            && sim.in_flight_destage.is_empty()
+            && sim.late.is_none()
+        {
             break;
         }
         sim.step(&Op::ReadFinish)?;
@@ -877,4 +998,49 @@ proptest! {
     fn write_through_and_log_mode_in_turn_on_an_ordered_remote(ops in prop::collection::vec(op(), 1..300)) {
         run(Mode::Log, true, true, &ops).map_err(TestCaseError::fail)?;
     }
+
+    #[test]
+    fn log_mode_shipping_groups_to_an_sg_survives_crashes_lost_links_and_late_commits(ops in prop::collection::vec(op(), 1..300)) {
+        run_on(Mode::Log, true, false, true, &ops).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn immediate_mode_shipping_groups_to_an_sg_survives_crashes_lost_links_and_late_commits(ops in prop::collection::vec(op(), 1..300)) {
+        run_on(Mode::Immediate, false, false, true, &ops).map_err(TestCaseError::fail)?;
+    }
+}
+
+/// A group of a crashed run that landed after the new run read the SG's status, followed by the
+/// new run's plain writes of an older epoch, once left the SG behind the host: the SG now fences
+/// a source's commits across its status reads.
+#[test]
+fn a_late_group_of_a_crashed_run_never_lands_after_the_new_run_read_the_status() {
+    use Op::*;
+    let w = |lba, blocks| Write { lba, blocks, fua: false };
+    let ops = vec![
+        w(0, 2),
+        w(32, 1),
+        w(23, 5),
+        w(2, 3),
+        w(6, 1),
+        LogStep,
+        LogStep,
+        DestageStep { complete: 1 },
+        DestageStep { complete: 0 },
+        w(0, 1),
+        w(0, 1),
+        w(0, 1),
+        w(0, 1),
+        LogStep,
+        LogStep,
+        Crash { tear: 0, land: 0, switch: false },
+        DestageStep { complete: 1 },
+        DestageStep { complete: 3 },
+        DestageStep { complete: 2 },
+        DestageStep { complete: 1 },
+        DestageStep { complete: 0 },
+        DestageStep { complete: 0 },
+        Crash { tear: 1572710930, land: 0, switch: false },
+    ];
+    run_on(Mode::Immediate, false, false, true, &ops).unwrap();
 }

@@ -185,7 +185,17 @@ impl Core {
         }
         let known = self.sources.get(&v.head.source).copied().unwrap_or_default();
         if !recovering && known.committed_seq > 0 && v.head.seq <= known.committed_seq {
-            return Ok(Take::Again);
+            // The newest group sent again after a lost answer is taken without effect. Anything
+            // else under a number already used is a gateway that lost track (restarted while its
+            // last commit was still landing): refused, so that it reads the status and moves on
+            // from there instead of believing epochs held that are not.
+            if v.head.seq == known.committed_seq && v.head.last_epoch == known.committed_epoch {
+                return Ok(Take::Again);
+            }
+            return Err(JournalError::Refused(format!(
+                "group {} (epochs {}..={}) under a number already used: the newest taken from this source is group {} up to epoch {}",
+                v.head.seq, v.head.first_epoch, v.head.last_epoch, known.committed_seq, known.committed_epoch
+            )));
         }
         Ok(Take::New(Checked {
             head: v.head,
@@ -425,7 +435,17 @@ mod tests {
         let d = |lba, blocks| Extent { lba, blocks, kind: ExtentKind::Data };
         commit(&mut c, grp(5, &[d(0, 1)], 1));
         assert!(matches!(c.check(&grp(5, &[d(0, 1)], 1), false).unwrap(), Take::Again));
-        assert!(matches!(c.check(&grp(4, &[d(0, 1)], 1), false).unwrap(), Take::Again));
+        assert!(
+            matches!(c.check(&grp(4, &[d(0, 1)], 1), false), Err(JournalError::Refused(_))),
+            "an older number: the sender lost track"
+        );
+        let mut other = grp(5, &[d(0, 1)], 1).to_vec();
+        let head = GroupHead { source: [9; 16], seq: 5, first_epoch: 5, last_epoch: 7, block_size: 512 };
+        other = encode(&head, &[d(0, 1)], &other[other.len() - 512..], 1).unwrap();
+        assert!(
+            matches!(c.check(&other, false), Err(JournalError::Refused(_))),
+            "the same number for other epochs: refused, never taken as held"
+        );
         assert!(matches!(c.check(&grp(6, &[d(0, 1)], 1), false).unwrap(), Take::New(_)));
         assert!(matches!(c.check(&grp(6, &[d(1020, 8)], 1), false), Err(JournalError::Refused(_))));
     }

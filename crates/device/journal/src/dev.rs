@@ -72,6 +72,9 @@ struct Inner {
     sb: Mutex<Superblock>,
     /// One commit at a time: records go to the ring in sequence.
     turn: tokio::sync::Mutex<()>,
+    /// Status reads per fence (a source's folded UUID): a commit that waited across one is
+    /// refused.
+    fences: Mutex<std::collections::HashMap<u64, u64>>,
     /// Ring space came free, or a group reached the medium.
     progress: Notify,
     /// A group was committed.
@@ -156,6 +159,7 @@ impl JournalDev {
             cfg,
             sb: Mutex::new(sb),
             turn: tokio::sync::Mutex::new(()),
+            fences: Mutex::new(std::collections::HashMap::new()),
             progress: Notify::new(),
             committed: Notify::new(),
             stopping: AtomicBool::new(false),
@@ -367,7 +371,14 @@ impl GroupSink for JournalDev {
                 inner.cfg.max_group
             )));
         }
+        let fence = stics_link::group::peek(&group).map_or(0, |h| stics_link::fence_of(&h.source));
+        let fenced_at = lock(&inner.fences).get(&fence).copied();
         let _turn = inner.turn.lock().await;
+        if lock(&inner.fences).get(&fence).copied() != fenced_at {
+            return Err(refused(
+                "the gateway read the status while this commit waited (it restarted): a group of its previous run does not land after that".into(),
+            ));
+        }
         let checked = match lock(&inner.core).check(&group, false) {
             Ok(Take::Again) => {
                 lock(&inner.stats).groups_again += 1;
@@ -408,7 +419,12 @@ impl GroupSink for JournalDev {
         Ok(())
     }
 
-    async fn status(&self) -> std::result::Result<Bytes, BlockError> {
+    async fn link_status(&self, fence: u64) -> std::result::Result<Bytes, BlockError> {
+        if fence != 0 {
+            *lock(&self.inner.fences).entry(fence).or_default() += 1;
+        }
+        // After any commit under way: a gateway reads the status to learn what it may retire.
+        let _turn = self.inner.turn.lock().await;
         let c = lock(&self.inner.core);
         let (used, size) = c.fill();
         let sources = c

@@ -583,11 +583,16 @@ impl Device {
             }
             LinkCdb::Commit { seq, len } => {
                 let group = lu.staging().take(nexus.id, seq, len).map_err(stage_fail)?;
+                // A session that ended while its commit waited here has a successor that may have
+                // read the status since: its group must not land now.
+                if !lu.lock().nexuses.contains_key(&nexus.id) {
+                    return Err(Sense::command_sequence_error().into());
+                }
                 sink.commit(group).await.map_err(|e| block_error(e, true))?;
                 Ok(Done::none())
             }
-            LinkCdb::Status { alloc } => {
-                let st = sink.status().await.map_err(|e| block_error(e, false))?;
+            LinkCdb::Status { fence, alloc } => {
+                let st = sink.link_status(fence).await.map_err(|e| block_error(e, false))?;
                 Ok(Done::data_in(st.to_vec(), alloc))
             }
         }

@@ -47,8 +47,12 @@ impl Core {
             // It goes to the remote directly and takes nothing here.
             return Admit::Now;
         }
+        self.tick(now);
         let fill = self.log_fill();
-        let full = !self.ram_has_room(bytes) || fill >= FULL || self.index_extents() >= self.cfg.max_extents();
+        let full = !self.ram_has_room(bytes)
+            || fill >= FULL
+            || self.index_extents() >= self.cfg.max_extents()
+            || self.over_lag(now);
         if full {
             if let Some(f) = self.health.past(self.cfg.full_timeout, now) {
                 return Admit::Refuse(f.host_error(now));

@@ -37,6 +37,12 @@ pub enum DestageIo {
     /// Read back what the remote holds of the epochs that may be partly there, to find where
     /// destage resumes; answer with [`Core::probed`] or [`Core::probe_failed`].
     Probe(Probe),
+    /// Ship this group to the SG; answer with [`Core::group_committed`] or
+    /// [`Core::group_failed`].
+    Group(super::GroupPlan),
+    /// Read what the SG holds of this log; answer with [`Core::group_status`] or
+    /// [`Core::group_status_failed`].
+    GroupStatus,
 }
 
 /// The blocks of the epochs that destage may have left partly on the remote (after a crash, or
@@ -176,10 +182,12 @@ pub(crate) struct Destage {
     /// Nothing goes out before this (backoff after a failure).
     retry_at: Option<Instant>,
     /// When the remote last answered anything, or something went out with nothing outstanding.
-    heard: Option<Instant>,
+    pub(crate) heard: Option<Instant>,
     next_io: u64,
     /// Destage runs the whole pipeline whatever the log's fill (a drain waits for it).
     hurry: bool,
+    /// Shipping groups to an SG.
+    pub(crate) groups: super::group::Groups,
 }
 
 impl Destage {
@@ -191,6 +199,7 @@ impl Destage {
     fn quiet(&self) -> bool {
         self.active.iter().all(|e| e.inflight.is_empty() && e.sync != SyncState::Sent)
             && self.probe.as_ref().is_none_or(|p| p.sent.is_none())
+            && self.groups.quiet()
     }
 
     fn epoch_of(&mut self, id: u64) -> Option<&mut EpochDestage> {
@@ -299,6 +308,7 @@ impl Core {
     /// flush is handed out.
     pub fn next_destage(&mut self, resets: u64, now: Instant) -> Vec<DestageIo> {
         let mut out = Vec::new();
+        self.tick(now);
         if self.destage.retry_at.is_some_and(|t| now < t) {
             return out;
         }
@@ -334,6 +344,20 @@ impl Core {
             return out;
         }
         let was_quiet = self.destage.quiet();
+        if self.groups_on() && self.destage.active.is_empty() {
+            let mut plain = false;
+            if let Some(io) = self.next_group(&mut plain) {
+                if was_quiet {
+                    self.destage.heard = Some(now);
+                }
+                out.push(io);
+            }
+            if !plain {
+                return out;
+            }
+            // The next epoch is too large for any group: it goes alone as plain writes.
+            self.destage.solo = true;
+        }
         let limit = self.cfg.destage_inflight.max(1);
         let mut inflight = self.destage.inflight();
         let mut i = 0;
@@ -592,6 +616,9 @@ impl Core {
             if !done.pipelined {
                 self.destage.solo = false;
             }
+            if self.groups_on() {
+                self.plain_epoch_done();
+            }
             for e in done.covers {
                 self.epoch_on_remote(e);
             }
@@ -605,7 +632,7 @@ impl Core {
         moved
     }
 
-    fn epoch_on_remote(&mut self, epoch: u64) {
+    pub(crate) fn epoch_on_remote(&mut self, epoch: u64) {
         let mut count = 0;
         if let Some(m) = self.epochs.remove(&epoch) {
             count = m.blocks();
@@ -618,6 +645,7 @@ impl Core {
             }
         }
         self.destaged_epoch = epoch;
+        self.destage.groups.born.remove(&epoch);
         self.destage.undurable.push_back((epoch, count));
         self.stats.epochs_destaged += 1;
         self.log.free_up_to(epoch);

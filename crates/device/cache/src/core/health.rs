@@ -122,6 +122,8 @@ pub enum Change {
     Failing(State, Failure),
     /// Back to healthy after failing for this long.
     Recovered(Duration),
+    /// Destage stopped shipping groups to the SG and goes on with plain writes, for this reason.
+    GroupsOff { why: String },
 }
 
 /// The health state machine. Pure: callers pass `now`.

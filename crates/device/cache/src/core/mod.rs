@@ -30,12 +30,14 @@ use stics_block::extent::{ExtentMap, Run};
 
 pub mod admit;
 pub mod destage;
+pub mod group;
 pub mod health;
 pub mod log;
 pub mod read;
 
 pub use admit::Admit;
 pub use destage::{reached_epoch, DestageIo, Probe, ProbeVersion};
+pub use group::{GroupPlan, GroupStats, SgHolds};
 pub use health::{Change, ErrorKind, Failure, Health, State};
 pub use log::RecordWrite;
 pub use read::{Piece, ReadPlan};
@@ -146,6 +148,7 @@ pub struct Core {
     pub(crate) acks: Vec<Ticket>,
     pub(crate) admit: admit::AdmitState,
     pub(crate) stats: Stats,
+    pub(crate) group_stats: GroupStats,
 }
 
 impl Core {
@@ -168,6 +171,7 @@ impl Core {
             acks: Vec::new(),
             admit: admit::AdmitState::default(),
             stats: Stats::default(),
+            group_stats: GroupStats::default(),
             log_uuid,
             cfg,
             layout,
@@ -208,7 +212,13 @@ impl Core {
         }
         c.log.resume(max_epoch + 1, max_write + 1, tail, next_seq);
         c.release_freed();
-        c.start_recovery_probe(checkpoint.destaged_epoch);
+        if c.layout.max_group.is_some() {
+            // The SG's status says which epochs it holds; plain destage's read-back, if any is
+            // needed, comes after it.
+            c.groups_after_recovery();
+        } else {
+            c.start_recovery_probe(checkpoint.destaged_epoch);
+        }
         c
     }
 
@@ -216,6 +226,7 @@ impl Core {
     pub(crate) fn install(&mut self, lba: u64, blocks: u64, v: Version) {
         let end = lba + blocks;
         self.read.cache.remove_range(lba, end);
+        self.epoch_born(v.epoch);
         self.newest.insert(lba, end, v.clone());
         let bs = self.layout.block_size;
         let per_epoch = self.epochs.entry(v.epoch).or_insert_with(|| ExtentMap::new(bs));

@@ -32,6 +32,7 @@ fn layout(ordered: bool) -> Layout {
         ring_start: RING_START,
         ring_end: RING_START + (64 << 20),
         ordered_remote: ordered,
+        max_group: None,
     }
 }
 
@@ -86,7 +87,7 @@ fn destage_epoch(c: &mut Core) -> (Vec<(u64, u32)>, Option<u64>) {
                     c.destage_done(id, now());
                 }
                 DestageIo::Sync { epoch, .. } => sync = Some(epoch),
-                DestageIo::Probe(_) => panic!("nothing to read back on a fresh log"),
+                other => panic!("nothing but plain destage on a fresh log: {other:?}"),
             }
         }
         if sync.is_some() {
@@ -327,7 +328,7 @@ fn a_discard_of_a_whole_terabyte_lun_is_a_few_runs_in_the_index_and_one_remote_c
                 DestageIo::Sync { epoch, .. } => {
                     c.synced(epoch, 0, now());
                 }
-                DestageIo::Probe(_) => panic!("no probe"),
+                other => panic!("no {other:?}"),
             }
         }
         if let Some(cp) = c.take_checkpoint() {
@@ -551,4 +552,161 @@ fn a_log_too_small_for_two_epochs_is_refused() {
     small.ring_end = RING_START + (1 << 20);
     assert!(matches!(cfg(Mode::Log).validate(&small), Err(crate::config::ConfigError::LogTooSmall { .. })));
     assert_eq!(cfg(Mode::Log).validate(&layout(false)), Ok(()));
+}
+
+/// A core in front of a stics SG that takes groups of up to `max_group` bytes.
+fn sg_core(mode: Mode, max_group: u32) -> Core {
+    let mut l = layout(true);
+    l.max_group = Some(max_group);
+    Core::new(cfg(mode), l, [1; 16], cp())
+}
+
+/// The next destage operations, expecting exactly one.
+fn one_io(c: &mut Core, at: Instant) -> DestageIo {
+    let mut ios = c.next_destage(0, at);
+    assert_eq!(ios.len(), 1, "{ios:?}");
+    ios.remove(0)
+}
+
+fn group_of(io: DestageIo) -> crate::core::GroupPlan {
+    match io {
+        DestageIo::Group(p) => p,
+        other => panic!("expected a group, got {other:?}"),
+    }
+}
+
+#[test]
+fn epochs_merge_into_one_group_last_write_wins_and_retire_when_the_sg_took_it() {
+    let mut c = sg_core(Mode::Log, 1 << 20);
+    let t = now();
+    assert_eq!(one_io(&mut c, t), DestageIo::GroupStatus, "the SG's status comes first");
+    assert!(!c.group_status(crate::core::SgHolds::default(), t));
+    c.write(0, blocks(4, 1), false).unwrap();
+    c.flush();
+    c.write(2, blocks(4, 2), false).unwrap();
+    c.flush();
+    c.zero(100, 8, true).unwrap();
+    c.write(6, blocks(1, 3), false).unwrap();
+    log_all(&mut c);
+    let g = group_of(one_io(&mut c, t));
+    assert_eq!((g.seq, g.first_epoch), (1, 1));
+    assert!(g.last_epoch >= 3, "every durable epoch in one group: {g:?}");
+    let kinds: Vec<_> = g.extents.iter().map(|x| (x.lba, x.blocks, x.kind)).collect();
+    use stics_link::group::ExtentKind::{Data, Discard};
+    assert_eq!(kinds, vec![(0, 7, Data), (100, 8, Discard)], "neighbours coalesced");
+    assert_eq!(g.raw_bytes, 7 * 512);
+    assert_eq!(g.absorbed_blocks, 2, "blocks 2 and 3 were written twice");
+    assert!(c.next_destage(0, t).is_empty(), "one group in flight at a time");
+    assert!(c.group_committed(1, 900, Duration::from_millis(20), t));
+    assert!(c.is_clean() || c.dirty_blocks() == 0);
+    let s = c.group_stats();
+    assert_eq!((s.groups, s.bytes_merged, s.bytes_shipped), (1, 7 * 512, 900));
+    assert_eq!(s.bytes_before_merge, 9 * 512);
+}
+
+#[test]
+fn a_failed_group_goes_again_with_its_number_and_epochs_and_a_refused_one_after_the_status() {
+    let mut c = sg_core(Mode::Log, 1 << 20);
+    let t = now();
+    one_io(&mut c, t);
+    c.group_status(crate::core::SgHolds { committed_seq: 41, committed_epoch: 0 }, t);
+    c.write(0, blocks(2, 1), false).unwrap();
+    log_all(&mut c);
+    let first = group_of(one_io(&mut c, t));
+    assert_eq!(first.seq, 42, "numbers go on from the SG's");
+    c.write(10, blocks(2, 2), false).unwrap();
+    log_all(&mut c);
+    c.group_failed(42, &BlockError::Unreachable("cut".into()), t);
+    let later = t + Duration::from_secs(10);
+    let again = group_of(one_io(&mut c, later));
+    assert_eq!(again, first, "the same group, not one grown since");
+    c.group_failed(42, &BlockError::Rejected("used number".into()), later);
+    let t2 = later + Duration::from_secs(10);
+    assert_eq!(one_io(&mut c, t2), DestageIo::GroupStatus);
+    // The SG had taken it under that number after all.
+    assert!(c.group_status(crate::core::SgHolds { committed_seq: 42, committed_epoch: first.last_epoch }, t2));
+    let next = group_of(one_io(&mut c, t2));
+    assert_eq!((next.seq, next.first_epoch), (43, first.last_epoch + 1));
+}
+
+#[test]
+fn a_remote_that_refuses_groups_gets_plain_destage() {
+    let mut c = sg_core(Mode::Log, 1 << 20);
+    let t = now();
+    one_io(&mut c, t);
+    c.group_status(crate::core::SgHolds::default(), t);
+    c.write(0, blocks(2, 1), false).unwrap();
+    log_all(&mut c);
+    let g = group_of(one_io(&mut c, t));
+    c.group_failed(g.seq, &BlockError::Unsupported("no link"), t);
+    assert!(!c.groups_on());
+    assert!(c.take_changes().iter().any(|ch| matches!(ch, crate::core::Change::GroupsOff { .. })));
+    let later = t + Duration::from_secs(10);
+    let ios = c.next_destage(0, later);
+    assert!(matches!(ios.first(), Some(DestageIo::Write { lba: 0, blocks: 2, .. })), "{ios:?}");
+}
+
+#[test]
+fn an_epoch_too_large_for_a_group_goes_as_plain_writes_and_groups_follow() {
+    let mut c = sg_core(Mode::Log, 4096);
+    let t = now();
+    one_io(&mut c, t);
+    c.group_status(crate::core::SgHolds::default(), t);
+    c.write(0, blocks(16, 1), false).unwrap();
+    c.flush();
+    log_all(&mut c);
+    let (writes, sync) = destage_epoch(&mut c);
+    assert_eq!(writes.iter().map(|(_, n)| u64::from(*n)).sum::<u64>(), 16, "{writes:?}");
+    assert!(c.synced(sync.expect("a flush after the plain writes"), 0, t));
+    let cp = c.take_checkpoint().unwrap();
+    c.checkpoint_durable(cp);
+    c.write(40, blocks(1, 2), false).unwrap();
+    log_all(&mut c);
+    let g = group_of(one_io(&mut c, t));
+    assert_eq!((g.seq, g.first_epoch), (1, 2));
+    assert_eq!(c.group_stats().plain_epochs, 1);
+}
+
+#[test]
+fn the_sgs_status_after_a_restart_retires_what_it_holds_and_the_lag_bounds_writes() {
+    let mut cfg = cfg(Mode::Log);
+    cfg.max_lag = Some(Duration::from_secs(2));
+    let mut l = layout(true);
+    l.max_group = Some(1 << 20);
+    let mut c = Core::new(cfg, l, [1; 16], cp());
+    let t = now();
+    assert!(matches!(c.admit(4096, t), crate::core::Admit::Now));
+    c.write(0, blocks(1, 1), false).unwrap();
+    c.flush();
+    c.write(1, blocks(1, 2), false).unwrap();
+    log_all(&mut c);
+    let late = t + Duration::from_secs(3);
+    assert!(c.lag(late) >= Duration::from_secs(3));
+    assert!(matches!(c.admit(4096, late), crate::core::Admit::Full), "past the lag, writes wait");
+    assert_eq!(one_io(&mut c, late), DestageIo::GroupStatus);
+    // The SG holds epoch 1 already (a group of the previous run).
+    assert!(c.group_status(crate::core::SgHolds { committed_seq: 7, committed_epoch: 1 }, late));
+    assert_eq!(c.epochs().1, 1);
+    let g = group_of(one_io(&mut c, late));
+    assert_eq!((g.seq, g.first_epoch), (8, 2));
+    c.group_committed(8, 600, Duration::from_millis(100), late);
+    assert_eq!(c.lag(late), Duration::ZERO);
+    assert!(matches!(c.admit(4096, late), crate::core::Admit::Now));
+}
+
+#[test]
+fn a_terabyte_discard_is_one_extent_of_one_group() {
+    let mut big = layout(true);
+    big.num_blocks = (1u64 << 40) / 512;
+    big.max_group = Some(1 << 20);
+    let mut c = Core::new(cfg(Mode::Log), big, [1; 16], cp());
+    let t = now();
+    one_io(&mut c, t);
+    c.group_status(crate::core::SgHolds::default(), t);
+    c.zero(0, big.num_blocks, true).unwrap();
+    log_all(&mut c);
+    let g = group_of(one_io(&mut c, t));
+    assert_eq!(g.extents.len(), 1);
+    assert_eq!(u64::from(g.extents[0].blocks), big.num_blocks);
+    assert!(g.raw_bytes == 0 && g.sources.is_empty());
 }

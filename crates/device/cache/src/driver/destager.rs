@@ -13,7 +13,7 @@ use tokio::task::JoinSet;
 
 use super::log_writer::persist_checkpoint;
 use super::{complete, lock, report, Inner};
-use crate::core::{DestageIo, Piece, Probe};
+use crate::core::{DestageIo, GroupPlan, Piece, Probe, SgHolds};
 
 /// What a destage task reports.
 enum Ended {
@@ -23,6 +23,10 @@ enum Ended {
     Sync(u64, Result<(), BlockError>, Instant),
     /// A read-back of the remote: which versions it holds.
     Probe(Result<Vec<bool>, BlockError>),
+    /// A group shipped to the SG: its number, its encoded size and when it was sent.
+    Group(u64, Result<u64, BlockError>, Instant),
+    /// The SG's status of this log.
+    Status(Result<SgHolds, BlockError>),
 }
 
 /// Destage: epochs in order, many remote writes in flight, a flush of the remote at the end of
@@ -160,7 +164,64 @@ fn spawn_destage(inner: &Arc<Inner>, io: DestageIo, running: &mut JoinSet<Ended>
         DestageIo::Probe(probe) => {
             running.spawn(async move { Ended::Probe(run_probe(inner, probe).await) });
         }
+        DestageIo::Group(plan) => {
+            running.spawn(async move {
+                let (seq, started) = (plan.seq, Instant::now());
+                Ended::Group(seq, ship_group(&inner, plan).await, started)
+            });
+        }
+        DestageIo::GroupStatus => {
+            running.spawn(async move { Ended::Status(sg_status(&inner).await) });
+        }
     }
+}
+
+/// Encodes a group (the same bytes again when it is sent again) and commits it on the SG;
+/// returns its encoded size.
+async fn ship_group(inner: &Arc<Inner>, plan: GroupPlan) -> Result<u64, BlockError> {
+    let sink = inner.remote.group_sink().ok_or(BlockError::Unsupported("the remote no longer takes groups"))?;
+    let kept = lock(&inner.group_bytes).as_ref().filter(|(seq, _)| *seq == plan.seq).map(|(_, b)| b.clone());
+    let bytes = match kept {
+        Some(b) => b,
+        None => {
+            let data = sources(inner, plan.sources.clone()).await?;
+            let head = stics_link::group::GroupHead {
+                source: lock(&inner.core).log_uuid,
+                seq: plan.seq,
+                first_epoch: plan.first_epoch,
+                last_epoch: plan.last_epoch,
+                block_size: inner.geometry.block_size,
+            };
+            let level = inner.cfg.group_level;
+            // Compression is CPU work of tens of milliseconds for a large group: off the runtime.
+            let encoded =
+                tokio::task::spawn_blocking(move || stics_link::group::encode(&head, &plan.extents, &data, level))
+                    .await
+                    .map_err(|e| BlockError::Io { lba: 0, source: std::io::Error::other(e) })?
+                    .map_err(|e| BlockError::Rejected(format!("encoding a group: {e}")))?;
+            let b = Bytes::from(encoded);
+            *lock(&inner.group_bytes) = Some((plan.seq, b.clone()));
+            b
+        }
+    };
+    let len = bytes.len() as u64;
+    sink.commit(bytes).await?;
+    *lock(&inner.group_bytes) = None;
+    lock(&inner.counters).remote_write_bytes += len;
+    Ok(len)
+}
+
+/// What the SG holds of this log.
+async fn sg_status(inner: &Arc<Inner>) -> Result<SgHolds, BlockError> {
+    let sink = inner.remote.group_sink().ok_or(BlockError::Unsupported("the remote no longer takes groups"))?;
+    let me = lock(&inner.core).log_uuid;
+    let raw = sink.link_status(stics_link::fence_of(&me)).await?;
+    let st = stics_link::status::Status::decode(&raw)
+        .map_err(|e| BlockError::Io { lba: 0, source: std::io::Error::other(format!("the SG's status: {e}")) })?;
+    Ok(st.of(&me).map_or_else(SgHolds::default, |s| SgHolds {
+        committed_seq: s.committed_seq,
+        committed_epoch: s.committed_epoch,
+    }))
 }
 
 /// Queues destage operations on an ordered remote, in the order the core gave them. If the data
@@ -200,9 +261,9 @@ async fn queue_in_order(inner: &Arc<Inner>, q: &dyn OrderedQueue, ios: Vec<Desta
                 running.spawn(async move { Ended::Sync(epoch, fut.await, started) });
                 None
             }
-            DestageIo::Probe(probe) => {
-                // Nothing else is in flight while a probe is.
-                spawn_destage(inner, DestageIo::Probe(probe), running);
+            // Nothing else is in flight while one of these is.
+            io @ (DestageIo::Probe(_) | DestageIo::Group(_) | DestageIo::GroupStatus) => {
+                spawn_destage(inner, io, running);
                 None
             }
         };
@@ -214,6 +275,8 @@ async fn queue_in_order(inner: &Arc<Inner>, q: &dyn OrderedQueue, ios: Vec<Desta
                     DestageIo::Write { id, .. } | DestageIo::Zero { id, .. } => c.destage_failed(id, &e, now),
                     DestageIo::Sync { epoch, .. } => c.sync_failed(epoch, &e, now),
                     DestageIo::Probe(_) => c.probe_failed(&e, now),
+                    DestageIo::Group(p) => c.group_failed(p.seq, &e, now),
+                    DestageIo::GroupStatus => c.group_status_failed(&e, now),
                 }
             }
         }
@@ -290,6 +353,33 @@ async fn destage_ended(inner: &Arc<Inner>, ended: Ended) {
             tracing::debug!("reading back the remote failed: {e}");
             lock(&inner.counters).destage_retries += 1;
             lock(&inner.core).probe_failed(&e, now);
+            false
+        }
+        Ended::Group(seq, Ok(encoded), started) => {
+            lock(&inner.core).group_committed(seq, encoded, started.elapsed(), now)
+        }
+        Ended::Group(seq, Err(e), _) => {
+            tracing::debug!(seq, "shipping a group failed: {e}");
+            if matches!(e, BlockError::Rejected(_)) {
+                tracing::warn!(seq, "the SG refused a group: {e}");
+                *lock(&inner.group_bytes) = None;
+            }
+            lock(&inner.counters).destage_retries += 1;
+            lock(&inner.core).group_failed(seq, &e, now);
+            false
+        }
+        Ended::Status(Ok(holds)) => {
+            tracing::info!(
+                committed_seq = holds.committed_seq,
+                committed_epoch = holds.committed_epoch,
+                "read what the SG holds of this log"
+            );
+            lock(&inner.core).group_status(holds, now)
+        }
+        Ended::Status(Err(e)) => {
+            tracing::debug!("reading the SG's status failed: {e}");
+            lock(&inner.counters).destage_retries += 1;
+            lock(&inner.core).group_status_failed(&e, now);
             false
         }
     };

@@ -144,6 +144,8 @@ pub(crate) struct Inner {
     halted: AtomicBool,
     /// Read-ahead in flight: block range and who waits for it.
     prefetching: Mutex<Vec<(u64, u64, Arc<Notify>)>>,
+    /// The group being shipped, encoded: sent again as the same bytes.
+    group_bytes: Mutex<Option<(u64, Bytes)>>,
 }
 
 /// The STICS cache as a block device over a remote one.
@@ -185,12 +187,20 @@ impl Cache {
         if sb.log_bytes > log.0.geometry().bytes() {
             return Err(CacheError::LogSize { formatted: sb.log_bytes, device: device_bytes });
         }
+        let max_group = remote.group_sink().map(stics_block::GroupSink::max_group).filter(|n| *n > 0);
+        let mut cfg = cfg;
+        if let Some(g) = max_group {
+            // Epochs small enough that a group holds two: one too large goes as plain writes.
+            cfg.epoch_max_bytes = cfg.epoch_max_bytes.min(u64::from(g) / 2).max(1 << 16);
+            tracing::info!(max_group = g, "the remote is a stics SG: destage ships groups of epochs");
+        }
         let layout = Layout {
             block_size: geometry.block_size,
             num_blocks: geometry.num_blocks,
             ring_start: RING_START,
             ring_end: sb.log_bytes,
             ordered_remote: cfg.ordered_destage && remote.ordered_queue().is_some(),
+            max_group,
         };
         cfg.validate(&layout)?;
         // Once the settings are known to work and before recovery destages anything: nobody else
@@ -250,6 +260,7 @@ impl Cache {
             stopping: AtomicBool::new(false),
             halted: AtomicBool::new(false),
             prefetching: Mutex::new(Vec::new()),
+            group_bytes: Mutex::new(None),
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(log_writer::log_writer(Arc::clone(&inner)));
@@ -520,6 +531,9 @@ pub(crate) fn report(inner: &Inner) {
                 tracing::warn!(kind = f.kind.name(), "{what}: {}{lba}", f.error);
             }
             Change::Recovered(after) => tracing::info!("healthy again after {:.1} s", after.as_secs_f64()),
+            Change::GroupsOff { why } => {
+                tracing::error!("the SG refuses groups; destage goes on with plain writes and flushes: {why}");
+            }
         }
     }
     if let Some(f) = reminder {
@@ -630,18 +644,11 @@ impl BlockDev for Cache {
     }
 
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
-        let (arrived, len) = (Instant::now(), data.len() as u64);
+        let len = data.len() as u64;
         self.admit(len).await?;
         let direct = data.clone();
-        let mut epochs = (0, 0);
         let write_through = self.inner.cfg.mode == Mode::WriteThrough;
-        let s = self
-            .submit(write_through, |c| {
-                let r = c.write(lba, data, fua);
-                epochs = c.epochs();
-                r
-            })
-            .await?;
+        let s = self.submit(write_through, |c| c.write(lba, data, fua)).await?;
         if s == Submitted::Remote {
             let blocks = len / u64::from(self.inner.geometry.block_size);
             let started = Instant::now();
@@ -651,7 +658,7 @@ impl BlockDev for Cache {
             n.remote_write(len, started.elapsed());
             return Ok(());
         }
-        lock(&self.inner.counters).host_write(len, epochs, arrived);
+        lock(&self.inner.counters).host_write(len);
         Ok(())
     }
 

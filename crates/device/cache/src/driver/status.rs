@@ -84,6 +84,28 @@ pub struct Status {
     /// Moving average of a remote SYNCHRONIZE CACHE's service time, seconds: the remote's round
     /// trip when its media is fast.
     pub remote_sync_secs: f64,
+    /// Destage to a stics SG, when the remote is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub groups: Option<GroupStatus>,
+}
+
+/// Groups of epochs shipped to a stics SG.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct GroupStatus {
+    /// Groups the SG took, and the epochs they held.
+    pub groups: u64,
+    pub epochs: u64,
+    /// Bytes of the epochs' data before merging, after merging (last write wins per block)
+    /// and as shipped (compressed, with the group's tables).
+    pub bytes_before_merge: u64,
+    pub bytes_merged: u64,
+    pub bytes_shipped: u64,
+    /// Groups sent again after a failure.
+    pub resent: u64,
+    /// Epochs too large for a group, sent as plain writes.
+    pub plain_epochs: u64,
+    /// Shipping rate measured, bytes per second.
+    pub ship_bytes_per_sec: f64,
 }
 
 /// Weight of the newest sample in the service-time moving averages.
@@ -103,26 +125,15 @@ pub(crate) struct Counters {
     pub(crate) remote_write_bytes: u64,
     pub(crate) remote_write_secs: f64,
     pub(crate) remote_sync_secs: f64,
-    /// When each epoch still on its way to the remote took its first write.
-    epoch_started: BTreeMap<u64, Instant>,
     /// The last rate sample: when, and bytes written to the remote by then.
     rate_sample: Option<(Instant, u64)>,
     rate: f64,
 }
 
 impl Counters {
-    /// Drops the start times of epochs now fully on the remote.
-    pub(crate) fn forget_epochs_up_to(&mut self, destaged: u64) {
-        self.epoch_started = self.epoch_started.split_off(&destaged.saturating_add(1));
-    }
-
-    /// A host write of `bytes` went into epoch `epoch` (with `destaged` the newest on the
-    /// remote) after arriving at `arrived`.
-    pub(crate) fn host_write(&mut self, bytes: u64, (epoch, destaged): (u64, u64), arrived: Instant) {
+    /// A host write of `bytes` went into the cache.
+    pub(crate) fn host_write(&mut self, bytes: u64) {
         self.host_write_bytes += bytes;
-        // Kept here too, not only when scraped: a gateway nobody scrapes must not collect them.
-        self.forget_epochs_up_to(destaged);
-        self.epoch_started.entry(epoch).or_insert(arrived);
     }
 
     pub(crate) fn remote_write(&mut self, bytes: u64, took: Duration) {
@@ -139,11 +150,8 @@ impl Counters {
         let s = c.stats();
         let (epoch, destaged_epoch) = c.epochs();
         let (bs, ring) = (c.layout().block_size, c.layout().ring_end - c.layout().ring_start);
-        self.forget_epochs_up_to(destaged_epoch);
-        let lag = match self.epoch_started.values().next() {
-            Some(t) if c.dirty_blocks() > 0 => now.saturating_duration_since(*t).as_secs_f64(),
-            _ => 0.0,
-        };
+        let lag = c.lag(now).as_secs_f64();
+        let g = c.group_stats();
         match self.rate_sample {
             Some((at, bytes)) if now.saturating_duration_since(at) >= RATE_WINDOW => {
                 self.rate = (self.remote_write_bytes - bytes) as f64 / now.saturating_duration_since(at).as_secs_f64();
@@ -193,6 +201,16 @@ impl Counters {
             destage_lag_secs: lag,
             remote_write_secs: self.remote_write_secs,
             remote_sync_secs: self.remote_sync_secs,
+            groups: c.layout().max_group.is_some().then_some(GroupStatus {
+                groups: g.groups,
+                epochs: g.group_epochs,
+                bytes_before_merge: g.bytes_before_merge,
+                bytes_merged: g.bytes_merged,
+                bytes_shipped: g.bytes_shipped,
+                resent: g.groups_resent,
+                plain_epochs: g.plain_epochs,
+                ship_bytes_per_sec: g.rate,
+            }),
         }
     }
 }

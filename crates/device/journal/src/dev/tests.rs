@@ -102,7 +102,7 @@ async fn a_committed_group_is_served_at_once_and_reaches_the_medium_whole() {
 
 impl JournalDev {
     async fn status_bytes(&self) -> Bytes {
-        GroupSink::status(self).await.expect("status")
+        self.link_status(0).await.expect("status")
     }
 }
 
@@ -221,5 +221,35 @@ async fn a_full_journal_makes_commits_wait_for_the_medium() {
     }
     dev.settle().await;
     assert!(dev.status().groups_applied >= 4);
+    dev.close().await;
+}
+
+#[tokio::test]
+async fn a_commit_that_waited_across_a_status_read_of_its_source_is_refused() {
+    let medium = Arc::new(MemDev::new(512, BLOCKS));
+    let dev =
+        JournalDev::open(Arc::new(MemDev::new(512, 2048 * 16)), medium, JournalConfig::default()).await.expect("opens");
+    let dev = Arc::new(dev);
+    // A slow commit holds the turn: the next one waits behind it.
+    let turn = dev.inner.turn.lock().await;
+    let late = {
+        let dev = Arc::clone(&dev);
+        tokio::spawn(async move { dev.commit(group(1, G1)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The gateway restarted and asks what the SG holds, fencing its source.
+    let status = {
+        let dev = Arc::clone(&dev);
+        tokio::spawn(async move { dev.link_status(stics_link::fence_of(&[5; 16])).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(turn);
+    let refused = late.await.expect("task");
+    assert!(matches!(refused, Err(BlockError::Rejected(_))), "{refused:?}");
+    let st = Status::decode(&status.await.expect("task").expect("status")).expect("decode");
+    assert!(st.of(&[5; 16]).is_none(), "nothing of the late group was taken");
+    // The new run's own commits go on.
+    dev.commit(group(1, G1)).await.expect("commit after the status");
+    same(&view(dev.as_ref()).await, &model(&[G1]), "served");
     dev.close().await;
 }
