@@ -1,6 +1,8 @@
 //! The only module that touches sockets: connecting, reading and writing framed PDUs, running
 //! a login exchange, and the per-connection reader and writer tasks.
 
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -3,6 +3,8 @@
 //! unfinished command after a reconnection (save those sent [`Request::once`]). Pure: inputs
 //! and `now` in, [`Action`]s out.
 
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -750,17 +752,18 @@ fn assemble(mut parts: Vec<(u32, Bytes)>, len: u32) -> Bytes {
     parts.sort_by_key(|(o, _)| *o);
     let mut buf = BytesMut::zeroed(len);
     for (off, b) in parts {
-        let off = off as usize;
-        if off >= len {
-            continue;
+        // What lies past `len` was never asked for: dropped.
+        let Some(to) = buf.get_mut(off as usize..) else { continue };
+        let n = b.len().min(to.len());
+        if let (Some(to), Some(from)) = (to.get_mut(..n), b.get(..n)) {
+            to.copy_from_slice(from);
         }
-        let n = b.len().min(len - off);
-        buf[off..off + n].copy_from_slice(&b[..n]);
     }
     buf.freeze()
 }
 
 #[cfg(test)]
+#[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
 mod tests {
     use super::*;
     use stics_wire::{DataIn, NopIn, R2t, ScsiResponse};
@@ -846,6 +849,16 @@ mod tests {
         assert_eq!(o.data.len(), 1024);
         assert_eq!((o.data[0], o.data[1023]), (1, 2));
         assert_eq!(c.exp_stat_sn, 11);
+    }
+
+    #[test]
+    fn assembly_drops_what_lies_past_the_length_and_zeros_the_gaps() {
+        let seg = |off: u32, byte: u8, n: usize| (off, Bytes::from(vec![byte; n]));
+        let out = assemble(vec![seg(6, 3, 4), seg(0, 1, 2), seg(8, 4, 1), seg(100, 5, 4)], 8);
+        assert_eq!(&out[..], &[1, 1, 0, 0, 0, 0, 3, 3]);
+        assert_eq!(&assemble(vec![seg(0, 9, 6)], 4)[..], &[9; 4]);
+        assert_eq!(&assemble(vec![seg(0, 9, 2)], 4)[..], &[9, 9, 0, 0]);
+        assert!(assemble(vec![seg(0, 9, 2)], 0).is_empty());
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! SendTargets discovery (RFC 7143 §12.3, Appendix C): a discovery session that asks for every
 //! target and its portals, then logs out.
 
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -91,6 +93,7 @@ pub async fn discover(url: &IscsiUrl, cfg: &Config, counters: Arc<Counters>) -> 
 }
 
 #[cfg(test)]
+#[expect(clippy::indexing_slicing, reason = "tests")]
 mod tests {
     use super::*;
 

@@ -2,6 +2,8 @@
 //! (one-way or mutual), then operational negotiation. Pure: it takes Login Responses and returns
 //! the next Login Request or the negotiated result; the caller owns the socket.
 
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
 use bytes::Bytes;
 use stics_wire::keys::{self, Kind, Params, SessionType};
 use stics_wire::{chap, stage, text, Header, LoginRequest, LoginResponse, Pdu};
@@ -441,6 +443,7 @@ impl Login {
 }
 
 #[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
 

@@ -1,6 +1,8 @@
 //! What a finished SCSI command hands back to the initiator. The SCSI facts it reads and
 //! writes (CDB builders, reply parsers, sense data, status codes) live in [`stics_sam`].
 
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
 use bytes::Bytes;
 use stics_sam::sense::{asc, key};
 use stics_sam::status;

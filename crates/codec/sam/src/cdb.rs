@@ -577,6 +577,7 @@ pub fn test_unit_ready() -> [u8; 16] {
 }
 
 #[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
     use proptest::prelude::*;

@@ -97,12 +97,13 @@ pub struct Inquiry {
     pub product: String,
 }
 
-/// Parses standard INQUIRY data.
 /// ORDSUP of an Extended INQUIRY Data VPD page: the unit honours the ORDERED task attribute.
+/// False for another page or data too short to hold the bit.
 pub fn parse_ordsup(d: &[u8]) -> bool {
-    d.len() > 5 && d[1] == 0x86 && d[5] & 0x02 != 0
+    d.get(1) == Some(&vpd::EXTENDED_INQUIRY_DATA) && d.get(5).is_some_and(|b| b & 0x02 != 0)
 }
 
+/// Parses standard INQUIRY data.
 pub fn parse_inquiry(d: &[u8]) -> Option<Inquiry> {
     let b0 = *d.first()?;
     let text =
@@ -155,14 +156,16 @@ pub fn parse_wce(d: &[u8]) -> Option<bool> {
 /// designator whose association is the logical unit, as text (`naa.HEX`, `eui.HEX`, the SCSI
 /// name string, or `t10.VENDOR...`). `None` when the page names the logical unit no way.
 pub fn parse_device_identification(d: &[u8]) -> Option<String> {
-    if d.len() < 4 || d.get(1) != Some(&vpd::DEVICE_IDENTIFICATION) {
+    let &[_, page, hi, lo, ..] = d else { return None };
+    if page != vpd::DEVICE_IDENTIFICATION {
         return None;
     }
-    let end = (4 + usize::from(u16::from_be_bytes([d[2], d[3]]))).min(d.len());
+    let end = (4 + usize::from(u16::from_be_bytes([hi, lo]))).min(d.len());
     let mut best: Option<(u8, String)> = None;
     let mut at = 4;
-    while at + 4 <= end {
-        let (code_set, kind, len) = (d[at] & 0x0f, d[at + 1], usize::from(d[at + 3]));
+    // Each designator's 4-byte header lies within the page length; its body within the data.
+    while let Some(&[code_set, kind, _, len]) = d.get(at..end).and_then(|h| h.get(..4)) {
+        let (code_set, len) = (code_set & 0x0f, usize::from(len));
         let Some(body) = d.get(at + 4..at + 4 + len) else { break };
         at += 4 + len;
         if (kind >> 4) & 0x03 != 0 {
@@ -190,10 +193,10 @@ pub const PR_OUT_PARAMETERS_LEN: u32 = 24;
 /// The basic PERSISTENT RESERVE OUT parameter list (SPC-4 6.16.3): this nexus's reservation
 /// key and the service action reservation key, with SPEC_I_PT, ALL_TG_PT and APTPL clear.
 pub fn pr_out_parameters(key: u64, sa_key: u64) -> Vec<u8> {
-    let mut p = vec![0u8; PR_OUT_PARAMETERS_LEN as usize];
+    let mut p = [0u8; PR_OUT_PARAMETERS_LEN as usize];
     p[..8].copy_from_slice(&key.to_be_bytes());
     p[8..16].copy_from_slice(&sa_key.to_be_bytes());
-    p
+    p.to_vec()
 }
 
 /// A persistent reservation as READ RESERVATION reports it.
@@ -225,12 +228,13 @@ pub fn parse_read_keys(d: &[u8]) -> Option<(u32, Vec<u64>)> {
     let generation = u32::from_be_bytes(d.get(..4)?.try_into().ok()?);
     let len = u32::from_be_bytes(d.get(4..8)?.try_into().ok()?) as usize;
     let list = d.get(8..).unwrap_or_default();
-    let list = &list[..list.len().min(len)];
+    let list = list.get(..len).unwrap_or(list);
     let keys = list.chunks_exact(8).filter_map(|k| k.try_into().ok()).map(u64::from_be_bytes).collect();
     Some((generation, keys))
 }
 
 #[cfg(test)]
+#[expect(clippy::indexing_slicing, reason = "tests")]
 mod tests {
     #[test]
     fn the_logical_units_naa_name_wins_over_t10_and_port_names() {
@@ -247,6 +251,31 @@ mod tests {
         assert_eq!(super::parse_device_identification(&page).as_deref(), Some("t10.STICS"));
         assert_eq!(super::parse_device_identification(&[0, 0x80, 0, 0]), None);
         assert_eq!(super::parse_device_identification(&[0, 0x83, 0, 200, 1]), None);
+    }
+
+    #[test]
+    fn device_identification_stops_at_a_designator_cut_short() {
+        assert_eq!(super::parse_device_identification(&[]), None);
+        assert_eq!(super::parse_device_identification(&[0, 0x83, 0]), None);
+        // The page length ends inside the second designator's header: the first one stands.
+        let mut page = vec![0x00, 0x83, 0, 14, 0x02, 0x01, 0, 8];
+        page.extend(b"STICS   ");
+        page.extend([0x01, 0x03, 0, 8, 0x60, 1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(super::parse_device_identification(&page).as_deref(), Some("t10.STICS"));
+        // A body longer than the data ends the walk.
+        page.truncate(4 + 12 + 4 + 3);
+        page[3] = 20;
+        assert_eq!(super::parse_device_identification(&page).as_deref(), Some("t10.STICS"));
+        assert_eq!(super::parse_device_identification(&page[..4 + 4 + 7]), None);
+    }
+
+    #[test]
+    fn ordsup_of_the_extended_inquiry_page_and_nothing_shorter() {
+        assert!(super::parse_ordsup(&[0, 0x86, 0, 0x3c, 0, 0x02]));
+        assert!(!super::parse_ordsup(&[0, 0x86, 0, 0x3c, 0, 0x05]));
+        assert!(!super::parse_ordsup(&[0, 0x83, 0, 0x3c, 0, 0x02]));
+        assert!(!super::parse_ordsup(&[0, 0x86, 0, 0x3c, 0]));
+        assert!(!super::parse_ordsup(&[]));
     }
 
     use super::*;

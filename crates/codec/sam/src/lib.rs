@@ -6,6 +6,7 @@
 //! bytes are made only by [`Sense`]'s encoders; CDBs are decoded only by [`decode_cdb`].
 
 #![forbid(unsafe_code)]
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
 
 pub mod cdb;
 pub mod data;

@@ -281,17 +281,19 @@ impl Sense {
     /// The descriptor-format encoding (SPC-4 4.5.2): response code 72h/73h, then an
     /// information descriptor and a sense-key specific descriptor when present.
     pub fn to_descriptor(&self) -> Vec<u8> {
-        let mut b = vec![if self.deferred { 0x73 } else { 0x72 }, self.key & 0x0f, self.asc, self.ascq, 0, 0, 0, 0];
+        let mut descriptors = Vec::new();
         if let Some(info) = self.info {
-            b.extend_from_slice(&[0x00, 0x0a, 0x80, 0]);
-            b.extend_from_slice(&u64::from(info).to_be_bytes());
+            descriptors.extend_from_slice(&[0x00, 0x0a, 0x80, 0]);
+            descriptors.extend_from_slice(&u64::from(info).to_be_bytes());
         }
         if let Some(sks) = self.sks {
-            b.extend_from_slice(&[0x02, 0x06, 0, 0]);
-            b.extend_from_slice(&sks.to_bytes());
-            b.push(0);
+            descriptors.extend_from_slice(&[0x02, 0x06, 0, 0]);
+            descriptors.extend_from_slice(&sks.to_bytes());
+            descriptors.push(0);
         }
-        b[7] = (b.len() - 8) as u8;
+        let code = if self.deferred { 0x73 } else { 0x72 };
+        let mut b = vec![code, self.key & 0x0f, self.asc, self.ascq, 0, 0, 0, descriptors.len() as u8];
+        b.extend(descriptors);
         b
     }
 
@@ -382,6 +384,16 @@ mod tests {
         assert_eq!(Sense::parse(&[0x72, 0x05, 0x24, 0x00]), Some(Sense::new(5, 0x24, 0)));
         assert_eq!(Sense::parse(&[0x70]), None);
         assert_eq!(Sense::parse(&[0x7f, 0, 5]), None);
+    }
+
+    #[test]
+    fn descriptor_format_layout() {
+        // SPC-4 4.5.2: header with the additional length, then the information descriptor.
+        let b = Sense::miscompare(0x1234).to_descriptor();
+        assert_eq!(b, [0x72, 0x0e, 0x1d, 0, 0, 0, 0, 12, 0x00, 0x0a, 0x80, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34]);
+        let b = Sense::invalid_cdb_field(2, None).to_descriptor();
+        assert_eq!(b, [0x72, 0x05, 0x24, 0, 0, 0, 0, 8, 0x02, 0x06, 0, 0, 0xc0, 0, 2, 0]);
+        assert_eq!(Sense::no_sense().to_descriptor(), [0x72, 0, 0, 0, 0, 0, 0, 0]);
     }
 
     fn any_sense() -> impl Strategy<Value = Sense> {

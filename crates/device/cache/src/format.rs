@@ -21,6 +21,8 @@
 //! copy its generation's parity names; the valid copy with the higher generation wins, so a torn
 //! superblock write leaves the previous checkpoint in force.
 
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
 use crc32c::crc32c;
 
 /// Alignment and unit of every log write, and the size of one superblock copy.
@@ -142,7 +144,7 @@ impl Superblock {
 
     /// Encodes into one [`LOG_BLOCK`].
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; LOG_BLOCK as usize];
+        let mut b = [0u8; LOG_BLOCK as usize];
         b[0..8].copy_from_slice(&SUPER_MAGIC);
         b[8..10].copy_from_slice(&VERSION.to_le_bytes());
         b[16..32].copy_from_slice(&self.log_uuid);
@@ -150,7 +152,7 @@ impl Superblock {
         b[40..48].copy_from_slice(&self.log_bytes.to_le_bytes());
         b[48..56].copy_from_slice(&self.remote.num_blocks.to_le_bytes());
         b[56..60].copy_from_slice(&self.remote.block_size.to_le_bytes());
-        let id = &self.remote.device_id[..self.remote.device_id.len().min(MAX_DEVICE_ID)];
+        let id = self.remote.device_id.get(..MAX_DEVICE_ID).unwrap_or(&self.remote.device_id);
         b[60..62].copy_from_slice(&(id.len() as u16).to_le_bytes());
         b[64..88].copy_from_slice(
             &[self.checkpoint.head_offset, self.checkpoint.head_seq, self.checkpoint.destaged_epoch]
@@ -158,16 +160,19 @@ impl Superblock {
                 .flat_map(|v| v.to_le_bytes())
                 .collect::<Vec<u8>>(),
         );
-        b[128..128 + id.len()].copy_from_slice(id);
+        for (to, from) in b[128..128 + MAX_DEVICE_ID].iter_mut().zip(id) {
+            *to = *from;
+        }
         let crc = crc_without(&b, 12);
         b[12..16].copy_from_slice(&crc.to_le_bytes());
-        b
+        b.to_vec()
     }
 
     /// Decodes one copy and checks its checksum and fields.
     pub fn decode(b: &[u8]) -> Result<Superblock, FormatError> {
-        need(b, LOG_BLOCK as usize)?;
-        let b = &b[..LOG_BLOCK as usize];
+        let Some(b) = b.first_chunk::<{ LOG_BLOCK as usize }>() else {
+            return Err(FormatError::Truncated { need: LOG_BLOCK as usize, got: b.len() });
+        };
         if b[0..8] != SUPER_MAGIC {
             return Err(FormatError::Magic);
         }
@@ -206,7 +211,11 @@ impl Superblock {
             log_uuid: le(b, 16),
             generation: u64_at(b, 32),
             log_bytes,
-            remote: RemoteBinding { device_id: b[128..128 + id_len].to_vec(), num_blocks: u64_at(b, 48), block_size },
+            remote: RemoteBinding {
+                device_id: b[128..128 + MAX_DEVICE_ID].iter().take(id_len).copied().collect(),
+                num_blocks: u64_at(b, 48),
+                block_size,
+            },
             checkpoint,
         })
     }
@@ -277,6 +286,35 @@ pub struct Entry {
     pub data_crc: u32,
 }
 
+impl Entry {
+    fn encode(&self) -> [u8; ENTRY_LEN] {
+        let mut b = [0u8; ENTRY_LEN];
+        b[0..8].copy_from_slice(&self.lba.to_le_bytes());
+        b[8..16].copy_from_slice(&self.write_seq.to_le_bytes());
+        b[16..24].copy_from_slice(&self.epoch.to_le_bytes());
+        b[24..28].copy_from_slice(&self.blocks.to_le_bytes());
+        b[28] = self.kind.code();
+        b[32..36].copy_from_slice(&self.data_crc.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; ENTRY_LEN]) -> Result<Entry, FormatError> {
+        let kind = ExtentKind::from_code(b[28]).ok_or_else(|| field("kind", format!("{}", b[28])))?;
+        let blocks = u32_at(b, 24);
+        if blocks == 0 {
+            return Err(field("blocks", "an extent of zero blocks"));
+        }
+        Ok(Entry {
+            lba: u64_at(b, 0),
+            write_seq: u64_at(b, 8),
+            epoch: u64_at(b, 16),
+            blocks,
+            kind,
+            data_crc: u32_at(b, 32),
+        })
+    }
+}
+
 /// A record header: the description of one log write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordHeader {
@@ -322,25 +360,24 @@ impl RecordHeader {
     /// Encodes the header, padded to [`RecordHeader::header_len`].
     pub fn encode(&self) -> Vec<u8> {
         let len = Self::header_len(self.entries.len()) as usize;
-        let mut b = vec![0u8; len];
-        b[0..8].copy_from_slice(&RECORD_MAGIC);
-        b[8..10].copy_from_slice(&VERSION.to_le_bytes());
-        b[16..32].copy_from_slice(&self.log_uuid);
-        b[32..40].copy_from_slice(&self.seq.to_le_bytes());
-        b[40..48].copy_from_slice(&self.offset.to_le_bytes());
-        b[48..52].copy_from_slice(&self.block_size.to_le_bytes());
-        b[52..56].copy_from_slice(&(self.entries.len() as u32).to_le_bytes());
-        for (i, e) in self.entries.iter().enumerate() {
-            let at = RECORD_FIXED + i * ENTRY_LEN;
-            b[at..at + 8].copy_from_slice(&e.lba.to_le_bytes());
-            b[at + 8..at + 16].copy_from_slice(&e.write_seq.to_le_bytes());
-            b[at + 16..at + 24].copy_from_slice(&e.epoch.to_le_bytes());
-            b[at + 24..at + 28].copy_from_slice(&e.blocks.to_le_bytes());
-            b[at + 28] = e.kind.code();
-            b[at + 32..at + 36].copy_from_slice(&e.data_crc.to_le_bytes());
+        let mut fixed = [0u8; RECORD_FIXED];
+        fixed[0..8].copy_from_slice(&RECORD_MAGIC);
+        fixed[8..10].copy_from_slice(&VERSION.to_le_bytes());
+        fixed[16..32].copy_from_slice(&self.log_uuid);
+        fixed[32..40].copy_from_slice(&self.seq.to_le_bytes());
+        fixed[40..48].copy_from_slice(&self.offset.to_le_bytes());
+        fixed[48..52].copy_from_slice(&self.block_size.to_le_bytes());
+        fixed[52..56].copy_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        let mut table = Vec::with_capacity(len - RECORD_FIXED);
+        for e in &self.entries {
+            table.extend_from_slice(&e.encode());
         }
-        let crc = crc_without(&b, 12);
-        b[12..16].copy_from_slice(&crc.to_le_bytes());
+        table.resize(len - RECORD_FIXED, 0);
+        // The CRC field is still zero, as the checksum takes it.
+        let crc = crc32c::crc32c_append(crc32c(&fixed), &table);
+        fixed[12..16].copy_from_slice(&crc.to_le_bytes());
+        let mut b = fixed.to_vec();
+        b.append(&mut table);
         b
     }
 
@@ -348,7 +385,7 @@ impl RecordHeader {
     /// first [`LOG_BLOCK`] of a record (which always holds the entry count).
     pub fn header_len_from_prefix(b: &[u8]) -> Result<u64, FormatError> {
         need(b, RECORD_FIXED)?;
-        if b[0..8] != RECORD_MAGIC {
+        if !b.starts_with(&RECORD_MAGIC) {
             return Err(FormatError::Magic);
         }
         let n = u32_at(b, 52) as usize;
@@ -361,7 +398,7 @@ impl RecordHeader {
     /// Decodes a header and checks its checksum and fields.
     pub fn decode(b: &[u8]) -> Result<RecordHeader, FormatError> {
         need(b, RECORD_FIXED)?;
-        if b[0..8] != RECORD_MAGIC {
+        if !b.starts_with(&RECORD_MAGIC) {
             return Err(FormatError::Magic);
         }
         let version = u16_at(b, 8);
@@ -369,8 +406,7 @@ impl RecordHeader {
             return Err(FormatError::Version(version));
         }
         let len = Self::header_len_from_prefix(b)? as usize;
-        need(b, len)?;
-        let b = &b[..len];
+        let b = b.get(..len).ok_or(FormatError::Truncated { need: len, got: b.len() })?;
         let (stored, computed) = (u32_at(b, 12), crc_without(b, 12));
         if stored != computed {
             return Err(FormatError::Checksum { stored, computed });
@@ -380,23 +416,13 @@ impl RecordHeader {
             return Err(field("block_size", format!("{block_size}")));
         }
         let n = u32_at(b, 52) as usize;
-        let mut entries = Vec::with_capacity(n);
-        for i in 0..n {
-            let at = RECORD_FIXED + i * ENTRY_LEN;
-            let kind = ExtentKind::from_code(b[at + 28]).ok_or_else(|| field("kind", format!("{}", b[at + 28])))?;
-            let blocks = u32_at(b, at + 24);
-            if blocks == 0 {
-                return Err(field("blocks", "an extent of zero blocks"));
-            }
-            entries.push(Entry {
-                lba: u64_at(b, at),
-                write_seq: u64_at(b, at + 8),
-                epoch: u64_at(b, at + 16),
-                blocks,
-                kind,
-                data_crc: u32_at(b, at + 32),
-            });
-        }
+        // `len` covers the fixed part and `n` entries: the table is whole.
+        let table = b.get(RECORD_FIXED..RECORD_FIXED + n * ENTRY_LEN).unwrap_or_default();
+        let entries = table
+            .chunks_exact(ENTRY_LEN)
+            .filter_map(|e| e.first_chunk::<ENTRY_LEN>())
+            .map(Entry::decode)
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(RecordHeader { log_uuid: le(b, 16), seq: u64_at(b, 32), offset: u64_at(b, 40), block_size, entries })
     }
 
@@ -441,6 +467,7 @@ pub fn encode_record(mut header: RecordHeader, data: &[&[u8]]) -> Result<(Record
 }
 
 #[cfg(test)]
+#[expect(clippy::indexing_slicing, reason = "tests")]
 mod tests {
     use super::*;
     use proptest::prelude::*;
@@ -578,6 +605,19 @@ mod tests {
         let b = h.encode();
         assert_eq!(RecordHeader::header_len_from_prefix(&b[..4096]), Ok(3 * 4096));
         assert_eq!(RecordHeader::decode(&b), Ok(h));
+    }
+
+    #[test]
+    fn a_header_cut_short_of_its_entries_is_truncated() {
+        let mut h = rec();
+        h.entries = (0..250)
+            .map(|i| Entry { lba: i, blocks: 1, kind: ExtentKind::Discard, write_seq: i, epoch: 0, data_crc: 0 })
+            .collect();
+        let b = h.encode();
+        assert_eq!(RecordHeader::decode(&b[..4096]), Err(FormatError::Truncated { need: 3 * 4096, got: 4096 }));
+        assert_eq!(RecordHeader::decode(&b[..63]), Err(FormatError::Truncated { need: 64, got: 63 }));
+        assert_eq!(RecordHeader::header_len_from_prefix(&b[..8]), Err(FormatError::Truncated { need: 64, got: 8 }));
+        assert_eq!(Superblock::decode(&sb().encode()[..4095]), Err(FormatError::Truncated { need: 4096, got: 4095 }));
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //! The scan reads only the live part of the log (plus, when a record is damaged, one bounded
 //! window after it), so recovery time grows with the live log, not with the log's capacity.
 
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
 use crate::format::{FormatError, RecordHeader, Superblock, LOG_BLOCK, RING_START};
 
 /// Largest record a writer makes; also how far past a damaged record the scan looks for a
@@ -22,9 +24,8 @@ pub trait LogRead: Send {
 #[async_trait::async_trait]
 impl LogRead for &[u8] {
     async fn read_at(&mut self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
-        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(self.len());
-        let end = start.saturating_add(len).min(self.len());
-        Ok(self[start..end].to_vec())
+        let rest = usize::try_from(offset).ok().and_then(|at| self.get(at..)).unwrap_or_default();
+        Ok(rest.get(..len).unwrap_or(rest).to_vec())
     }
 }
 
@@ -105,7 +106,7 @@ fn describe(ranges: Option<&[(u64, u32)]>) -> String {
         None => "its header is unreadable, so the blocks it held are unknown".into(),
         Some(r) => {
             let shown: Vec<String> =
-                r.iter().take(16).map(|(lba, n)| format!("LBA {lba}..{}", lba + u64::from(*n))).collect();
+                r.iter().take(16).map(|(lba, n)| format!("LBA {lba}..{}", lba.saturating_add(u64::from(*n)))).collect();
             let more = if r.len() > 16 { format!(" and {} more", r.len() - 16) } else { String::new() };
             format!("blocks {}{more}", shown.join(", "))
         }
@@ -149,7 +150,8 @@ async fn probe(dev: &mut impl LogRead, sb: &Superblock, offset: u64, seq: u64) -
     if h.log_uuid != sb.log_uuid || h.seq != seq || h.offset != offset {
         return Ok(Probe::Absent);
     }
-    if h.block_size != sb.remote.block_size || offset + h.record_len() > sb.log_bytes {
+    // A record that runs past the log's end is damaged, also when its length overflows.
+    if h.block_size != sb.remote.block_size || offset.saturating_add(h.record_len()) > sb.log_bytes {
         return Ok(Probe::Damaged(Some(h)));
     }
     let data_len = h.data_len();
@@ -207,20 +209,20 @@ pub async fn scan(dev: &mut impl LogRead, sb: &Superblock) -> Result<Scanned, Sc
         match probe_here {
             Probe::Intact(h) => {
                 let len = h.record_len();
-                live += len;
+                live = live.saturating_add(len);
                 if live > ring {
                     // A chain longer than the ring cannot be; stop rather than loop.
                     break None;
                 }
                 records.push(LiveRecord { offset: found_at, header: h });
                 at = found_at + len;
-                seq += 1;
+                seq = seq.wrapping_add(1);
             }
             Probe::Absent => break None,
             Probe::Damaged(h) => {
-                let next_from = h.as_ref().map_or(at + LOG_BLOCK, |h| at + h.record_len());
+                let next_from = h.as_ref().map_or(at + LOG_BLOCK, |h| at.saturating_add(h.record_len()));
                 let damage = Damage { seq, offset: at, ranges: h.as_ref().map(ranges) };
-                if successor_exists(dev, sb, next_from, seq + 1).await? {
+                if successor_exists(dev, sb, next_from, seq.wrapping_add(1)).await? {
                     return Err(ScanError::LostAcknowledged(damage));
                 }
                 break Some(damage);
@@ -231,6 +233,7 @@ pub async fn scan(dev: &mut impl LogRead, sb: &Superblock) -> Result<Scanned, Sc
 }
 
 #[cfg(test)]
+#[expect(clippy::indexing_slicing, reason = "tests")]
 mod tests {
     use super::*;
     use crate::format::{encode_record, Checkpoint, Entry, ExtentKind, RemoteBinding};
@@ -357,6 +360,60 @@ mod tests {
         log.bytes[first as usize + 40] ^= 0xff;
         let e = scan(&mut log.bytes.as_slice(), &superblock(1 << 20, RING_START, 1)).await.expect_err("refuses");
         assert!(matches!(e, ScanError::LostAcknowledged(Damage { seq: 1, ranges: None, .. })));
+    }
+
+    /// A device of `size` bytes that holds `bytes` at `at` and zeros elsewhere.
+    struct Sparse {
+        at: u64,
+        bytes: Vec<u8>,
+        size: u64,
+    }
+
+    #[async_trait::async_trait]
+    impl LogRead for Sparse {
+        async fn read_at(&mut self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+            let len = len.min(usize::try_from(self.size.saturating_sub(offset)).unwrap_or(usize::MAX));
+            let mut out = vec![0; len];
+            for (i, b) in out.iter_mut().enumerate() {
+                let pos = offset + i as u64;
+                if let Some(v) = pos.checked_sub(self.at).and_then(|d| self.bytes.get(d as usize)) {
+                    *b = *v;
+                }
+            }
+            Ok(out)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_record_whose_end_overflows_the_offsets_is_a_torn_tail() {
+        // The largest log the superblock can describe, its head in the last two log blocks: the
+        // record there ends past 2^64 bytes.
+        let log_bytes = u64::MAX - (LOG_BLOCK - 1);
+        let head = log_bytes - LOG_BLOCK;
+        let h = RecordHeader {
+            log_uuid: UUID,
+            seq: u64::MAX,
+            offset: head,
+            block_size: 512,
+            entries: vec![Entry {
+                lba: u64::MAX,
+                blocks: 8,
+                kind: ExtentKind::Data,
+                write_seq: 1,
+                epoch: 0,
+                data_crc: 0,
+            }],
+        };
+        let (_, bytes) = encode_record(h, &[&[7; 4096]]).expect("encodes");
+        let mut dev = Sparse { at: head, bytes, size: log_bytes };
+        let s = scan(&mut dev, &superblock(log_bytes, head, u64::MAX)).await.expect("scans");
+        assert!(s.records.is_empty());
+        assert_eq!((s.tail_offset, s.next_seq), (head, u64::MAX));
+        let damage = Damage { seq: u64::MAX, offset: head, ranges: Some(vec![(u64::MAX, 8)]) };
+        assert_eq!(s.torn_tail, Some(damage.clone()));
+        assert!(ScanError::LostAcknowledged(damage)
+            .to_string()
+            .contains("LBA 18446744073709551615..18446744073709551615"));
     }
 
     #[tokio::test]

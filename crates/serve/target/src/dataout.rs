@@ -3,6 +3,8 @@
 //! MaxOutstandingR2T outstanding, each Data-Out checked for TTT, DataSN, offset and length.
 //! A session-wide budget bounds the write data buffered for commands still waiting for more.
 
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
 use std::collections::{HashMap, VecDeque};
 
 use bytes::{Bytes, BytesMut};
@@ -384,7 +386,7 @@ impl Writes {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests")]
+#[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
 mod tests {
     use super::*;
 

@@ -3,6 +3,8 @@
 //! transitions and the checks that end a login with a status class, and which targets a logged-in
 //! session may discover. A pure state machine: requests in, responses out.
 
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -598,7 +600,7 @@ impl Login {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests")]
+#[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
 mod tests {
     use super::*;
     use stics_wire::Header;

@@ -3,6 +3,8 @@
 //! keep-alive). Pure: frames, completions and `now` in, [`Action`]s out; it neither logs nor
 //! touches sockets, tasks or devices, which are the driver's (`conn.rs`).
 
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -794,19 +796,20 @@ fn send_r2ts(r2ts: Vec<R2tReq>, out: &mut Vec<Action>) {
 }
 
 /// The CDB: the 16 bytes of the BHS, extended by an Extended CDB AHS (RFC 7143 §11.2.2.3).
+/// An AHS cut short gives what it holds; one with fewer than its 4 header bytes is ignored.
 fn cdb_of(h: &ScsiCommand, ahs: &Bytes) -> Bytes {
-    let mut at = 0usize;
-    while at + 4 <= ahs.len() {
-        let len = usize::from(u16::from_be_bytes([ahs[at], ahs[at + 1]]));
-        let kind = ahs[at + 2];
-        let body = (at + 4)..(at + 3 + len).min(ahs.len());
+    let mut rest: &[u8] = ahs;
+    while let &[hi, lo, kind, _, ref tail @ ..] = rest {
+        let len = usize::from(u16::from_be_bytes([hi, lo]));
         if kind == 1 && len > 1 {
-            let mut v = Vec::with_capacity(16 + body.len());
+            // AHSLength counts the reserved byte before the CDB's bytes past the 16th.
+            let ext = tail.get(..len - 1).unwrap_or(tail);
+            let mut v = Vec::with_capacity(16 + ext.len());
             v.extend_from_slice(&h.cdb);
-            v.extend_from_slice(&ahs[body]);
+            v.extend_from_slice(ext);
             return Bytes::from(v);
         }
-        at += (3 + len).div_ceil(4) * 4;
+        rest = rest.get((3 + len).div_ceil(4) * 4..).unwrap_or_default();
     }
     Bytes::copy_from_slice(&h.cdb)
 }
@@ -845,6 +848,7 @@ pub fn stamp(h: &mut Header, stat_sn: &mut u32, exp: u32, max: u32) {
 }
 
 #[cfg(test)]
+#[expect(clippy::indexing_slicing, reason = "tests")]
 mod tests {
     use super::*;
     use stics_wire::pdu::{DataIn, ScsiResponse, TextResponse};
@@ -995,6 +999,21 @@ mod tests {
         assert_eq!(&cdb[16..], &[0xaa, 0xbb, 0xcc, 0xdd]);
         assert_eq!(cdb_of(&h, &Bytes::new()).len(), 16);
         assert_eq!(cdb_of(&h, &Bytes::from_static(&[0xff, 0xff, 1, 0])).len(), 16);
+    }
+
+    #[test]
+    fn extended_cdb_ahs_after_another_ahs_or_cut_short() {
+        let mut h = ScsiCommand::default();
+        h.cdb[0] = 0x7f;
+        // A Bidirectional Read Expected Data Transfer Length AHS (type 2), padded to 8 bytes, first.
+        let ahs = Bytes::from_static(&[0, 5, 2, 0, 0, 0, 2, 0, 0, 3, 1, 0, 0xaa, 0xbb, 0, 0]);
+        assert_eq!(cdb_of(&h, &ahs).get(16..), Some(&[0xaa, 0xbb][..]));
+        // The AHS says 8 CDB bytes follow, the segment holds 2: those 2 are taken.
+        let cut = Bytes::from_static(&[0, 9, 1, 0, 0xaa, 0xbb]);
+        assert_eq!(cdb_of(&h, &cut).get(16..), Some(&[0xaa, 0xbb][..]));
+        // A header cut short, or a first AHS whose length runs past the segment, adds nothing.
+        assert_eq!(cdb_of(&h, &Bytes::from_static(&[0, 5, 1])).len(), 16);
+        assert_eq!(cdb_of(&h, &Bytes::from_static(&[0, 9, 2, 0, 0, 5, 1, 0, 1, 2, 3, 4])).len(), 16);
     }
 
     fn with_attr(mut p: Pdu, a: u8) -> Pdu {

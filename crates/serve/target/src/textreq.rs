@@ -2,6 +2,8 @@
 //! discovery and key negotiation, with continuation in both directions (C bit and TTT) so that
 //! neither side ever sends a segment larger than the other accepts.
 
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
 use bytes::Bytes;
 use stics_wire::keys::{self, SessionType};
 use stics_wire::pdu::{Pdu, TextRequest, TextResponse, RESERVED_TAG};
@@ -166,7 +168,7 @@ fn send_targets(v: &str, ctx: &Context<'_>, out: &mut Vec<(String, String)>) {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests")]
+#[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
 mod tests {
     use super::*;
 

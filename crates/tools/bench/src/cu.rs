@@ -7,6 +7,8 @@
 //! helper with "expect GOOD", which prints `[FAILED]` whenever the status is not GOOD. When its CUnit
 //! assertions pass it is reported apart, as `by_design`, and not counted as a failure.
 
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
 use serde::Serialize;
 
 /// Tests that print `[FAILED]` against a correct target.
@@ -24,19 +26,11 @@ pub struct Counts {
 
 /// A CUnit failure mark that is not libiscsi's own `[FAILED]`.
 fn cunit_failed(line: &str) -> bool {
-    let b = line.as_bytes();
-    let mut at = 0;
-    while let Some(i) = line[at..].find("FAILED") {
-        let s = at + i;
-        let e = s + "FAILED".len();
-        let open = s > 0 && b[s - 1] == b'[';
-        let close = e < b.len() && b[e] == b']';
-        if !open && !close {
-            return true;
-        }
-        at = e;
-    }
-    false
+    line.match_indices("FAILED").any(|(at, mark)| {
+        let open = line.get(..at).is_some_and(|before| before.ends_with('['));
+        let close = line.get(at + mark.len()..).is_some_and(|after| after.starts_with(']'));
+        !open && !close
+    })
 }
 
 /// Counts `log`, the output of `iscsi-test-cu -d --test=ALL URL`.
@@ -131,5 +125,17 @@ Run Summary:    Type  Total    Ran Passed Failed Inactive
         assert!(cunit_failed("  Test: X ...FAILED"));
         assert!(!cunit_failed("    [FAILED] libiscsi says"));
         assert!(cunit_failed("[FAILED] and FAILED"));
+    }
+
+    #[test]
+    fn a_mark_at_either_end_of_the_line_or_half_bracketed() {
+        assert!(cunit_failed("FAILED"));
+        assert!(cunit_failed("FAILEDFAILED"));
+        assert!(!cunit_failed("[FAILED"));
+        assert!(!cunit_failed("FAILED]"));
+        assert!(!cunit_failed("[FAILED]"));
+        assert!(!cunit_failed("FAILE"));
+        assert!(!cunit_failed(""));
+        assert!(cunit_failed("é FAILED é"));
     }
 }

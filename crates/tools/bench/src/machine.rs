@@ -1,6 +1,8 @@
 //! The facts a result depends on: cores, CPU, memory, kernel, the versions of the peers, and the
 //! loopback TCP bandwidth (iperf3) as the ceiling any iSCSI path on this machine lives under.
 
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
 use std::process::Command;
 
 use serde::Serialize;
@@ -104,7 +106,7 @@ pub fn loopback_iperf3() -> Option<f64> {
     let _ = server.kill();
     let _ = server.wait();
     let v: serde_json::Value = serde_json::from_slice(&out?.stdout).ok()?;
-    v["end"]["sum_received"]["bits_per_second"].as_f64()
+    v.pointer("/end/sum_received/bits_per_second")?.as_f64()
 }
 
 #[cfg(test)]

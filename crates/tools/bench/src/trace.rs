@@ -1,6 +1,8 @@
 //! Block traces as timed requests for an open-loop replay: parsers of the SNIA/MSR Cambridge CSV
 //! and blkparse text formats, and the EMC-tel-like generator of seed 004 §4.2.
 
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
 use std::io::BufRead;
 
 /// One request of a trace.
@@ -174,22 +176,24 @@ fn number<T: std::str::FromStr>(field: &'static str, text: &str) -> Result<T, Li
 /// the header line or another disk.
 fn msr_line(text: &str, disk: Option<u32>) -> Result<Option<(Origin, Request)>, LineError> {
     let f: Vec<&str> = text.split(',').collect();
-    if !(6..=7).contains(&f.len()) {
-        return Err(LineError::Fields { expected: "6 or 7", found: f.len() });
-    }
-    if f[0].trim().eq_ignore_ascii_case("timestamp") {
+    let (stamp, disk_text, kind, offset, size, response) = match *f.as_slice() {
+        [stamp, _, disk, kind, offset, size] => (stamp, disk, kind, offset, size, None),
+        [stamp, _, disk, kind, offset, size, response] => (stamp, disk, kind, offset, size, Some(response)),
+        _ => return Err(LineError::Fields { expected: "6 or 7", found: f.len() }),
+    };
+    if stamp.trim().eq_ignore_ascii_case("timestamp") {
         return Ok(None);
     }
-    let ticks: u64 = number("Timestamp", f[0])?;
-    let number_of_disk: u32 = number("DiskNumber", f[2])?;
-    let write = match f[3].trim() {
+    let ticks: u64 = number("Timestamp", stamp)?;
+    let number_of_disk: u32 = number("DiskNumber", disk_text)?;
+    let write = match kind.trim() {
         t if t.eq_ignore_ascii_case("write") => true,
         t if t.eq_ignore_ascii_case("read") => false,
         t => return Err(LineError::Type(t.chars().take(40).collect())),
     };
-    let offset: u64 = number("Offset", f[4])?;
-    let len: u64 = number("Size", f[5])?;
-    if let Some(t) = f.get(6) {
+    let offset: u64 = number("Offset", offset)?;
+    let len: u64 = number("Size", size)?;
+    if let Some(t) = response {
         number::<u64>("ResponseTime", t)?;
     }
     offset.checked_add(len).ok_or(LineError::Overflow)?;
@@ -209,14 +213,13 @@ fn blkparse_line(text: &str, action: char) -> Result<Option<(Origin, Request)>, 
         // The per-CPU and total summaries blkparse prints at the end.
         return Ok(None);
     }
-    if f.len() < 7 {
+    let [_, _, _, time, _, act, rwbs, ref rest @ ..] = *f.as_slice() else {
         return Err(LineError::Fields { expected: "at least 7", found: f.len() });
-    }
+    };
     let mut a = [0u8; 4];
-    if f[5] != action.encode_utf8(&mut a) {
+    if act != action.encode_utf8(&mut a) {
         return Ok(None);
     }
-    let rwbs = f[6];
     let write = if rwbs.contains('W') {
         true
     } else if rwbs.contains('R') {
@@ -224,19 +227,19 @@ fn blkparse_line(text: &str, action: char) -> Result<Option<(Origin, Request)>, 
     } else {
         return Ok(None);
     };
-    let secs: f64 = number("time", f[3])?;
+    let secs: f64 = number("time", time)?;
     if !secs.is_finite() || secs < 0.0 {
-        return Err(LineError::Number { field: "time", text: f[3].chars().take(40).collect() });
+        return Err(LineError::Number { field: "time", text: time.chars().take(40).collect() });
     }
     // A flush is queued as a write with no sector: `Q FWS [proc]`.
-    if f.get(7).is_none_or(|s| s.starts_with('[')) {
+    if rest.first().is_none_or(|s| s.starts_with('[')) {
         return Ok(None);
     }
-    if f.len() < 10 || f[8] != "+" {
+    let [sector, "+", count, ..] = *rest else {
         return Err(LineError::Fields { expected: "SECTOR + COUNT after RWBS", found: f.len() });
-    }
-    let sector: u64 = number("sector", f[7])?;
-    let count: u64 = number("sector count", f[9])?;
+    };
+    let sector: u64 = number("sector", sector)?;
+    let count: u64 = number("sector count", count)?;
     if count == 0 {
         return Ok(None);
     }
@@ -307,6 +310,7 @@ pub fn emc_tel(requests: u64, rate: f64, seed: u64, shape: Shape) -> Result<impl
 }
 
 #[cfg(test)]
+#[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
 mod tests {
     use proptest::prelude::*;
 
@@ -410,6 +414,25 @@ mod tests {
             assert_eq!(l, *line, "{e}");
             assert!(kind(&e), "{e}");
         }
+    }
+
+    #[test]
+    fn lines_cut_short_or_too_long_are_field_errors() {
+        let cases: &[(&[u8], Format, usize)] = &[
+            (b"1,h,0,Write,0,512,1,extra\n", Format::Msr, 8),
+            (b",\n", Format::Msr, 2),
+            (b"8,0 1 1 0.0 1 Q W 8\n", Format::Blkparse, 8),
+            (b"8,0 1 1 0.0 1 Q W 8 +\n", Format::Blkparse, 9),
+            (b"8,0 1 1 0.0 1 Q\n", Format::Blkparse, 6),
+        ];
+        for (text, format, found) in cases {
+            let out = parse(text, *format);
+            let (l, e) = out.iter().find_map(line_of).unwrap_or_else(|| panic!("no error in {out:?}"));
+            assert_eq!(l, 1, "{e}");
+            assert!(matches!(e, LineError::Fields { found: f, .. } if f == *found), "{e}");
+        }
+        // Seven fields but no data (a flush without its process) is no request and no error.
+        assert!(parse(b"8,0 1 1 0.0 1 Q FWS\n", Format::Blkparse).is_empty());
     }
 
     #[test]
