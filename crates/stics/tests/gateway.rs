@@ -5,7 +5,7 @@
 //! a connection cut under destage. With the `rbd` feature, the SIGKILL test again with the
 //! remote over a Ceph RBD image behind an 8 ms WAN.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,97 +13,19 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use stics_block::BlockDev;
 use stics_initiator::{IscsiUrl, Lun, LunOptions};
-use stics_testkit::ledger::{Durable, Failure, Ledger, Pace};
+use stics_testkit::ledger::{Durable, Ledger, Pace};
 use stics_testkit::net::{free_port, Proxy};
 use stics_testkit::pattern::{check_at, stamp_run};
 use stics_testkit::peers::SticsTarget;
-use stics_testkit::proc::{one_at_a_time, run_ok, spawn, spawn_stics, wait_mounted, wait_port, Guard};
+use stics_testkit::proc::{one_at_a_time, run_ok, spawn_stics, wait_mounted, wait_port};
 use stics_testkit::IQN;
 
-const BIN: &str = env!("CARGO_BIN_EXE_stics");
-const GATEWAY_IQN: &str = "iqn.2024-01.org.stics.test:gateway";
+mod common;
 
-/// A gateway process on a free port, in front of `remote`, with its log at `log`.
-fn gateway(remote: &str, log: &Path, mode: &str, stderr: &Path) -> (Guard, u16) {
-    gateway_with(remote, log, mode, stderr, &[])
-}
-
-/// [`gateway`] with `extra` arguments (`--metrics`, ...).
-fn gateway_with(remote: &str, log: &Path, mode: &str, stderr: &Path, extra: &[&str]) -> (Guard, u16) {
-    let port = free_port();
-    let mut cmd = Command::new(BIN);
-    cmd.args(["gateway", "--listen", &format!("127.0.0.1:{port}"), "--iqn", GATEWAY_IQN, "--remote", remote])
-        .args(["--log", &format!("{}:256MiB", log.display()), "--mode", mode, "--ram", "8MiB"])
-        .args(extra);
-    let g = spawn(&mut cmd, Some(stderr));
-    assert!(wait_port(port, Duration::from_secs(20)), "the gateway did not listen; see {}", stderr.display());
-    (g, port)
-}
-
-/// A gateway with its status endpoint: (process, iSCSI port, metrics port).
-fn gateway_with_metrics(remote: &str, log: &Path, mode: &str, stderr: &Path) -> (Guard, u16, u16) {
-    let metrics = free_port();
-    let (g, port) = gateway_with(remote, log, mode, stderr, &["--metrics", &format!("127.0.0.1:{metrics}")]);
-    assert!(wait_port(metrics, Duration::from_secs(20)), "no metrics endpoint; see {}", stderr.display());
-    (g, port, metrics)
-}
-
-/// A gateway that must refuse to start (in front of `remote`, with its log at `log`): fails
-/// unless it exits unsuccessfully within 20 s; what it said on stderr.
-fn refused_gateway(remote: &str, log: &Path, stderr: &Path) -> String {
-    let mut cmd = Command::new(BIN);
-    cmd.args(["gateway", "--listen", &format!("127.0.0.1:{}", free_port()), "--iqn", GATEWAY_IQN]).args([
-        "--remote",
-        remote,
-        "--log",
-        &format!("{}:256MiB", log.display()),
-        "--ram",
-        "8MiB",
-    ]);
-    let mut g = spawn(&mut cmd, Some(stderr));
-    let exited = g.wait_exit(Duration::from_secs(20));
-    let said = std::fs::read_to_string(stderr).unwrap_or_default();
-    assert!(exited.is_some_and(|s| !s.success()), "the gateway was not refused ({exited:?}): {said}");
-    said
-}
-
-/// One HTTP/1.0 request (`"GET /status"`) to the gateway's metrics port; the body of its 200
-/// answer.
-fn http(port: u16, request: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint");
-    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
-    s.write_all(format!("{request} HTTP/1.0\r\n\r\n").as_bytes()).unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).unwrap_or_else(|e| panic!("{request}: {e}"));
-    assert!(answer.starts_with("HTTP/1.0 200"), "{request}: {answer}");
-    answer.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
-}
-
-/// The gateway's `stics_cache::Status` as JSON.
-fn status(port: u16) -> serde_json::Value {
-    serde_json::from_str(&http(port, "GET /status")).expect("status JSON")
-}
-
-/// Polls /status until no byte is dirty; how long that took. Fails after `limit`.
-fn wait_clean(port: u16, limit: Duration) -> Duration {
-    let started = Instant::now();
-    loop {
-        let s = status(port);
-        if s["dirty_bytes"] == 0 {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < limit, "still dirty after {limit:?}: {s}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-fn url(port: u16) -> String {
-    format!("iscsi://127.0.0.1:{port}/{GATEWAY_IQN}/0")
-}
+use common::*;
 
 #[test]
 fn iscsi_test_cu_all_has_no_failures_through_the_gateway_in_each_mode() {
@@ -145,55 +67,12 @@ fn qemu_img_convert_in_and_out_through_the_gateway_keeps_every_byte() {
     assert_eq!(&first[..], &data[..4096]);
 }
 
-/// The gateway's LUN through the initiator, with the runtime its sessions run on.
-fn open(port: u16) -> (tokio::runtime::Runtime, Lun) {
-    open_url(&url(port))
-}
-
-/// Any LUN through the initiator, with a runtime of two workers for its sessions.
-fn open_url(u: &str) -> (tokio::runtime::Runtime, Lun) {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let u = IscsiUrl::parse(u).unwrap();
-    let lun = rt.block_on(Lun::open(&u, &LunOptions::default())).unwrap_or_else(|e| panic!("open {u:?}: {e}"));
-    (rt, lun)
-}
-
 /// SIGKILL of the gateway at `rounds` random moments of a random write workload, each restart
 /// on the same log: every durable write is still there, nothing torn or misplaced.
 fn sigkill_rounds(mode: &str, seed: u64, rounds: u32) {
     let remote = SticsTarget::with_file_lun(Path::new(BIN), 16, &[]);
     let dir = tempfile::tempdir().unwrap();
     sigkill_rounds_on(&remote.url(0), dir.path(), mode, seed, rounds);
-}
-
-/// [`sigkill_rounds`] with gateways in front of `remote`, their log and stderr in `dir`.
-fn sigkill_rounds_on(remote: &str, dir: &Path, mode: &str, seed: u64, rounds: u32) {
-    const BLOCKS: u64 = 512;
-    let log = dir.join("log");
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut ledger = Ledger::new(BLOCKS, 512, Durable::of_mode(mode, false));
-    let started = Instant::now();
-    for round in 0..rounds {
-        let stderr = dir.join("gw.log");
-        let (mut gw, port) = gateway(remote, &log, mode, &stderr);
-        let (rt, lun) = open(port);
-        rt.block_on(ledger.verify(&lun, &format!("{mode} seed {seed} round {round}")));
-        let kill_after = Duration::from_millis(rng.gen_range(20..300));
-        let t = Instant::now();
-        rt.block_on(ledger.run(&lun, &mut rng, Pace::FAST, || t.elapsed() >= kill_after));
-        gw.kill();
-        drop(lun);
-        drop(rt);
-    }
-    let (_gw, port) = gateway(remote, &log, mode, &dir.join("last.log"));
-    let (rt, lun) = open(port);
-    rt.block_on(ledger.verify(&lun, &format!("{mode} seed {seed} after the last round")));
-    eprintln!(
-        "{mode}: {rounds} SIGKILLs in {:?}, {} writes acknowledged, {} flushes acknowledged",
-        started.elapsed(),
-        ledger.acked().load(Ordering::Relaxed),
-        ledger.flushes()
-    );
 }
 
 #[test]
@@ -204,27 +83,6 @@ fn sigkill_at_random_moments_loses_no_acknowledged_write_in_log_mode() {
 #[test]
 fn sigkill_at_random_moments_loses_no_flushed_write_in_immediate_mode() {
     sigkill_rounds("immediate", 11, 100);
-}
-
-/// A client writing through the gateway at `port` on a thread of its own until `stop` is set:
-/// the ledger and the error that stopped it, if one did.
-fn writer(
-    port: u16,
-    mut ledger: Ledger,
-    seed: u64,
-    pace: Pace,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<(Ledger, Option<Failure>)> {
-    std::thread::spawn(move || {
-        let (rt, lun) = open(port);
-        let mut rng = StdRng::seed_from_u64(seed);
-        let err = rt.block_on(ledger.run(&lun, &mut rng, pace, || stop.load(Ordering::Relaxed)));
-        (ledger, err)
-    })
-}
-
-fn sleep_ms(rng: &mut StdRng, range: std::ops::Range<u64>) {
-    std::thread::sleep(Duration::from_millis(rng.gen_range(range)));
 }
 
 #[test]
@@ -342,111 +200,6 @@ fn wan_cut_for_30_s_keeps_writes_acknowledged_and_destage_resumes_by_itself() {
         acked.load(Ordering::Relaxed),
         started.elapsed()
     );
-}
-
-/// `stics mount` of a LUN at `dir/NAME`, with ext4 on it loop-mounted at `dir/NAME.fs` when asked;
-/// on drop both are unmounted (lazily: the LUN may be gone) and the export killed.
-struct Export {
-    proc: Guard,
-    file: PathBuf,
-    fs: PathBuf,
-    fs_mounted: bool,
-    /// Its stderr.
-    log: PathBuf,
-}
-
-impl Export {
-    fn start(lun: &str, dir: &Path, name: &str) -> Export {
-        let file = dir.join(name);
-        let fs = dir.join(format!("{name}.fs"));
-        std::fs::File::create(&file).unwrap();
-        std::fs::create_dir(&fs).unwrap();
-        let args = ["mount", lun, file.to_str().unwrap()];
-        let log = dir.join(format!("{name}.log"));
-        let proc = spawn_stics(Path::new(BIN), &args, &[("RUST_LOG", "info")], Some(&log));
-        assert!(wait_mounted(&file, true, Duration::from_secs(20)), "stics mount did not mount {lun}");
-        Export { proc, file, fs, fs_mounted: false, log }
-    }
-
-    fn mkfs(&self) {
-        // Inode tables and journal written now, not by a background thread while the test runs.
-        let lazy = "lazy_itable_init=0,lazy_journal_init=0";
-        run_ok(Command::new("mkfs.ext4").args(["-F", "-q", "-E", lazy]).arg(&self.file));
-    }
-
-    /// Loop-mounts the ext4 on the LUN with `options` besides `loop`.
-    fn mount_fs(&mut self, options: &str) {
-        let options = format!("loop{options}");
-        run_ok(Command::new("mount").args(["-o", &options]).arg(&self.file).arg(&self.fs));
-        self.fs_mounted = true;
-    }
-
-    /// Writes everything back while mounted, then unmounts.
-    fn umount_fs(&mut self) {
-        run_ok(Command::new("sync").arg("-f").arg(&self.fs));
-        run_ok(Command::new("umount").arg(&self.fs));
-        self.fs_mounted = false;
-        // The loop device lets go of the export's file only when its last opener (udev's probe,
-        // say) closes it; until then stopping the export would only detach it lazily.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let held = run_ok(Command::new("losetup").arg("-j").arg(&self.file));
-            let Some(dev) = held.split(':').next().filter(|d| !d.trim().is_empty()) else { return };
-            if Instant::now() > deadline {
-                let users = Command::new("fuser").arg("-v").arg(dev.trim()).output();
-                let users = users.map(|o| String::from_utf8_lossy(&[o.stdout, o.stderr].concat()).into_owned());
-                panic!("a loop device still holds {} 30 s after umount: {held}{users:?}", self.file.display());
-            }
-            let _ = Command::new("losetup").arg("-d").arg(dev.trim()).status();
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// `e2fsck -fn` of the unmounted file system must find nothing.
-    fn fsck_clean(&self, what: &str) {
-        let out = Command::new("e2fsck").arg("-fn").arg(&self.file).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{what}: e2fsck -fn exits {}: {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// SIGTERM: the export stops and unmounts.
-    fn stop(&mut self) {
-        assert!(self.proc.signal("TERM"));
-        if self.proc.wait_exit(Duration::from_secs(20)).is_none() {
-            let loops = Command::new("losetup").arg("-a").output().map(|o| o.stdout).unwrap_or_default();
-            panic!(
-                "stics mount did not stop within 20 s of SIGTERM; it said:\n{}\nloop devices:\n{}",
-                std::fs::read_to_string(&self.log).unwrap_or_default(),
-                String::from_utf8_lossy(&loops)
-            );
-        }
-        assert!(wait_mounted(&self.file, false, Duration::from_secs(5)));
-    }
-}
-
-impl Drop for Export {
-    fn drop(&mut self) {
-        // The export goes first: unmounting ext4 writes to the LUN, and with the LUN gone each of
-        // those writes would wait out the export's recovery timeout.
-        let export = self.proc.pid() != 0;
-        self.proc.kill();
-        if self.fs_mounted {
-            let _ = Command::new("umount").arg("-l").arg(&self.fs).status();
-        }
-        if export {
-            let _ = Command::new("umount").arg("-l").arg(&self.file).status();
-        }
-    }
-}
-
-/// The contents of file `i` of the disaster test.
-fn file_data(i: u64) -> Vec<u8> {
-    stics_testkit::pattern::noise(i, 1000 + (i as usize * 7919) % 60_000)
 }
 
 #[test]
@@ -623,6 +376,9 @@ fn one_gateway_per_remote_lun_keeps_out_a_second_gateway_and_stray_writers() {
 #[cfg(feature = "rbd")]
 #[test]
 fn rbd_remote_behind_an_8_ms_wan_loses_no_acknowledged_write_across_gateway_sigkills() {
+    use std::path::PathBuf;
+    use stics_testkit::proc::{spawn, Guard};
+
     /// The WAN and, on its storage side, a Ceph cluster and a target over an image of it; torn
     /// down in that order (the cluster's daemons before their namespace).
     struct FarSide {
@@ -736,19 +492,6 @@ fn a_second_gateway_on_the_same_log_is_refused_naming_the_holder() {
     let (rt2, lun) = open(port);
     assert_eq!(rt2.block_on(lun.read(0, 16)).unwrap(), data);
     assert_eq!(rt2.block_on(lun.read(64, 8)).unwrap(), more);
-}
-
-/// Polls a gateway's `/status` until `ready` holds of it; fails after `limit`.
-fn wait_status(metrics: u16, limit: Duration, what: &str, ready: impl Fn(&serde_json::Value) -> bool) {
-    let started = Instant::now();
-    loop {
-        let s = status(metrics);
-        if ready(&s) {
-            return;
-        }
-        assert!(started.elapsed() < limit, "{what}: not after {limit:?}: {s}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]

@@ -286,6 +286,9 @@ async fn open_in(spec: &DeviceSpec, ctx: &OpenContext, place: Place) -> Result<A
             if let Some(n) = c.index_memory {
                 opts.index_bytes = n;
             }
+            if let Some(n) = c.max_lag_secs {
+                opts.max_lag = Some(std::time::Duration::from_secs(n));
+            }
             // The log is bound to the remote's own name when it has one, else to how it is named here.
             let id = inner.device_id().unwrap_or_else(|| c.inner.redacted().to_string());
             let cache = Cache::open(Arc::new(log), inner, id.as_bytes(), opts)

@@ -120,8 +120,8 @@ pub const MAX_TRANSFER: u32 = 1 << 30;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Layer {
     /// `cache(SPEC, log=PATH[:SIZE], mode=log|immediate|write-through, ram=SIZE,
-    /// read-cache=SIZE, policy=lru|s3fifo, full-timeout=SECS, index-memory=SIZE)`: the STICS
-    /// cache over the device SPEC names.
+    /// read-cache=SIZE, policy=lru|s3fifo, full-timeout=SECS, index-memory=SIZE, max-lag=SECS)`:
+    /// the STICS cache over the device SPEC names.
     Cache(CacheSpec),
     /// `journal(SPEC, journal=PATH[:SIZE]|DEVICE-SPEC, max-group=SIZE)`: the storage side of
     /// STICS (an SG) over the device SPEC names: it takes groups of epochs from gateways over
@@ -172,6 +172,8 @@ pub struct CacheSpec {
     pub full_timeout_secs: Option<u64>,
     /// Memory the dirty index may take.
     pub index_memory: Option<u64>,
+    /// Seconds the oldest write the remote lacks may age before host writes wait.
+    pub max_lag_secs: Option<u64>,
 }
 
 /// The names of the wrappers, for error messages.
@@ -516,6 +518,9 @@ impl Layer {
                 if let Some(n) = c.index_memory {
                     *out += &format!(", index-memory={}", size_text(n));
                 }
+                if let Some(n) = c.max_lag_secs {
+                    *out += &format!(", max-lag={n}");
+                }
                 out.push(')');
             }
             Layer::Journal(j) => {
@@ -602,6 +607,7 @@ fn cache(call: &syntax::Call<'_>) -> Result<CacheSpec, SpecError> {
         policy: None,
         full_timeout_secs: None,
         index_memory: None,
+        max_lag_secs: None,
     };
     for (k, v) in &args.options {
         let piece = format!("{k}={v}");
@@ -629,8 +635,15 @@ fn cache(call: &syntax::Call<'_>) -> Result<CacheSpec, SpecError> {
                 c.full_timeout_secs = Some(secs.ok_or_else(|| bad(&piece, "seconds, 1 to 86400"))?);
             }
             "index-memory" => c.index_memory = Some(parse_size(v)?),
+            "max-lag" => {
+                let secs = v.trim_end_matches('s').parse::<u64>().ok().filter(|n| (1..=86_400).contains(n));
+                c.max_lag_secs = Some(secs.ok_or_else(|| bad(&piece, "seconds, 1 to 86400"))?);
+            }
             _ => {
-                return Err(bad(&piece, "known keys: log, mode, ram, read-cache, policy, full-timeout, index-memory"));
+                return Err(bad(
+                    &piece,
+                    "known keys: log, mode, ram, read-cache, policy, full-timeout, index-memory, max-lag",
+                ));
             }
         }
     }

@@ -134,6 +134,18 @@ impl JournalDev {
         if sb.journal_bytes > device_bytes {
             return Err(JournalError::Format { field: "journal_bytes", why: "larger than the device".into() });
         }
+        // Two of the largest groups fit the ring (with their record headers), so that one
+        // waits for room only behind one being applied, never for ever.
+        let mut cfg = cfg;
+        let ring_half =
+            (sb.journal_bytes.saturating_sub(RING_START) / 2).saturating_sub(BLOCK).min(u64::from(u32::MAX)) as u32;
+        if cfg.max_group > ring_half {
+            tracing::info!(
+                max_group = ring_half,
+                "groups are kept to half the journal: give the journal more room for larger ones"
+            );
+            cfg.max_group = ring_half;
+        }
         // A group may expand to many times its encoding; the bound keeps a corrupt one from
         // asking for more memory than a group could ever need.
         let max_raw = u64::from(cfg.max_group).saturating_mul(64).max(1 << 30);

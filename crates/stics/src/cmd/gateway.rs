@@ -66,6 +66,13 @@ pub struct Args {
     #[arg(long, value_name = "SIZE", default_value = "64MiB")]
     pub index_memory: String,
 
+    /// Oldest a write the remote does not hold yet may get, in seconds (the recovery point a
+    /// lost gateway leaves): beyond it host writes wait, as for a full log, and ship to a stics
+    /// SG in groups small enough to cross the link in a quarter of it. Default: no bound but
+    /// the log's size.
+    #[arg(long, value_name = "SECS")]
+    pub max_lag: Option<u64>,
+
     /// Serve Prometheus metrics at http://HOST:PORT/metrics, JSON at /status; POST /drain
     /// destages everything and answers when the remote holds it all.
     #[arg(long, value_name = "HOST:PORT")]
@@ -134,10 +141,14 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             format!("{}:1GiB", path.display())
         }
     };
-    let spec = format!(
-        "cache({remote}, log={log}, mode={}, ram={}, read-cache={}, policy={}, full-timeout={}, index-memory={})",
+    let mut spec = format!(
+        "cache({remote}, log={log}, mode={}, ram={}, read-cache={}, policy={}, full-timeout={}, index-memory={}",
         args.mode, args.ram, args.read_cache, args.policy, args.full_timeout, args.index_memory
     );
+    if let Some(secs) = args.max_lag {
+        spec += &format!(", max-lag={secs}");
+    }
+    spec.push(')');
     let config = Config {
         listen: vec![args.listen.clone()],
         targets: vec![TargetConfig {
@@ -255,6 +266,23 @@ fn prometheus(s: &stics_cache::Status) -> String {
         errors.get_or_create(&vec![("kind".to_owned(), (*kind).to_owned())]).inc_by(*n);
     }
     reg.register("errors", "Failures of the remote or the log, by kind", errors);
+    if let Some(g) = &s.groups {
+        let mut counter = |name: &str, help: &str, v: u64| {
+            let c = Counter::<u64>::default();
+            c.inc_by(v);
+            reg.register(name, help, c);
+        };
+        counter("sg_groups", "Groups of epochs the stics SG took", g.groups);
+        counter("sg_group_epochs", "Epochs in those groups", g.epochs);
+        counter("sg_bytes_before_merge", "Bytes of the groups' epochs before merging", g.bytes_before_merge);
+        counter("sg_bytes_merged", "Bytes of the groups' data after merging", g.bytes_merged);
+        counter("sg_bytes_shipped", "Bytes of the groups as shipped (compressed, with tables)", g.bytes_shipped);
+        counter("sg_groups_resent", "Groups sent again after a failure", g.resent);
+        counter("sg_plain_epochs", "Epochs too large for a group, sent as plain writes", g.plain_epochs);
+        let rate = Gauge::<f64, AtomicU64>::default();
+        rate.set(g.ship_bytes_per_sec);
+        reg.register("sg_ship_rate_bytes_per_second", "Rate groups were shipped at, smoothed", rate);
+    }
     let mut out = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &reg) {
         out = format!("# cannot encode metrics: {e}\n");

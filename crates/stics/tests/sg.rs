@@ -1,0 +1,345 @@
+//! The link between a gateway and a stics SG (`stics target` over `journal(...)`), as processes:
+//! groups flow and the SG alone holds every acknowledged write once drained; SIGKILL of the SG
+//! and of the gateway at random moments under verified writes; a cut link; the gateway's log
+//! thrown away, after which ext4 on the SG alone replays and checks clean; libiscsi's suite on
+//! the SG's LUN and through a gateway over the link; the journal kept to one SG and to its own
+//! medium; in front of tgt the gateway destages as before. The 100-kill campaigns and the 30 s
+//! cut are `--ignored` (CI runs them).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use stics_testkit::ledger::{Durable, Ledger, Pace};
+use stics_testkit::net::Proxy;
+use stics_testkit::peers::{SticsOptions, SticsTarget, Tgt};
+use stics_testkit::proc::{one_at_a_time, run_ok};
+
+use common::*;
+
+const SG_IQN: &str = "iqn.2024-01.org.stics.test:sg";
+
+/// A stics SG on a free port: LUN 0 is `journal(file:DIR/disk.img, journal=DIR/journal:64MiB)`
+/// over a sparse file of `mib` MiB. Restarting it keeps its files.
+fn sg(dir: &Path, mib: u64) -> SticsTarget {
+    let disk = dir.join("disk.img");
+    if !disk.exists() {
+        std::fs::File::create(&disk).unwrap().set_len(mib << 20).unwrap();
+    }
+    let lun = format!("journal(file:{}, journal={}:64MiB)", disk.display(), dir.join("journal").display());
+    SticsTarget::start(
+        Path::new(BIN),
+        SticsOptions {
+            iqn: Some(SG_IQN.into()),
+            args: vec!["--lun".into(), lun],
+            env: vec![("RUST_LOG".into(), "info".into())],
+            stderr: Some(dir.join("sg.log")),
+        },
+    )
+}
+
+/// The gateway's `groups` status (present only over a stics SG).
+fn groups(metrics: u16) -> serde_json::Value {
+    status(metrics)["groups"].clone()
+}
+
+/// Writes through the gateway at `port` with flushes until `stop`, as a thread.
+fn flushing_writer(
+    port: u16,
+    blocks: u64,
+    seed: u64,
+    stop: &Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(Ledger, Option<stics_testkit::ledger::Failure>)> {
+    let ledger = Ledger::new(blocks, 512, Durable::OnAck);
+    let pace = Pace { pause: Some(Duration::from_micros(300)), flush_one_in: 8, timeout: None };
+    writer(port, ledger, seed, pace, Arc::clone(stop))
+}
+
+#[test]
+fn the_gateway_ships_groups_to_an_sg_and_the_sg_alone_holds_every_acknowledged_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let sg = sg(dir.path(), 64);
+    let (mut gw, port, metrics) =
+        gateway_with_metrics(&sg.url(0), &dir.path().join("log"), "log", &dir.path().join("gw.log"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = flushing_writer(port, 4096, 3, &stop);
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, Ordering::Relaxed);
+    let (mut ledger, err) = w.join().unwrap();
+    assert!(err.is_none(), "a write through the gateway failed: {err:?}");
+    let drained: serde_json::Value = serde_json::from_str(&http(metrics, "POST /drain")).unwrap();
+    assert_eq!(drained["dirty_bytes"], 0, "{drained}");
+    let g = groups(metrics);
+    assert!(g["groups"].as_u64().unwrap() > 0, "groups went to the SG: {g}");
+    assert!(g["bytes_shipped"].as_u64().unwrap() > 0, "{g}");
+    assert!(
+        g["bytes_merged"].as_u64().unwrap() <= g["bytes_before_merge"].as_u64().unwrap(),
+        "merging never adds: {g}"
+    );
+    let text = http(metrics, "GET /metrics");
+    assert!(text.contains("stics_cache_sg_groups_total"), "{text}");
+    gw.kill();
+    let (rt, lun) = open_url(&sg.url(0));
+    rt.block_on(ledger.verify(&lun, "the SG alone after the drain"));
+    eprintln!(
+        "groups: {g}; {} writes, {} flushes acknowledged",
+        ledger.acked().load(Ordering::Relaxed),
+        ledger.flushes()
+    );
+}
+
+/// SIGKILL of the SG at `rounds` random moments while a client writes and flushes through the
+/// gateway; the SG restarts on its journal each time. After a drain the SG alone, and the
+/// gateway, hold every acknowledged write.
+fn sg_kills(seed: u64, rounds: u32) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sg = sg(dir.path(), 16);
+    let started = Instant::now();
+    let (mut gw, port, metrics) =
+        gateway_with_metrics(&sg.url(0), &dir.path().join("log"), "log", &dir.path().join("gw.log"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = flushing_writer(port, 4096, seed, &stop);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+    for _ in 0..rounds {
+        sleep_ms(&mut rng, 50..600);
+        sg.kill();
+        sleep_ms(&mut rng, 0..300);
+        sg.restart();
+    }
+    sleep_ms(&mut rng, 300..1000);
+    stop.store(true, Ordering::Relaxed);
+    let (mut ledger, err) = w.join().unwrap();
+    assert!(err.is_none(), "seed {seed}: a write through the gateway failed: {err:?}");
+    let drained: serde_json::Value = serde_json::from_str(&http(metrics, "POST /drain")).unwrap();
+    assert_eq!(drained["dirty_bytes"], 0, "after POST /drain: {drained}");
+    let g = groups(metrics);
+    let (rt, lun) = open(port);
+    let through = rt.block_on(ledger.verify(&lun, &format!("seed {seed}: through the gateway")));
+    drop(lun);
+    gw.kill();
+    let (rt2, lun) = open_url(&sg.url(0));
+    let alone = rt2.block_on(ledger.verify(&lun, &format!("seed {seed}: the SG alone after the drain")));
+    assert!(through == alone, "the drained gateway adds nothing to the SG");
+    eprintln!(
+        "SG killed {rounds} times: {} writes and {} flushes acknowledged, groups {g}; {:?}",
+        ledger.acked().load(Ordering::Relaxed),
+        ledger.flushes(),
+        started.elapsed()
+    );
+    drop(rt);
+}
+
+#[test]
+fn the_sg_killed_at_random_moments_under_writes_loses_no_acknowledged_write() {
+    sg_kills(41, 8);
+}
+
+#[test]
+#[ignore = "a campaign of 100 SIGKILLs; CI runs it"]
+fn the_sg_killed_at_100_random_moments_under_writes_loses_no_acknowledged_write() {
+    sg_kills(43, 100);
+}
+
+#[test]
+fn the_gateway_killed_at_random_moments_over_an_sg_loses_no_acknowledged_write() {
+    gateway_kills(&[("log", 47), ("immediate", 53)], 10);
+}
+
+/// SIGKILL of a gateway over an SG at `rounds` random moments, for each (mode, seed).
+fn gateway_kills(modes: &[(&str, u64)], rounds: u32) {
+    for &(mode, seed) in modes {
+        let dir = tempfile::tempdir().unwrap();
+        let sg = sg(dir.path(), 16);
+        sigkill_rounds_on(&sg.url(0), dir.path(), mode, seed, rounds);
+    }
+}
+
+#[test]
+#[ignore = "a campaign of 100 SIGKILLs per mode; CI runs it"]
+fn the_gateway_killed_at_100_random_moments_over_an_sg_loses_no_acknowledged_write() {
+    gateway_kills(&[("log", 59), ("immediate", 61)], 100);
+}
+
+#[test]
+#[ignore = "a 30 s cut; CI runs it"]
+fn a_link_to_the_sg_cut_for_30_s_keeps_writes_acknowledged_and_groups_resume_by_themselves() {
+    const CUT: Duration = Duration::from_secs(30);
+    let dir = tempfile::tempdir().unwrap();
+    let sg = sg(dir.path(), 64);
+    let proxy = Proxy::start(sg.port);
+    let via = format!("iscsi://127.0.0.1:{}/{SG_IQN}/0", proxy.port);
+    let (mut gw, port, metrics) =
+        gateway_with_metrics(&via, &dir.path().join("log"), "log", &dir.path().join("gw.log"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let ledger = Ledger::new(4096, 512, Durable::OnAck);
+    let acked = ledger.acked();
+    let pace = Pace { pause: Some(Duration::from_millis(2)), flush_one_in: 4, timeout: None };
+    let w = writer(port, ledger, 67, pace, Arc::clone(&stop));
+    std::thread::sleep(Duration::from_secs(2));
+    proxy.freeze(true);
+    proxy.cut();
+    let before = acked.load(Ordering::Relaxed);
+    std::thread::sleep(CUT);
+    let during = acked.load(Ordering::Relaxed) - before;
+    let dirty = status(metrics)["dirty_bytes"].as_u64().unwrap();
+    proxy.freeze(false);
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    let (mut ledger, err) = w.join().unwrap();
+    assert!(err.is_none(), "a write through the gateway failed: {err:?}");
+    assert!(during > 100 && dirty > 0, "{during} writes acknowledged while cut, {dirty} bytes dirty");
+    let clean_after = wait_clean(metrics, Duration::from_secs(120));
+    let g = groups(metrics);
+    gw.kill();
+    let (rt, lun) = open_url(&sg.url(0));
+    rt.block_on(ledger.verify(&lun, "the SG alone after the cut"));
+    eprintln!("cut {CUT:?}: {during} writes acknowledged while cut; clean {clean_after:?} after; groups {g}");
+}
+
+/// The gateway killed while ext4 on it writes, then its log lost: the SG, after its own replay,
+/// is the host's view at the end of an epoch, so ext4 on the SG alone replays its journal and
+/// `e2fsck -fn` finds nothing.
+#[test]
+fn the_log_thrown_away_leaves_an_sg_whose_ext4_replays_and_fscks_clean() {
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let mut sg = sg(dir.path(), 256);
+    let proxy = Proxy::start(sg.port);
+    let via = format!("iscsi://127.0.0.1:{}/{SG_IQN}/0", proxy.port);
+    let log = dir.path().join("log");
+    let (mut gw, port, metrics) = gateway_with_metrics(&via, &log, "log", &dir.path().join("gw.log"));
+    let mut e = Export::start(&url(port), dir.path(), "gw");
+    e.mkfs();
+    e.mount_fs("");
+    for d in 0..10 {
+        std::fs::create_dir(e.fs.join(format!("d{d}"))).unwrap();
+    }
+    let path = |fs: &Path, i: u64| fs.join(format!("d{}/f{i}", i % 10));
+    for i in 0..300 {
+        std::fs::write(path(&e.fs, i), file_data(i)).unwrap();
+    }
+    run_ok(Command::new("sync").arg("-f").arg(&e.fs));
+    wait_clean(metrics, Duration::from_secs(120));
+    // The second batch waits behind a frozen link, then ships for a moment: the kill comes
+    // with groups of it on the SG, one perhaps in flight, and the rest only in the log.
+    proxy.freeze(true);
+    for i in 300..600 {
+        std::fs::write(path(&e.fs, i), file_data(i)).unwrap();
+    }
+    run_ok(Command::new("sync").arg("-f").arg(&e.fs));
+    for i in 600..610 {
+        std::fs::write(path(&e.fs, i), file_data(i)).unwrap();
+    }
+    proxy.freeze(false);
+    std::thread::sleep(Duration::from_millis(30));
+    let at_kill = status(metrics);
+    gw.kill();
+    proxy.cut();
+    drop(e);
+    std::fs::remove_file(&log).unwrap();
+    // The SG dies too and replays its journal when it comes back (forgetting the dead gateway's
+    // reservation: this target keeps none across a restart).
+    sg.kill();
+    sg.restart();
+    let mut r = Export::start(&sg.url(0), dir.path(), "sg");
+    r.mount_fs("");
+    let (mut whole, mut empty) = (0, 0);
+    for i in 0..610 {
+        match std::fs::read(path(&r.fs, i)) {
+            Ok(d) if d.is_empty() => empty += 1,
+            Ok(d) => {
+                assert!(d == file_data(i), "file {i} holds {} bytes of something else", d.len());
+                whole += 1;
+            }
+            Err(e) if i >= 300 && e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("file {i} of the destaged batch: {e}"),
+        }
+    }
+    assert!(whole >= 300, "the destaged batch is whole on the SG: {whole} files whole, {empty} empty");
+    r.umount_fs();
+    r.fsck_clean("the SG alone, after a SIGKILL of both and without the gateway's log");
+    r.stop();
+    eprintln!(
+        "at the kill {} bytes dirty, groups {}; on the SG alone {whole} of 610 files whole, {empty} empty",
+        at_kill["dirty_bytes"], at_kill["groups"]
+    );
+}
+
+#[test]
+fn iscsi_test_cu_has_no_failures_on_the_sg_lun_nor_through_a_gateway_over_the_link() {
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let sg = sg(dir.path(), 1024);
+    let sg_url = sg.url(0);
+    let suite = |url: &str, what: &str| {
+        let out = Command::new("iscsi-test-cu").args(["-d", "--test=ALL", url]).output().expect("iscsi-test-cu");
+        let text = String::from_utf8_lossy(&[out.stdout, out.stderr].concat()).into_owned();
+        let counts = stics_bench::cu::count(&text);
+        assert_eq!(counts.tests, 230, "{what}: every test ran: {counts:?}");
+        assert_eq!(counts.failed, Vec::<String>::new(), "{what}: no failures: {counts:?}");
+    };
+    suite(&sg_url, "on the SG's LUN");
+    let (_gw, port, metrics) =
+        gateway_with_metrics(&sg_url, &dir.path().join("log"), "log", &dir.path().join("gw.log"));
+    suite(&url(port), "through a gateway over the link");
+    http(metrics, "POST /drain");
+    assert!(groups(metrics)["groups"].as_u64().unwrap() > 0, "the suite's writes went as groups");
+}
+
+#[test]
+fn a_journal_serves_one_sg_and_its_own_medium() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = sg(dir.path(), 16);
+    let second = dir.path().join("second.log");
+    let lun = format!(
+        "journal(file:{}, journal={}:64MiB)",
+        dir.path().join("disk.img").display(),
+        dir.path().join("journal").display()
+    );
+    let port = stics_testkit::net::free_port();
+    let out = Command::new(BIN)
+        .args(["target", "--listen", &format!("127.0.0.1:{port}"), "--iqn", SG_IQN, "--lun", &lun])
+        .stderr(std::fs::File::create(&second).unwrap())
+        .output()
+        .unwrap();
+    let said = std::fs::read_to_string(&second).unwrap();
+    assert!(!out.status.success() && said.contains("in use by process"), "a second SG on the journal: {said}");
+    drop(first);
+    // The journal now belongs to a 16 MiB medium: another medium is refused, naming both.
+    let other = dir.path().join("other.img");
+    std::fs::File::create(&other).unwrap().set_len(32 << 20).unwrap();
+    let lun = format!("journal(file:{}, journal={})", other.display(), dir.path().join("journal").display());
+    let out = Command::new(BIN)
+        .args(["target", "--listen", &format!("127.0.0.1:{port}"), "--iqn", SG_IQN, "--lun", &lun])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("belongs to a medium of"), "the wrong medium: {said}");
+}
+
+#[test]
+fn in_front_of_tgt_the_gateway_destages_as_before() {
+    let tgt = Tgt::start(16);
+    let dir = tempfile::tempdir().unwrap();
+    let (mut gw, port, metrics) =
+        gateway_with_metrics(&tgt.url(), &dir.path().join("log"), "log", &dir.path().join("gw.log"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = flushing_writer(port, 4096, 71, &stop);
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    let (mut ledger, err) = w.join().unwrap();
+    assert!(err.is_none(), "{err:?}");
+    http(metrics, "POST /drain");
+    let s = status(metrics);
+    assert!(s.get("groups").is_none(), "no link with tgt: {s}");
+    assert!(s["blocks_destaged"].as_u64().unwrap() > 0, "{s}");
+    gw.kill();
+    let (rt, lun) = open_url(&tgt.url());
+    rt.block_on(ledger.verify(&lun, "tgt alone after the drain"));
+}
