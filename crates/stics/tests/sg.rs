@@ -135,6 +135,72 @@ fn sg_kills(seed: u64, rounds: u32) {
     drop(rt);
 }
 
+/// The SG with CHAP both ways: the gateway proves itself with its secret and checks the SG's.
+fn sg_with_chap(dir: &Path) -> SticsTarget {
+    let disk = dir.join("disk.img");
+    std::fs::File::create(&disk).unwrap().set_len(16 << 20).unwrap();
+    let lun = format!("journal(file:{}, journal={}:64MiB)", disk.display(), dir.join("journal").display());
+    let args = ["--lun", &lun, "--chap-user", "gw", "--mutual-user", "sg"];
+    SticsTarget::start(
+        Path::new(BIN),
+        SticsOptions {
+            iqn: Some(SG_IQN.into()),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: vec![
+                ("STICS_CHAP_SECRET".into(), "gateway-secret-1".into()),
+                ("STICS_MUTUAL_SECRET".into(), "storage-secret-2".into()),
+            ],
+            stderr: Some(dir.join("sg.log")),
+        },
+    )
+}
+
+#[test]
+fn the_link_authenticates_both_ends_with_mutual_chap() {
+    let dir = tempfile::tempdir().unwrap();
+    let sg = sg_with_chap(dir.path());
+    let plain = sg.url(0);
+    let with = |secret: &str, theirs: &str| {
+        let url = plain.replacen("iscsi://", &format!("iscsi://gw%{secret}@"), 1);
+        format!("{url}?target_user=sg&target_password={theirs}")
+    };
+    let wrong_ours = refused_gateway(
+        &with("not-the-secret-1", "storage-secret-2"),
+        &dir.path().join("l1"),
+        &dir.path().join("gw1.log"),
+    );
+    assert!(wrong_ours.to_lowercase().contains("auth"), "a wrong CHAP secret is refused: {wrong_ours}");
+    let wrong_theirs = refused_gateway(
+        &with("gateway-secret-1", "not-the-secret-2"),
+        &dir.path().join("l2"),
+        &dir.path().join("gw2.log"),
+    );
+    assert!(wrong_theirs.to_lowercase().contains("auth"), "an SG that cannot prove itself is refused: {wrong_theirs}");
+    let none = refused_gateway(&plain, &dir.path().join("l3"), &dir.path().join("gw3.log"));
+    assert!(none.to_lowercase().contains("auth"), "no CHAP at all is refused: {none}");
+    eprintln!("refused: {wrong_ours}\n{wrong_theirs}\n{none}");
+
+    let (mut gw, port, metrics) = gateway_with_metrics(
+        &with("gateway-secret-1", "storage-secret-2"),
+        &dir.path().join("log"),
+        "log",
+        &dir.path().join("gw.log"),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = flushing_writer(port, 2048, 5, &stop);
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    let (mut ledger, err) = w.join().unwrap();
+    assert!(err.is_none(), "a write through the gateway failed: {err:?}");
+    let drained: serde_json::Value = serde_json::from_str(&http(metrics, "POST /drain")).unwrap();
+    assert_eq!(drained["dirty_bytes"], 0, "{drained}");
+    let g = groups(metrics);
+    assert!(g["groups"].as_u64().unwrap() > 0, "groups went over the authenticated link: {g}");
+    gw.kill();
+    let (rt, lun) = open_url(&with("gateway-secret-1", "storage-secret-2"));
+    rt.block_on(ledger.verify(&lun, "the SG alone, over CHAP"));
+}
+
 #[test]
 fn the_sg_killed_at_random_moments_under_writes_loses_no_acknowledged_write() {
     sg_kills(41, 8);
