@@ -145,7 +145,7 @@ fn sg_with_chap(dir: &Path) -> SticsTarget {
         Path::new(BIN),
         SticsOptions {
             iqn: Some(SG_IQN.into()),
-            args: args.iter().map(|a| a.to_string()).collect(),
+            args: args.iter().map(ToString::to_string).collect(),
             env: vec![
                 ("STICS_CHAP_SECRET".into(), "gateway-secret-1".into()),
                 ("STICS_MUTUAL_SECRET".into(), "storage-secret-2".into()),
