@@ -304,10 +304,15 @@ impl Entry {
         if blocks == 0 {
             return Err(field("blocks", "an extent of zero blocks"));
         }
+        let (write_seq, epoch) = (u64_at(b, 8), u64_at(b, 16));
+        // Recovery resumes at the largest of each plus one: the last value has no successor.
+        if write_seq == u64::MAX || epoch == u64::MAX {
+            return Err(field("epoch", format!("write {write_seq} of epoch {epoch} leaves no successor")));
+        }
         Ok(Entry {
             lba: u64_at(b, 0),
-            write_seq: u64_at(b, 8),
-            epoch: u64_at(b, 16),
+            write_seq,
+            epoch,
             blocks,
             kind,
             data_crc: u32_at(b, 32),
@@ -621,13 +626,23 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_at_the_last_epoch_or_write_number_is_damage_not_an_overflow_at_recovery() {
+        for (ws, ep) in [(u64::MAX, 3), (1, u64::MAX)] {
+            let mut h = rec();
+            h.entries[1].write_seq = ws;
+            h.entries[1].epoch = ep;
+            assert!(matches!(RecordHeader::decode(&h.encode()), Err(FormatError::Field { .. })), "{ws} {ep}");
+        }
+    }
+
+    #[test]
     fn mismatched_data_is_refused_when_encoding() {
         assert!(encode_record(rec(), &[&[0u8; 10], &[], &[0u8; 512]]).is_err());
         assert!(encode_record(rec(), &[&[0u8; 1024]]).is_err());
     }
 
     fn entry() -> impl Strategy<Value = Entry> {
-        (any::<u64>(), 1u32..64, 0u8..3, any::<u64>(), any::<u64>()).prop_map(|(lba, blocks, k, ws, ep)| Entry {
+        (any::<u64>(), 1u32..64, 0u8..3, 0..u64::MAX, 0..u64::MAX).prop_map(|(lba, blocks, k, ws, ep)| Entry {
             lba,
             blocks,
             kind: [ExtentKind::Data, ExtentKind::Discard, ExtentKind::Zero][usize::from(k)],
