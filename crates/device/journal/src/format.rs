@@ -10,6 +10,8 @@
 //! CRC32C of the encoded group behind it (which carries its own checksums as well); a record
 //! proves where it is, so bytes from an earlier lap of the ring are never taken for a group.
 
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
 use crate::{JournalError, Result};
 
 /// Alignment and unit of every journal write, and the size of one superblock copy or record
