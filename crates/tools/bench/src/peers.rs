@@ -260,8 +260,13 @@ impl Wan {
 
     /// `stics target` inside `role`'s namespace, listening on its address.
     pub fn stics_target(&self, b: &Bench, name: &str, role: &str, luns: &[&str]) -> Result<Target> {
+        self.stics_target_on(b, name, role, 3260, luns)
+    }
+
+    /// [`Wan::stics_target`] on another port, beside one on 3260 (the gateway's port on
+    /// loopback is 3260 too, but a target listens on the namespace's WAN address).
+    pub fn stics_target_on(&self, b: &Bench, name: &str, role: &str, port: u16, luns: &[&str]) -> Result<Target> {
         let addr = self.addr(b, role)?;
-        let port = 3260;
         let listen = format!("{addr}:{port}");
         let mut proc = b.spawn(name, target_args(&mut self.exec(role, b.stics()), &listen, luns))?;
         self.wait_port(&mut proc, role, &addr, port)?;

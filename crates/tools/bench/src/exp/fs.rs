@@ -43,6 +43,37 @@ pub struct Run {
     pub host_bytes: u64,
     /// `e2fsck -fn` found nothing.
     pub fsck_clean: bool,
+    /// What a gateway over the link shipped (its `/status` `groups`), None otherwise.
+    pub groups: Option<Groups>,
+}
+
+/// The groups a gateway shipped to a stics SG, from its `/status`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Groups {
+    pub groups: u64,
+    pub epochs: u64,
+    /// Bytes of the groups' epochs as the host wrote them, after merging (last write wins,
+    /// neighbours coalesced) and as shipped (compressed, with their tables).
+    pub before_merge: u64,
+    pub merged: u64,
+    pub shipped: u64,
+    /// Epochs too large for a group, sent as plain writes.
+    pub plain_epochs: u64,
+}
+
+impl Groups {
+    /// Reads the `groups` object of a gateway's `/status`.
+    pub fn of(v: &serde_json::Value) -> Option<Groups> {
+        let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64);
+        Some(Groups {
+            groups: n("groups")?,
+            epochs: n("epochs")?,
+            before_merge: n("bytes_before_merge")?,
+            merged: n("bytes_merged")?,
+            shipped: n("bytes_shipped")?,
+            plain_epochs: n("plain_epochs").unwrap_or(0),
+        })
+    }
 }
 
 /// A LUN exported as a file by `stics mount`, and the folder ext4 on it is mounted at; ext4 is
@@ -221,6 +252,7 @@ pub fn postmark(
         sizes: c1.sizes.iter().zip(&c0.sizes).map(|(a, b)| a - b).collect(),
         host_bytes,
         fsck_clean,
+        groups: None,
     })
 }
 
@@ -260,8 +292,9 @@ pub fn fs_mib(b: &Bench) -> u64 {
 pub enum Via {
     /// Straight to the remote target: plain iSCSI.
     Plain,
-    /// Through a gateway in `side`'s namespace ("host" or "storage").
-    Gateway { mode: String, ram: String, read_cache: String, log: String, side: &'static str },
+    /// Through a gateway in `side`'s namespace ("host" or "storage"); with `link`, its remote is
+    /// a stics SG (a journal LUN) and destage ships merged groups of epochs over the link.
+    Gateway { mode: String, ram: String, read_cache: String, log: String, side: &'static str, link: bool },
 }
 
 impl Via {
@@ -273,7 +306,24 @@ impl Via {
             read_cache: "256MiB".into(),
             log: "512MiB".into(),
             side: "host",
+            link: false,
         }
+    }
+
+    /// A host-side gateway like [`Via::gateway`] in front of a stics SG: the caller passes the
+    /// SG's URL as the remote.
+    pub fn link(mode: &str) -> Via {
+        match Via::gateway(mode) {
+            Via::Gateway { mode, ram, read_cache, log, side, .. } => {
+                Via::Gateway { mode, ram, read_cache, log, side, link: true }
+            }
+            Via::Plain => Via::Plain,
+        }
+    }
+
+    /// Whether the remote must be a stics SG.
+    pub fn is_link(&self) -> bool {
+        matches!(self, Via::Gateway { link: true, .. })
     }
 
     /// A `log`-mode gateway on `side` whose RAM buffer and read cache hold `bytes` each (at least
@@ -281,18 +331,39 @@ impl Via {
     /// cache's minimum): seed 000's small caches.
     pub fn small_cache(bytes: u64, side: &'static str) -> Via {
         let size = format!("{}KiB", bytes.div_ceil(1024).max(64));
-        Via::Gateway { mode: "log".into(), ram: size.clone(), read_cache: size, log: "256MiB".into(), side }
+        Via::Gateway {
+            mode: "log".into(),
+            ram: size.clone(),
+            read_cache: size,
+            log: "256MiB".into(),
+            side,
+            link: false,
+        }
     }
 
     /// "plain", or the gateway's mode (and side when it is not the host's).
     pub fn label(&self) -> String {
         match self {
             Via::Plain => "plain".into(),
+            Via::Gateway { mode, side: "host", link: true, .. } => format!("{mode} + link"),
             Via::Gateway { mode, side: "host", .. } => mode.clone(),
             Via::Gateway { mode, side, .. } => format!("{mode} ({side})"),
         }
     }
 }
+
+/// A stics SG's LUN for the storage namespace: a journal (512 MiB) in front of a sparse medium
+/// of `bytes`, both files in the run's scratch space under `name`.
+pub fn sg_lun(b: &Bench, name: &str, bytes: u64) -> Result<String> {
+    let medium = b.work().join(format!("{name}.img"));
+    std::fs::File::create(&medium)?.set_len(bytes)?;
+    let journal = b.work().join(format!("{name}.journal"));
+    let _ = std::fs::remove_file(&journal);
+    Ok(format!("journal(file:{}, journal={}:512MiB)", medium.display(), journal.display()))
+}
+
+/// The SG's port in the storage namespace, beside the plain target's 3260.
+pub const SG_PORT: u16 = 3262;
 
 /// PostMark from the host namespace over `remote` (a target in the storage namespace), either
 /// straight or through a fresh gateway that is stopped, its log removed and its reservation
@@ -300,7 +371,7 @@ impl Via {
 pub fn postmark_via(b: &Bench, wan: &Wan, remote: &str, via: &Via, fs_mib: u64, pool: &Pool) -> Result<Run> {
     match via {
         Via::Plain => postmark(b, wan, "host", remote, fs_mib, pool, None),
-        Via::Gateway { mode, ram, read_cache, log, side } => {
+        Via::Gateway { mode, ram, read_cache, log, side, .. } => {
             let path = b.work().join("gateway-log.img");
             let _ = std::fs::remove_file(&path);
             let o = crate::peers::GatewayOptions {
@@ -320,7 +391,10 @@ pub fn postmark_via(b: &Bench, wan: &Wan, remote: &str, via: &Via, fs_mib: u64, 
             let remote_of_gateway = g.remote.clone();
             // The host's mkfs, PostMark and e2fsck talk to the gateway; it is drained around the run.
             let url = g.url.clone();
-            let run = postmark(b, wan, "host", &url, fs_mib, pool, Some(&g));
+            let mut run = postmark(b, wan, "host", &url, fs_mib, pool, Some(&g));
+            if let Ok(r) = &mut run {
+                r.groups = wan.gateway_status(b, &g)?.get("groups").and_then(Groups::of);
+            }
             wan.gateway_stop(b, g, &remote_of_gateway, &path)?;
             run
         }
