@@ -327,7 +327,7 @@ fn stics_mount_with_a_cache_log_keeps_written_data_across_a_restart() {
         fh.read_exact(&mut back).unwrap();
         assert!(back == data, "round {round}: what was written through the in-process cache reads back");
         drop(fh);
-        assert!(m.signal("TERM"));
+        assert!(m.signal(libc::SIGTERM));
         assert!(m.wait_exit(Duration::from_secs(20)).is_some(), "stics mount stops on SIGTERM");
         assert!(wait_mounted(&file, false, Duration::from_secs(5)));
     }
@@ -585,14 +585,14 @@ fn discarding_a_whole_terabyte_lun_keeps_the_gateway_within_its_memory_also_acro
     proxy.cut();
     assert_eq!(lun.geometry().bytes(), TIB);
     let blocks = lun.geometry().num_blocks;
-    let mut peak = gw.rss_kib();
+    let mut peak = gw.rss_kib().unwrap();
     // Half of it, in 64 GiB discards (each many UNMAP commands), watching the gateway's size.
     let step = (64u64 << 30) / 512;
     let mut at = 0;
     while at < blocks / 2 {
         rt.block_on(lun.discard(at, step)).unwrap();
         at += step;
-        peak = peak.max(gw.rss_kib());
+        peak = peak.max(gw.rss_kib().unwrap());
     }
     let s = status(metrics);
     assert_eq!(s["dirty_bytes"].as_u64().unwrap(), TIB / 2, "{s}");
@@ -605,7 +605,7 @@ fn discarding_a_whole_terabyte_lun_keeps_the_gateway_within_its_memory_also_acro
     // the remote before it serves: the link is back for that, but destage stays held back.
     proxy.freeze(false);
     let (gw, port, metrics) = start("gw2.log");
-    let recovered = gw.rss_kib();
+    let recovered = gw.rss_kib().unwrap();
     proxy.freeze(true);
     proxy.cut();
     let (rt, lun) = open(port);
@@ -613,7 +613,7 @@ fn discarding_a_whole_terabyte_lun_keeps_the_gateway_within_its_memory_also_acro
         let n = step.min(blocks - at);
         rt.block_on(lun.discard(at, n)).unwrap();
         at += n;
-        peak = peak.max(gw.rss_kib());
+        peak = peak.max(gw.rss_kib().unwrap());
     }
     assert!(recovered < BOUND_KIB, "recovering the log took the gateway to {recovered} KiB (bound {BOUND_KIB})");
     assert!(peak < BOUND_KIB, "discarding all of 1 TiB took the gateway to {peak} KiB (bound {BOUND_KIB})");
@@ -621,7 +621,7 @@ fn discarding_a_whole_terabyte_lun_keeps_the_gateway_within_its_memory_also_acro
     // Back on the link, destage sends it all as a few commands and the LUN reads zeros.
     proxy.freeze(false);
     wait_status(metrics, Duration::from_secs(120), "clean once the link is back", |s| s["dirty_bytes"] == 0);
-    peak = peak.max(gw.rss_kib());
+    peak = peak.max(gw.rss_kib().unwrap());
     assert!(peak < BOUND_KIB, "destaging took the gateway to {peak} KiB (bound {BOUND_KIB})");
     for lba in [0, blocks / 3, blocks - 8] {
         assert!(rt.block_on(lun.read(lba, 8)).unwrap().iter().all(|&b| b == 0), "block {lba} reads zeros");

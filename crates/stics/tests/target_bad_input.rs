@@ -120,7 +120,7 @@ fn hostile_peers_do_not_disturb_other_sessions_or_grow_memory() {
     let url = IscsiUrl::parse(&url(&t)).unwrap();
     let lun = Arc::new(rt.block_on(Lun::open(&url, &LunOptions::default())).unwrap());
     rt.block_on(lun.write(0, pattern(1, 65536), true)).unwrap();
-    let baseline = t.process().rss_kib();
+    let baseline = t.process().rss_kib().unwrap();
 
     // Keep the good session busy while the abuse goes on.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -200,7 +200,7 @@ fn hostile_peers_do_not_disturb_other_sessions_or_grow_memory() {
         })
         .collect();
     sleep(Duration::from_secs(1));
-    let during = t.process().rss_kib();
+    let during = t.process().rss_kib().unwrap();
     assert!(t.process().alive(), "target died under the flood");
     drop(flood);
 
@@ -220,7 +220,7 @@ fn hostile_peers_do_not_disturb_other_sessions_or_grow_memory() {
     assert_eq!(rt.block_on(fresh.read(0, 128)).unwrap(), pattern(1, 65536));
     rt.block_on(fresh.close());
     rt.block_on(lun.close());
-    let after = t.process().rss_kib();
+    let after = t.process().rss_kib().unwrap();
     assert!(t.process().alive(), "target died");
     eprintln!("RSS KiB: baseline {baseline}, during flood {during}, after {after}");
     assert!(during < baseline + 96 * 1024, "RSS grew from {baseline} to {during} KiB under abuse");

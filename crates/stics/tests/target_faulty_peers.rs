@@ -183,7 +183,7 @@ fn peers_that_never_read_hold_memory_under_the_configured_bounds() {
         // Warm up the allocator with one normal read, then measure.
         let mut good = Client::session(addr(&t), &[]).await;
         assert_eq!(good.read10(0, 8).await.len(), 4096);
-        let baseline = t.process().rss_kib();
+        let baseline = t.process().rss_kib().unwrap();
         // Four sessions, each asking for 128 reads of 64 MiB (32 GiB in all) without reading.
         let mut greedy = Vec::new();
         for i in 0..4u8 {
@@ -192,7 +192,7 @@ fn peers_that_never_read_hold_memory_under_the_configured_bounds() {
         let mut peak = baseline;
         for _ in 0..40 {
             tokio::time::sleep(Duration::from_millis(250)).await;
-            peak = peak.max(t.process().rss_kib());
+            peak = peak.max(t.process().rss_kib().unwrap());
         }
         eprintln!("RSS KiB: baseline {baseline}, peak while 4 peers never read {peak}");
         // The target bound (128 MiB) plus one session's worth in flight and slack for the

@@ -75,7 +75,7 @@ struct FuseExport {
 impl Drop for FuseExport {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.mnt).stderr(Stdio::null()).status();
-        self.qsd.signal("TERM");
+        self.qsd.signal(libc::SIGTERM);
         if self.qsd.wait_exit(Duration::from_secs(10)).is_none() {
             self.qsd.kill();
             let _ = Command::new("umount").arg("-l").arg(&self.file).stderr(Stdio::null()).status();

@@ -8,7 +8,7 @@ mod common;
 use std::future::Future;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
@@ -16,16 +16,7 @@ use bytes::Bytes;
 use stics_block::{BlockDev, BlockError, Provisioning};
 use stics_rbd::{RbdDev, RbdError, RbdOptions};
 
-use common::{patterns, Cluster};
-
-/// This binary's cluster: one OSD, started on first use (or `STICS_RBD_TEST_CONF`).
-fn cluster() -> &'static Cluster {
-    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
-    CLUSTER.get_or_init(|| match std::env::var("STICS_RBD_TEST_CONF") {
-        Ok(conf) => Cluster::existing(conf.into()),
-        Err(_) => Cluster::start(1),
-    })
-}
+use common::{cluster, patterns};
 
 async fn round_trip(bs: u32) {
     let c = cluster();
@@ -234,7 +225,7 @@ async fn a_killed_writer_loses_its_lock() {
     let name = c.image("killed", "16M", &[]);
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["lock_holder_child", "--exact", "--nocapture", "--test-threads=1"])
-        .env("STICS_RBD_HOLDER_CONF", &c.conf)
+        .env("STICS_RBD_HOLDER_CONF", c.conf())
         .env("STICS_RBD_HOLDER_IMAGE", &name)
         .stdout(Stdio::piped())
         .spawn()

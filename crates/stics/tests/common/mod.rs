@@ -235,7 +235,7 @@ impl Export {
 
     /// SIGTERM: the export stops and unmounts.
     pub fn stop(&mut self) {
-        assert!(self.proc.signal("TERM"));
+        assert!(self.proc.signal(libc::SIGTERM));
         if self.proc.wait_exit(Duration::from_secs(20)).is_none() {
             let loops = Command::new("losetup").arg("-a").output().map(|o| o.stdout).unwrap_or_default();
             panic!(
