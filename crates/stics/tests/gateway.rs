@@ -505,7 +505,7 @@ fn write_through_reads_through_the_gateway_return_what_was_just_written() {
     for i in 0..40u64 {
         let lba = i * 64;
         rt.block_on(lun.read(lba, 8)).unwrap();
-        let new = Bytes::from(stamp_run(lba, 8, i + 1, 512));
+        let new = stamp_run(lba, 8, i + 1, 512);
         rt.block_on(lun.write(lba, new.clone(), false)).unwrap();
         assert_eq!(rt.block_on(lun.read(lba, 8)).unwrap(), new, "block {lba} right after it was written");
     }
@@ -531,7 +531,7 @@ fn write_through_restarted_over_a_log_with_dirty_data_serves_and_keeps_the_newes
     proxy.cut();
     let (rt, lun) = open(port);
     for i in 0..20u64 {
-        rt.block_on(lun.write(i * 16, Bytes::from(stamp_run(i * 16, 8, 1, 512)), false)).unwrap();
+        rt.block_on(lun.write(i * 16, stamp_run(i * 16, 8, 1, 512), false)).unwrap();
     }
     assert!(status(metrics)["dirty_bytes"].as_u64().unwrap() > 0, "the remote is cut off: all of it dirty");
     gw.kill();
@@ -542,7 +542,7 @@ fn write_through_restarted_over_a_log_with_dirty_data_serves_and_keeps_the_newes
     for i in 0..20u64 {
         let lba = i * 16;
         assert!(check_at(&rt.block_on(lun.read(lba, 1)).unwrap(), lba, 1..=1).is_ok(), "block {lba} from the log");
-        let newer = Bytes::from(stamp_run(lba, 8, 2, 512));
+        let newer = stamp_run(lba, 8, 2, 512);
         rt.block_on(lun.write(lba, newer.clone(), false)).unwrap();
         assert_eq!(rt.block_on(lun.read(lba, 8)).unwrap(), newer, "block {lba} after the newer write");
     }
@@ -640,7 +640,7 @@ fn sequential_reads_keep_their_read_ahead_while_destage_runs() {
     // The remote's blocks hold data, not holes.
     for mib in 0..64u64 {
         let lba = mib * 2048;
-        rt0.block_on(direct.write(lba, Bytes::from(stamp_run(lba, 2048, 1, 512)), false)).unwrap();
+        rt0.block_on(direct.write(lba, stamp_run(lba, 2048, 1, 512), false)).unwrap();
     }
     drop(direct);
     let dir = tempfile::tempdir().unwrap();
@@ -654,7 +654,7 @@ fn sequential_reads_keep_their_read_ahead_while_destage_runs() {
         for _ in 0..writes_per_read {
             w += 1;
             let lba = 200_000 + (w % 4000) * 8;
-            rt.block_on(lun.write(lba, Bytes::from(stamp_run(lba, 1, w, 512)), false)).unwrap();
+            rt.block_on(lun.write(lba, stamp_run(lba, 1, w, 512), false)).unwrap();
             rt.block_on(lun.flush()).unwrap();
         }
         let lba = i * 16;

@@ -508,7 +508,7 @@ mod tests {
     }
 
     async fn write(d: &FaultDev, lba: u64, version: u64, blocks: u64, fua: bool) -> Result<(), BlockError> {
-        d.write(lba, stamp_run(lba, blocks, version, BS).into(), fua).await
+        d.write(lba, stamp_run(lba, blocks, version, BS), fua).await
     }
 
     #[tokio::test]

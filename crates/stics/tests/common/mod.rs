@@ -264,7 +264,7 @@ impl Drop for Export {
 }
 
 /// The contents of file `i` of the disaster test.
-pub fn file_data(i: u64) -> Vec<u8> {
+pub fn file_data(i: u64) -> bytes::Bytes {
     stics_testkit::pattern::noise(i, 1000 + (i as usize * 7919) % 60_000)
 }
 

@@ -1,10 +1,9 @@
-//! What the RBD test binaries share: their Ceph cluster (the test kit's), images and devices in
-//! it, and block patterns a reader can check.
+//! What the RBD test binaries share: their Ceph cluster (the test kit's), and images and devices
+//! in it.
 #![allow(dead_code, reason = "each test binary uses part of it")]
 
 use std::sync::OnceLock;
 
-use bytes::Bytes;
 use stics_rbd::{RbdDev, RbdOptions};
 use stics_testkit::ceph::Ceph;
 
@@ -45,18 +44,4 @@ impl Cluster {
     pub async fn open(&self, image: &str, block_size: u32) -> RbdDev {
         RbdDev::open("rbd", image, None, &self.opts(block_size)).await.unwrap_or_else(|e| panic!("open {image}: {e}"))
     }
-}
-
-/// Block `lba`'s contents under `seed`: every byte depends on both.
-pub fn pattern(lba: u64, bs: u32, seed: u8) -> Vec<u8> {
-    (0..bs).map(|i| (lba as u8).wrapping_mul(31) ^ (i as u8).wrapping_add(seed) ^ ((lba >> 8) as u8)).collect()
-}
-
-/// `blocks` blocks of [`pattern`] from `lba`.
-pub fn patterns(lba: u64, blocks: u64, bs: u32, seed: u8) -> Bytes {
-    let mut v = Vec::with_capacity((blocks * u64::from(bs)) as usize);
-    for b in lba..lba + blocks {
-        v.extend(pattern(b, bs, seed));
-    }
-    Bytes::from(v)
 }
