@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use stics_block::BlockDev;
 use stics_initiator::{IscsiUrl, Lun, LunOptions};
-use stics_testkit::client::encode;
+use stics_testkit::client::{encode, write10_cdb};
 use stics_testkit::pattern::ramp;
 use stics_testkit::peers::{SticsOptions, SticsTarget};
 use stics_wire::pdu::{stage, DataOut, LoginRequest, Pdu, ScsiCommand};
@@ -173,15 +173,11 @@ fn hostile_peers_do_not_disturb_other_sessions_or_grow_memory() {
         .collect();
     // In full feature phase: a data segment larger than the negotiated limit, then garbage.
     let mut s = raw_session(port);
+    // WRITE(10) of 4 MiB.
+    let mut cdb = [0u8; 16];
+    cdb[..10].copy_from_slice(&write10_cdb(0, 0x2000));
     let mut huge = wire(&Pdu::new(
-        ScsiCommand {
-            final_: true,
-            write: true,
-            expected_len: 4 << 20,
-            cmd_sn: 1,
-            cdb: [0x2a, 0, 0, 0, 0, 0, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0],
-            ..Default::default()
-        },
+        ScsiCommand { final_: true, write: true, expected_len: 4 << 20, cmd_sn: 1, cdb, ..Default::default() },
         Bytes::new(),
     ));
     huge[5..8].copy_from_slice(&[0x40, 0, 0]);

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use stics_testkit::client::{encode, Client};
+use stics_testkit::client::{encode, write10_cdb, Client};
 use stics_testkit::peers::{SticsOptions, SticsTarget};
 use stics_wire::pdu::{reject, tmf, DataOut, Header, NopOut, Pdu, ScsiCommand, RESERVED_TAG};
 use stics_wire::Digests;
@@ -37,13 +37,6 @@ fn addr(t: &SticsTarget) -> SocketAddr {
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
-}
-
-fn write10_cdb(lba: u32, blocks: u16) -> [u8; 10] {
-    let mut cdb = [0x2a, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-    cdb[2..6].copy_from_slice(&lba.to_be_bytes());
-    cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
-    cdb
 }
 
 /// `p` encoded with the client's digests and its data digest broken.
