@@ -212,24 +212,14 @@ fn log_thrown_away_after_sigkill_leaves_a_remote_ext4_that_replays_and_fscks_cle
     let mut e = Export::start(&url(port), dir.path(), "gw");
     e.mkfs();
     e.mount_fs("");
-    for d in 0..10 {
-        std::fs::create_dir(e.fs.join(format!("d{d}"))).unwrap();
-    }
-    let path = |fs: &Path, i: u64| fs.join(format!("d{}/f{i}", i % 10));
     // A first batch synced and destaged: the remote must keep it whole.
-    for i in 0..300 {
-        std::fs::write(path(&e.fs, i), file_data(i)).unwrap();
-    }
+    write_files(&e.fs, 0..300);
     run_ok(Command::new("sync").arg("-f").arg(&e.fs));
     wait_clean(metrics, Duration::from_secs(120));
     // A second batch synced but only partly destaged, and a few files not even synced.
-    for i in 300..600 {
-        std::fs::write(path(&e.fs, i), file_data(i)).unwrap();
-    }
+    write_files(&e.fs, 300..600);
     run_ok(Command::new("sync").arg("-f").arg(&e.fs));
-    for i in 600..610 {
-        std::fs::write(path(&e.fs, i), file_data(i)).unwrap();
-    }
+    write_files(&e.fs, 600..610);
     let at_kill = status(metrics);
     gw.kill();
     // The export and the file system on it lose their LUN; then the log is lost too.
@@ -253,18 +243,7 @@ fn log_thrown_away_after_sigkill_leaves_a_remote_ext4_that_replays_and_fscks_cle
     r.mount_fs("");
     // ext4 orders data before the metadata that makes it reachable: a file the replayed journal
     // shows holds what was written to it, or nothing yet.
-    let (mut whole, mut empty) = (0, 0);
-    for i in 0..610 {
-        match std::fs::read(path(&r.fs, i)) {
-            Ok(d) if d.is_empty() => empty += 1,
-            Ok(d) => {
-                assert!(d == file_data(i), "file {i} holds {} bytes of something else", d.len());
-                whole += 1;
-            }
-            Err(e) if i >= 300 && e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => panic!("file {i} of the destaged batch: {e}"),
-        }
-    }
+    let (whole, empty) = files_left(&r.fs);
     assert!(whole >= 300, "the destaged batch is whole on the remote: {whole} files whole, {empty} empty");
     r.umount_fs();
     r.fsck_clean("the remote alone, after a SIGKILL and without the log");

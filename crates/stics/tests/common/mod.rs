@@ -268,6 +268,44 @@ pub fn file_data(i: u64) -> bytes::Bytes {
     stics_testkit::pattern::noise(i, 1000 + (i as usize * 7919) % 60_000)
 }
 
+/// Where file `i` of the disaster test lives under the file system at `fs`.
+fn file_path(fs: &Path, i: u64) -> PathBuf {
+    fs.join(format!("d{}/f{i}", i % 10))
+}
+
+/// Files `files` of the disaster test, written under `fs` (the first batch also makes their
+/// directories).
+pub fn write_files(fs: &Path, files: std::ops::Range<u64>) {
+    if files.start == 0 {
+        for d in 0..10 {
+            std::fs::create_dir(fs.join(format!("d{d}"))).unwrap();
+        }
+    }
+    for i in files {
+        std::fs::write(file_path(fs, i), file_data(i)).unwrap();
+    }
+}
+
+/// The disaster test's 610 files as the file system at `fs` holds them after the disaster:
+/// each holds what was written to it or nothing yet (ext4 orders data before the metadata that
+/// makes it reachable), and the first 300, destaged before it, are all there. Returns how many
+/// are whole and how many empty.
+pub fn files_left(fs: &Path) -> (u32, u32) {
+    let (mut whole, mut empty) = (0, 0);
+    for i in 0..610 {
+        match std::fs::read(file_path(fs, i)) {
+            Ok(d) if d.is_empty() => empty += 1,
+            Ok(d) => {
+                assert!(d == file_data(i), "file {i} holds {} bytes of something else", d.len());
+                whole += 1;
+            }
+            Err(e) if i >= 300 && e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("file {i} of the destaged batch: {e}"),
+        }
+    }
+    (whole, empty)
+}
+
 /// Polls a gateway's `/status` until `ready` holds of it; fails after `limit`.
 pub fn wait_status(metrics: u16, limit: Duration, what: &str, ready: impl Fn(&serde_json::Value) -> bool) {
     let started = Instant::now();
