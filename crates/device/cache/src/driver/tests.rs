@@ -43,49 +43,15 @@ async fn writes_read_back_and_drain_to_the_remote() {
     }
 }
 
-/// A remote that keeps one holder's key, as a reserved LUN does.
-struct Claimable {
-    dev: MemDev,
-    holder: Mutex<Option<u64>>,
-}
-
-#[async_trait]
-impl BlockDev for Claimable {
-    fn geometry(&self) -> Geometry {
-        self.dev.geometry()
-    }
-    fn volatile_cache(&self) -> bool {
-        false
-    }
-    async fn claim(&self, key: u64) -> Result<Claim, BlockError> {
-        let mut h = lock(&self.holder);
-        match *h {
-            Some(k) if k != key => Err(BlockError::Reserved { holder: Some(k) }),
-            Some(_) => Ok(Claim::TakenOver),
-            None => {
-                *h = Some(key);
-                Ok(Claim::Held)
-            }
-        }
-    }
-    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
-        self.dev.read(lba, blocks).await
-    }
-    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
-        self.dev.write(lba, data, fua).await
-    }
-    async fn flush(&self) -> Result<(), BlockError> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn a_second_log_is_refused_while_the_first_holds_the_remote_in_every_mode() {
     for mode in [Mode::Log, Mode::Immediate, Mode::WriteThrough] {
-        let remote = Arc::new(Claimable { dev: MemDev::new(512, 4096), holder: Mutex::new(None) });
+        let remote = Arc::new(FaultDev::new(512, 4096, 1));
+        remote.set_claims(true);
+        remote.set_volatile_cache(false);
         let log_a: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 32 << 11));
         let a = Cache::open(Arc::clone(&log_a), remote.clone(), b"lun", opts(mode)).await.expect("opens");
-        let key_a = lock(&remote.holder).expect("the first open claims the remote");
+        let key_a = remote.holder().expect("the first open claims the remote");
         assert_eq!(key_a, claim_key(&lock(&a.inner.superblock).log_uuid));
         let log_b: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 32 << 11));
         let err = Cache::open(log_b, remote.clone(), b"lun", opts(mode)).await.err();
