@@ -209,13 +209,7 @@ fn log_thrown_away_after_sigkill_leaves_a_remote_ext4_that_replays_and_fscks_cle
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let (mut gw, port, metrics) = gateway_with_metrics(&remote.url(0), &log, "log", &dir.path().join("gw.log"));
-    let mut e = Export::start(&url(port), dir.path(), "gw");
-    e.mkfs();
-    e.mount_fs("");
-    // A first batch synced and destaged: the remote must keep it whole.
-    write_files(&e.fs, 0..300);
-    run_ok(Command::new("sync").arg("-f").arg(&e.fs));
-    wait_clean(metrics, Duration::from_secs(120));
+    let e = first_batch_destaged(port, metrics, dir.path());
     // A second batch synced but only partly destaged, and a few files not even synced.
     write_files(&e.fs, 300..600);
     run_ok(Command::new("sync").arg("-f").arg(&e.fs));
@@ -239,15 +233,8 @@ fn log_thrown_away_after_sigkill_leaves_a_remote_ext4_that_replays_and_fscks_cle
     assert!(!other.status.success(), "a key that holds nothing is not preempted");
     let out = Command::new(BIN).args(["release", &remote.url(0), "--holder", &holder]).output().unwrap();
     assert!(out.status.success(), "stics release: {}", String::from_utf8_lossy(&out.stderr));
-    let mut r = Export::start(&remote.url(0), dir.path(), "remote");
-    r.mount_fs("");
-    // ext4 orders data before the metadata that makes it reachable: a file the replayed journal
-    // shows holds what was written to it, or nothing yet.
-    let (whole, empty) = files_left(&r.fs);
-    assert!(whole >= 300, "the destaged batch is whole on the remote: {whole} files whole, {empty} empty");
-    r.umount_fs();
-    r.fsck_clean("the remote alone, after a SIGKILL and without the log");
-    r.stop();
+    let what = "the remote alone, after a SIGKILL and without the log";
+    let (whole, empty) = survivor_files(&remote.url(0), dir.path(), "remote", what);
     eprintln!(
         "at the kill {} bytes dirty (destaged epoch {} of {}); on the remote alone {whole} of 610 files whole, \
          {empty} empty",

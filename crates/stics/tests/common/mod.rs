@@ -286,11 +286,38 @@ pub fn write_files(fs: &Path, files: std::ops::Range<u64>) {
     }
 }
 
+/// The disaster test's start: ext4 made on the gateway's LUN at `port` (exported as `dir/gw`)
+/// and mounted, the first batch of files written, synced and destaged, which the survivor must
+/// hold whole.
+pub fn first_batch_destaged(port: u16, metrics: u16, dir: &Path) -> Export {
+    let mut e = Export::start(&url(port), dir, "gw");
+    e.mkfs();
+    e.mount_fs("");
+    write_files(&e.fs, 0..300);
+    run_ok(Command::new("sync").arg("-f").arg(&e.fs));
+    wait_clean(metrics, Duration::from_secs(120));
+    e
+}
+
+/// The disaster test's survivor: the ext4 on `lun`, mounted (as `dir/NAME`) from what `what`
+/// left, must hold the destaged batch whole ([`files_left`]) and fsck clean. Returns how many of
+/// the 610 files are whole and how many empty.
+pub fn survivor_files(lun: &str, dir: &Path, name: &str, what: &str) -> (u32, u32) {
+    let mut r = Export::start(lun, dir, name);
+    r.mount_fs("");
+    let (whole, empty) = files_left(&r.fs);
+    assert!(whole >= 300, "{what}: the destaged batch is whole: {whole} files whole, {empty} empty");
+    r.umount_fs();
+    r.fsck_clean(what);
+    r.stop();
+    (whole, empty)
+}
+
 /// The disaster test's 610 files as the file system at `fs` holds them after the disaster:
 /// each holds what was written to it or nothing yet (ext4 orders data before the metadata that
 /// makes it reachable), and the first 300, destaged before it, are all there. Returns how many
 /// are whole and how many empty.
-pub fn files_left(fs: &Path) -> (u32, u32) {
+fn files_left(fs: &Path) -> (u32, u32) {
     let (mut whole, mut empty) = (0, 0);
     for i in 0..610 {
         match std::fs::read(file_path(fs, i)) {
