@@ -64,7 +64,7 @@ fn an_interrupted_run_stops_its_processes_and_leaves_no_mount_namespace_or_scrat
     }
     let kids = children_of(pid);
     assert!(kids.len() >= 2, "target, gateway or export, and PostMark: {kids:?}");
-    assert!(child.signal("INT"));
+    assert!(child.signal(libc::SIGINT));
     let status = child.wait_exit(std::time::Duration::from_secs(60));
     let stderr = std::fs::read_to_string(&err_file).unwrap();
     assert_eq!(status.and_then(|s| s.code()), Some(130), "(none: still running 60 s after SIGINT) {stderr}");

@@ -209,27 +209,11 @@ fn log_thrown_away_after_sigkill_leaves_a_remote_ext4_that_replays_and_fscks_cle
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let (mut gw, port, metrics) = gateway_with_metrics(&remote.url(0), &log, "log", &dir.path().join("gw.log"));
-    let mut e = Export::start(&url(port), dir.path(), "gw");
-    e.mkfs();
-    e.mount_fs("");
-    for d in 0..10 {
-        std::fs::create_dir(e.fs.join(format!("d{d}"))).unwrap();
-    }
-    let path = |fs: &Path, i: u64| fs.join(format!("d{}/f{i}", i % 10));
-    // A first batch synced and destaged: the remote must keep it whole.
-    for i in 0..300 {
-        std::fs::write(path(&e.fs, i), file_data(i)).unwrap();
-    }
-    run_ok(Command::new("sync").arg("-f").arg(&e.fs));
-    wait_clean(metrics, Duration::from_secs(120));
+    let e = first_batch_destaged(port, metrics, dir.path());
     // A second batch synced but only partly destaged, and a few files not even synced.
-    for i in 300..600 {
-        std::fs::write(path(&e.fs, i), file_data(i)).unwrap();
-    }
+    write_files(&e.fs, 300..600);
     run_ok(Command::new("sync").arg("-f").arg(&e.fs));
-    for i in 600..610 {
-        std::fs::write(path(&e.fs, i), file_data(i)).unwrap();
-    }
+    write_files(&e.fs, 600..610);
     let at_kill = status(metrics);
     gw.kill();
     // The export and the file system on it lose their LUN; then the log is lost too.
@@ -249,26 +233,8 @@ fn log_thrown_away_after_sigkill_leaves_a_remote_ext4_that_replays_and_fscks_cle
     assert!(!other.status.success(), "a key that holds nothing is not preempted");
     let out = Command::new(BIN).args(["release", &remote.url(0), "--holder", &holder]).output().unwrap();
     assert!(out.status.success(), "stics release: {}", String::from_utf8_lossy(&out.stderr));
-    let mut r = Export::start(&remote.url(0), dir.path(), "remote");
-    r.mount_fs("");
-    // ext4 orders data before the metadata that makes it reachable: a file the replayed journal
-    // shows holds what was written to it, or nothing yet.
-    let (mut whole, mut empty) = (0, 0);
-    for i in 0..610 {
-        match std::fs::read(path(&r.fs, i)) {
-            Ok(d) if d.is_empty() => empty += 1,
-            Ok(d) => {
-                assert!(d == file_data(i), "file {i} holds {} bytes of something else", d.len());
-                whole += 1;
-            }
-            Err(e) if i >= 300 && e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => panic!("file {i} of the destaged batch: {e}"),
-        }
-    }
-    assert!(whole >= 300, "the destaged batch is whole on the remote: {whole} files whole, {empty} empty");
-    r.umount_fs();
-    r.fsck_clean("the remote alone, after a SIGKILL and without the log");
-    r.stop();
+    let what = "the remote alone, after a SIGKILL and without the log";
+    let (whole, empty) = survivor_files(&remote.url(0), dir.path(), "remote", what);
     eprintln!(
         "at the kill {} bytes dirty (destaged epoch {} of {}); on the remote alone {whole} of 610 files whole, \
          {empty} empty",
@@ -327,7 +293,7 @@ fn stics_mount_with_a_cache_log_keeps_written_data_across_a_restart() {
         fh.read_exact(&mut back).unwrap();
         assert!(back == data, "round {round}: what was written through the in-process cache reads back");
         drop(fh);
-        assert!(m.signal("TERM"));
+        assert!(m.signal(libc::SIGTERM));
         assert!(m.wait_exit(Duration::from_secs(20)).is_some(), "stics mount stops on SIGTERM");
         assert!(wait_mounted(&file, false, Duration::from_secs(5)));
     }
@@ -505,7 +471,7 @@ fn write_through_reads_through_the_gateway_return_what_was_just_written() {
     for i in 0..40u64 {
         let lba = i * 64;
         rt.block_on(lun.read(lba, 8)).unwrap();
-        let new = Bytes::from(stamp_run(lba, 8, i + 1, 512));
+        let new = stamp_run(lba, 8, i + 1, 512);
         rt.block_on(lun.write(lba, new.clone(), false)).unwrap();
         assert_eq!(rt.block_on(lun.read(lba, 8)).unwrap(), new, "block {lba} right after it was written");
     }
@@ -531,7 +497,7 @@ fn write_through_restarted_over_a_log_with_dirty_data_serves_and_keeps_the_newes
     proxy.cut();
     let (rt, lun) = open(port);
     for i in 0..20u64 {
-        rt.block_on(lun.write(i * 16, Bytes::from(stamp_run(i * 16, 8, 1, 512)), false)).unwrap();
+        rt.block_on(lun.write(i * 16, stamp_run(i * 16, 8, 1, 512), false)).unwrap();
     }
     assert!(status(metrics)["dirty_bytes"].as_u64().unwrap() > 0, "the remote is cut off: all of it dirty");
     gw.kill();
@@ -542,7 +508,7 @@ fn write_through_restarted_over_a_log_with_dirty_data_serves_and_keeps_the_newes
     for i in 0..20u64 {
         let lba = i * 16;
         assert!(check_at(&rt.block_on(lun.read(lba, 1)).unwrap(), lba, 1..=1).is_ok(), "block {lba} from the log");
-        let newer = Bytes::from(stamp_run(lba, 8, 2, 512));
+        let newer = stamp_run(lba, 8, 2, 512);
         rt.block_on(lun.write(lba, newer.clone(), false)).unwrap();
         assert_eq!(rt.block_on(lun.read(lba, 8)).unwrap(), newer, "block {lba} after the newer write");
     }
@@ -585,14 +551,14 @@ fn discarding_a_whole_terabyte_lun_keeps_the_gateway_within_its_memory_also_acro
     proxy.cut();
     assert_eq!(lun.geometry().bytes(), TIB);
     let blocks = lun.geometry().num_blocks;
-    let mut peak = gw.rss_kib();
+    let mut peak = gw.rss_kib().unwrap();
     // Half of it, in 64 GiB discards (each many UNMAP commands), watching the gateway's size.
     let step = (64u64 << 30) / 512;
     let mut at = 0;
     while at < blocks / 2 {
         rt.block_on(lun.discard(at, step)).unwrap();
         at += step;
-        peak = peak.max(gw.rss_kib());
+        peak = peak.max(gw.rss_kib().unwrap());
     }
     let s = status(metrics);
     assert_eq!(s["dirty_bytes"].as_u64().unwrap(), TIB / 2, "{s}");
@@ -605,7 +571,7 @@ fn discarding_a_whole_terabyte_lun_keeps_the_gateway_within_its_memory_also_acro
     // the remote before it serves: the link is back for that, but destage stays held back.
     proxy.freeze(false);
     let (gw, port, metrics) = start("gw2.log");
-    let recovered = gw.rss_kib();
+    let recovered = gw.rss_kib().unwrap();
     proxy.freeze(true);
     proxy.cut();
     let (rt, lun) = open(port);
@@ -613,7 +579,7 @@ fn discarding_a_whole_terabyte_lun_keeps_the_gateway_within_its_memory_also_acro
         let n = step.min(blocks - at);
         rt.block_on(lun.discard(at, n)).unwrap();
         at += n;
-        peak = peak.max(gw.rss_kib());
+        peak = peak.max(gw.rss_kib().unwrap());
     }
     assert!(recovered < BOUND_KIB, "recovering the log took the gateway to {recovered} KiB (bound {BOUND_KIB})");
     assert!(peak < BOUND_KIB, "discarding all of 1 TiB took the gateway to {peak} KiB (bound {BOUND_KIB})");
@@ -621,7 +587,7 @@ fn discarding_a_whole_terabyte_lun_keeps_the_gateway_within_its_memory_also_acro
     // Back on the link, destage sends it all as a few commands and the LUN reads zeros.
     proxy.freeze(false);
     wait_status(metrics, Duration::from_secs(120), "clean once the link is back", |s| s["dirty_bytes"] == 0);
-    peak = peak.max(gw.rss_kib());
+    peak = peak.max(gw.rss_kib().unwrap());
     assert!(peak < BOUND_KIB, "destaging took the gateway to {peak} KiB (bound {BOUND_KIB})");
     for lba in [0, blocks / 3, blocks - 8] {
         assert!(rt.block_on(lun.read(lba, 8)).unwrap().iter().all(|&b| b == 0), "block {lba} reads zeros");
@@ -640,7 +606,7 @@ fn sequential_reads_keep_their_read_ahead_while_destage_runs() {
     // The remote's blocks hold data, not holes.
     for mib in 0..64u64 {
         let lba = mib * 2048;
-        rt0.block_on(direct.write(lba, Bytes::from(stamp_run(lba, 2048, 1, 512)), false)).unwrap();
+        rt0.block_on(direct.write(lba, stamp_run(lba, 2048, 1, 512), false)).unwrap();
     }
     drop(direct);
     let dir = tempfile::tempdir().unwrap();
@@ -654,7 +620,7 @@ fn sequential_reads_keep_their_read_ahead_while_destage_runs() {
         for _ in 0..writes_per_read {
             w += 1;
             let lba = 200_000 + (w % 4000) * 8;
-            rt.block_on(lun.write(lba, Bytes::from(stamp_run(lba, 1, w, 512)), false)).unwrap();
+            rt.block_on(lun.write(lba, stamp_run(lba, 1, w, 512), false)).unwrap();
             rt.block_on(lun.flush()).unwrap();
         }
         let lba = i * 16;

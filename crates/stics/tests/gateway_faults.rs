@@ -364,7 +364,7 @@ impl Gateway {
 
     /// SIGTERM: the gateway must stop on its own, successfully, within 30 s.
     fn sigterm(&mut self, ctx: &str) {
-        assert!(self.proc.signal("TERM"), "{ctx}: the gateway is not running");
+        assert!(self.proc.signal(libc::SIGTERM), "{ctx}: the gateway is not running");
         let st = self.proc.wait_exit(Duration::from_secs(30));
         let said = || std::fs::read_to_string(self.stderr()).unwrap_or_default();
         assert!(st.is_some(), "{ctx}: the gateway still runs 30 s after SIGTERM: {}", said());

@@ -58,8 +58,8 @@ impl Mount {
         m
     }
 
-    fn signal(&self, sig: &str) {
-        assert!(self.proc.signal(sig), "kill {sig} {} failed", self.proc.pid());
+    fn signal(&self, sig: i32) {
+        assert!(self.proc.signal(sig), "kill -{sig} {} failed", self.proc.pid());
     }
 
     /// Waits for the process to exit; returns its success and stderr.
@@ -108,7 +108,7 @@ fn ext4_on_stics_mount_of_tgt_runs_postmark_with_sync_and_fscks_clean() {
     run_ok(Command::new("umount").arg(&fs_dir));
     s.m.fs_dir = None;
     let fsck = Command::new("e2fsck").args(["-fn"]).arg(&s.file).output().unwrap();
-    s.m.signal("-TERM");
+    s.m.signal(libc::SIGTERM);
     let (ok, err) = s.m.wait(Duration::from_secs(10));
     assert!(
         fsck.status.success(),
@@ -142,7 +142,7 @@ fn sigint_unmounts_and_leaves_the_written_data_on_the_target() {
     let mut s = Setup::start(16);
     let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     write_synced(&s.file, 12_345, &data);
-    s.m.signal("-INT");
+    s.m.signal(libc::SIGINT);
     let (ok, err) = s.m.wait(Duration::from_secs(10));
     assert!(ok, "{err}");
     assert!(err.contains("read-mod-writes"), "{err}");
@@ -168,7 +168,7 @@ fn fallocate_punches_and_zeroes_ranges_on_the_target() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not supported"), "{}", String::from_utf8_lossy(&out.stderr));
     std::fs::File::open(&s.file).unwrap().sync_all().unwrap();
-    s.m.signal("-TERM");
+    s.m.signal(libc::SIGTERM);
     let (ok, err) = s.m.wait(Duration::from_secs(10));
     assert!(ok, "{err}");
     assert!(err.lines().any(|l| l.starts_with("fuse zeroings") && l.ends_with(" 2")), "{err}");
@@ -193,7 +193,7 @@ fn sigterm_while_a_loop_device_holds_the_file_serves_until_it_lets_go() {
         }
     }
     let lo = Loop(dev.clone());
-    s.m.signal("-TERM");
+    s.m.signal(libc::SIGTERM);
     std::thread::sleep(Duration::from_millis(500));
     // The file is busy, so the export detached lazily and still serves the loop device.
     let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 253) as u8).collect();

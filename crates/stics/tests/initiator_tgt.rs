@@ -6,17 +6,13 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use stics_block::BlockDev;
 use stics_initiator::{Error, IscsiUrl, LoginError, Lun, LunOptions};
 use stics_testkit::net::Proxy;
+use stics_testkit::pattern::noise;
 use stics_testkit::peers::{Tgt, TgtOptions};
 use stics_testkit::workload::{fault_options, zeroing_reads_back_zeros};
 use stics_testkit::IQN;
-
-fn pattern(seed: u64, len: usize) -> Bytes {
-    Bytes::from(stics_testkit::pattern::noise(seed, len))
-}
 
 #[test]
 fn ls_lists_target_and_lun_with_size_and_block_size() {
@@ -55,7 +51,7 @@ async fn data_written_with_digests_and_r2t_bursts_reads_back_identically() {
     let mut lba = 0u64;
     let mut written = Vec::new();
     for (i, &n) in sizes.iter().enumerate() {
-        let data = pattern(i as u64 + 1, n);
+        let data = noise(i as u64 + 1, n);
         lun.write(lba, data.clone(), i % 2 == 0).await.unwrap();
         written.push((lba, data));
         lba += (n / 512) as u64 + 7;
@@ -78,7 +74,7 @@ async fn small_writes_go_as_immediate_data_in_one_round_trip() {
     let lun = Lun::open(&url, &LunOptions::default()).await.unwrap();
     let before = lun.counters();
     for i in 0..20u64 {
-        lun.write(i * 8, pattern(i, 4096), false).await.unwrap();
+        lun.write(i * 8, noise(i, 4096), false).await.unwrap();
     }
     let d = lun.counters();
     assert_eq!(d.commands - before.commands, 20);
@@ -98,7 +94,7 @@ async fn concurrent_commands_interleave_on_one_session() {
         set.spawn(async move {
             for k in 0..20u64 {
                 let lba = (w * 20 + k) * 8;
-                let data = pattern(lba, 4096);
+                let data = noise(lba, 4096);
                 lun.write(lba, data.clone(), false).await.unwrap();
                 assert_eq!(lun.read(lba, 8).await.unwrap(), data);
             }
@@ -119,10 +115,10 @@ async fn several_sessions_share_the_load() {
     let url = IscsiUrl::parse(&tgt.url()).unwrap();
     let lun = Lun::open(&url, &LunOptions { sessions: 3, ..LunOptions::default() }).await.unwrap();
     for i in 0..30u64 {
-        lun.write(i, pattern(i, 512), false).await.unwrap();
+        lun.write(i, noise(i, 512), false).await.unwrap();
     }
     for i in 0..30u64 {
-        assert_eq!(lun.read(i, 1).await.unwrap(), pattern(i, 512));
+        assert_eq!(lun.read(i, 1).await.unwrap(), noise(i, 512));
     }
     lun.flush().await.unwrap();
     for s in lun.sessions() {
@@ -147,11 +143,11 @@ async fn chap_one_way_and_mutual_log_in() {
     let tgt = chap_tgt();
     let one_way = format!("iscsi://alice%alicesecret12@127.0.0.1:{}/{IQN}/1", tgt.port);
     let lun = Lun::open(&IscsiUrl::parse(&one_way).unwrap(), &LunOptions::default()).await.unwrap();
-    lun.write(0, pattern(1, 512), false).await.unwrap();
+    lun.write(0, noise(1, 512), false).await.unwrap();
     lun.close().await;
     let mutual = format!("{one_way}?target_user=tgtuser&target_password=targetsecret1");
     let lun = Lun::open(&IscsiUrl::parse(&mutual).unwrap(), &LunOptions::default()).await.unwrap();
-    assert_eq!(lun.read(0, 1).await.unwrap(), pattern(1, 512));
+    assert_eq!(lun.read(0, 1).await.unwrap(), noise(1, 512));
     lun.close().await;
     // The target proving itself with the wrong secret is refused by us.
     let bad_mutual = format!("{one_way}?target_user=tgtuser&target_password=notthesecret");
@@ -223,12 +219,12 @@ async fn a_claim_on_tgt_is_taken_again_after_a_cut_connection() {
     let proxy = Proxy::start(tgt.port);
     let lun = Arc::new(Lun::open(&IscsiUrl::parse(&tgt.url_via(proxy.port)).unwrap(), &fault_options()).await.unwrap());
     assert_eq!(lun.claim(KEY).await.unwrap(), stics_block::Claim::Held);
-    lun.write(0, pattern(1, 4096), false).await.unwrap();
+    lun.write(0, noise(1, 4096), false).await.unwrap();
     // The write leaves before the cut and is lost with the connection.
     proxy.freeze(true);
     let write = tokio::spawn({
         let lun = Arc::clone(&lun);
-        async move { lun.write(8, pattern(2, 4096), false).await }
+        async move { lun.write(8, noise(2, 4096), false).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.freeze(false);
@@ -244,9 +240,9 @@ async fn a_claim_on_tgt_is_taken_again_after_a_cut_connection() {
     }
     lun.flush().await.unwrap();
     assert!(lun.resets() >= 2, "each reinstatement counts");
-    assert_eq!(lun.read(0, 16).await.unwrap(), [pattern(1, 4096), pattern(2, 4096)].concat());
+    assert_eq!(lun.read(0, 16).await.unwrap(), [noise(1, 4096), noise(2, 4096)].concat());
     let stray = Lun::open(&IscsiUrl::parse(&tgt.url()).unwrap(), &LunOptions::default()).await.unwrap();
-    let e = stray.write(16, pattern(3, 512), false).await.unwrap_err();
+    let e = stray.write(16, noise(3, 512), false).await.unwrap_err();
     assert!(matches!(e, stics_block::BlockError::Reserved { holder: None }), "{e:?}");
     stray.close().await;
     lun.close().await;
@@ -263,7 +259,7 @@ async fn a_claim_lost_to_another_key_on_tgt_is_not_taken_back() {
     let proxy = Proxy::start(tgt.port);
     let a = Lun::open(&IscsiUrl::parse(&tgt.url_via(proxy.port)).unwrap(), &fault_options()).await.unwrap();
     assert_eq!(a.claim(K1).await.unwrap(), stics_block::Claim::Held);
-    a.write(0, pattern(1, 4096), false).await.unwrap();
+    a.write(0, noise(1, 4096), false).await.unwrap();
     proxy.cut();
     let t = Instant::now();
     while a.sessions()[0].logins() < 2 {
@@ -273,13 +269,13 @@ async fn a_claim_lost_to_another_key_on_tgt_is_not_taken_back() {
     let b = Lun::open(&IscsiUrl::parse(&tgt.url()).unwrap(), &LunOptions::default()).await.unwrap();
     b.release_holder(K1).await.unwrap();
     assert_eq!(b.claim(K2).await.unwrap(), stics_block::Claim::Held);
-    let e = a.write(8, pattern(2, 4096), false).await.unwrap_err();
+    let e = a.write(8, noise(2, 4096), false).await.unwrap_err();
     assert!(matches!(e, stics_block::BlockError::Reserved { holder: Some(K2) }), "{e:?}");
     assert!(!e.is_transient());
-    let e = a.write(8, pattern(2, 4096), false).await.unwrap_err();
+    let e = a.write(8, noise(2, 4096), false).await.unwrap_err();
     assert!(matches!(e, stics_block::BlockError::Reserved { holder: None }), "{e:?}");
-    b.write(8, pattern(3, 4096), false).await.unwrap();
-    assert_eq!(b.read(8, 8).await.unwrap(), pattern(3, 4096));
+    b.write(8, noise(3, 4096), false).await.unwrap();
+    assert_eq!(b.read(8, 8).await.unwrap(), noise(3, 4096));
     a.close().await;
     b.close().await;
 }

@@ -129,7 +129,7 @@ fn rbd_lun_carries_qemu_img_ext4_and_postmark_and_rbd_export_sees_what_was_writt
     let pm = Command::new("postmark").arg(&cfg).output().unwrap();
     run_ok(Command::new("umount").arg(&fs));
     let fsck = Command::new("e2fsck").arg("-fn").arg(&file).output().unwrap();
-    assert!(mount.signal("TERM"));
+    assert!(mount.signal(libc::SIGTERM));
     assert!(mount.wait_exit(Duration::from_secs(10)).is_some_and(|s| s.success()), "stics mount stopped cleanly");
     let pm = String::from_utf8_lossy(&pm.stdout);
     assert!(pm.contains("Time:"), "PostMark ran: {pm}");

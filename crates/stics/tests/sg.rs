@@ -283,28 +283,13 @@ fn the_log_thrown_away_leaves_an_sg_whose_ext4_replays_and_fscks_clean() {
     let via = format!("iscsi://127.0.0.1:{}/{SG_IQN}/0", proxy.port);
     let log = dir.path().join("log");
     let (mut gw, port, metrics) = gateway_with_metrics(&via, &log, "log", &dir.path().join("gw.log"));
-    let mut e = Export::start(&url(port), dir.path(), "gw");
-    e.mkfs();
-    e.mount_fs("");
-    for d in 0..10 {
-        std::fs::create_dir(e.fs.join(format!("d{d}"))).unwrap();
-    }
-    let path = |fs: &Path, i: u64| fs.join(format!("d{}/f{i}", i % 10));
-    for i in 0..300 {
-        std::fs::write(path(&e.fs, i), file_data(i)).unwrap();
-    }
-    run_ok(Command::new("sync").arg("-f").arg(&e.fs));
-    wait_clean(metrics, Duration::from_secs(120));
+    let e = first_batch_destaged(port, metrics, dir.path());
     // The second batch waits behind a frozen link, then ships for a moment: the kill comes
     // with groups of it on the SG, one perhaps in flight, and the rest only in the log.
     proxy.freeze(true);
-    for i in 300..600 {
-        std::fs::write(path(&e.fs, i), file_data(i)).unwrap();
-    }
+    write_files(&e.fs, 300..600);
     run_ok(Command::new("sync").arg("-f").arg(&e.fs));
-    for i in 600..610 {
-        std::fs::write(path(&e.fs, i), file_data(i)).unwrap();
-    }
+    write_files(&e.fs, 600..610);
     proxy.freeze(false);
     std::thread::sleep(Duration::from_millis(30));
     let at_kill = status(metrics);
@@ -316,24 +301,8 @@ fn the_log_thrown_away_leaves_an_sg_whose_ext4_replays_and_fscks_clean() {
     // reservation: this target keeps none across a restart).
     sg.kill();
     sg.restart();
-    let mut r = Export::start(&sg.url(0), dir.path(), "sg");
-    r.mount_fs("");
-    let (mut whole, mut empty) = (0, 0);
-    for i in 0..610 {
-        match std::fs::read(path(&r.fs, i)) {
-            Ok(d) if d.is_empty() => empty += 1,
-            Ok(d) => {
-                assert!(d == file_data(i), "file {i} holds {} bytes of something else", d.len());
-                whole += 1;
-            }
-            Err(e) if i >= 300 && e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => panic!("file {i} of the destaged batch: {e}"),
-        }
-    }
-    assert!(whole >= 300, "the destaged batch is whole on the SG: {whole} files whole, {empty} empty");
-    r.umount_fs();
-    r.fsck_clean("the SG alone, after a SIGKILL of both and without the gateway's log");
-    r.stop();
+    let what = "the SG alone, after a SIGKILL of both and without the gateway's log";
+    let (whole, empty) = survivor_files(&sg.url(0), dir.path(), "sg", what);
     eprintln!(
         "at the kill {} bytes dirty, groups {}; on the SG alone {whole} of 610 files whole, {empty} empty",
         at_kill["dirty_bytes"], at_kill["groups"]

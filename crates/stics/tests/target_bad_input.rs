@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use stics_block::BlockDev;
 use stics_initiator::{IscsiUrl, Lun, LunOptions};
-use stics_testkit::client::encode;
+use stics_testkit::client::{encode, write10_cdb};
+use stics_testkit::pattern::ramp;
 use stics_testkit::peers::{SticsOptions, SticsTarget};
 use stics_wire::pdu::{stage, DataOut, LoginRequest, Pdu, ScsiCommand};
 use stics_wire::{text, Digests};
@@ -109,18 +110,14 @@ fn raw_session(port: u16) -> TcpStream {
     s
 }
 
-fn pattern(seed: u8, len: usize) -> Bytes {
-    Bytes::from(stics_testkit::pattern::ramp(seed, len))
-}
-
 #[test]
 fn hostile_peers_do_not_disturb_other_sessions_or_grow_memory() {
     let mut t = start(&["--lun", "mem:64MiB"], None, &[]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let url = IscsiUrl::parse(&url(&t)).unwrap();
     let lun = Arc::new(rt.block_on(Lun::open(&url, &LunOptions::default())).unwrap());
-    rt.block_on(lun.write(0, pattern(1, 65536), true)).unwrap();
-    let baseline = t.process().rss_kib();
+    rt.block_on(lun.write(0, ramp(1, 65536), true)).unwrap();
+    let baseline = t.process().rss_kib().unwrap();
 
     // Keep the good session busy while the abuse goes on.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -130,7 +127,7 @@ fn hostile_peers_do_not_disturb_other_sessions_or_grow_memory() {
             let mut round = 0u8;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 round = round.wrapping_add(1);
-                let data = pattern(round, 65536);
+                let data = ramp(round, 65536);
                 lun.write(2048, data.clone(), false).await.expect("write during abuse");
                 assert_eq!(lun.read(2048, 128).await.expect("read during abuse"), data);
             }
@@ -168,7 +165,7 @@ fn hostile_peers_do_not_disturb_other_sessions_or_grow_memory() {
     };
     probes.push(("SCSI command before login", wire(&Pdu::new(cmd, Bytes::new())).to_vec()));
     let data_out = DataOut { final_: true, itt: 7, ttt: 0xffff_ffff, ..Default::default() };
-    probes.push(("Data-Out before login", wire(&Pdu::new(data_out, pattern(3, 4096))).to_vec()));
+    probes.push(("Data-Out before login", wire(&Pdu::new(data_out, ramp(3, 4096))).to_vec()));
     // All at once: the slow ones wait out the login timeout side by side.
     let probes: Vec<_> = probes
         .into_iter()
@@ -176,15 +173,11 @@ fn hostile_peers_do_not_disturb_other_sessions_or_grow_memory() {
         .collect();
     // In full feature phase: a data segment larger than the negotiated limit, then garbage.
     let mut s = raw_session(port);
+    // WRITE(10) of 4 MiB.
+    let mut cdb = [0u8; 16];
+    cdb[..10].copy_from_slice(&write10_cdb(0, 0x2000));
     let mut huge = wire(&Pdu::new(
-        ScsiCommand {
-            final_: true,
-            write: true,
-            expected_len: 4 << 20,
-            cmd_sn: 1,
-            cdb: [0x2a, 0, 0, 0, 0, 0, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0],
-            ..Default::default()
-        },
+        ScsiCommand { final_: true, write: true, expected_len: 4 << 20, cmd_sn: 1, cdb, ..Default::default() },
         Bytes::new(),
     ));
     huge[5..8].copy_from_slice(&[0x40, 0, 0]);
@@ -200,7 +193,7 @@ fn hostile_peers_do_not_disturb_other_sessions_or_grow_memory() {
         })
         .collect();
     sleep(Duration::from_secs(1));
-    let during = t.process().rss_kib();
+    let during = t.process().rss_kib().unwrap();
     assert!(t.process().alive(), "target died under the flood");
     drop(flood);
 
@@ -212,15 +205,15 @@ fn hostile_peers_do_not_disturb_other_sessions_or_grow_memory() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let rounds = rt.block_on(busy).unwrap();
     assert!(rounds > 0);
-    assert_eq!(rt.block_on(lun.read(0, 128)).unwrap(), pattern(1, 65536), "data written before the abuse");
+    assert_eq!(rt.block_on(lun.read(0, 128)).unwrap(), ramp(1, 65536), "data written before the abuse");
     assert_eq!(lun.counters().reconnects, 0, "the good session was never dropped");
 
     // A new session logs in and works after the abuse.
     let fresh = rt.block_on(Lun::open(&url, &LunOptions::default())).expect("login after the abuse");
-    assert_eq!(rt.block_on(fresh.read(0, 128)).unwrap(), pattern(1, 65536));
+    assert_eq!(rt.block_on(fresh.read(0, 128)).unwrap(), ramp(1, 65536));
     rt.block_on(fresh.close());
     rt.block_on(lun.close());
-    let after = t.process().rss_kib();
+    let after = t.process().rss_kib().unwrap();
     assert!(t.process().alive(), "target died");
     eprintln!("RSS KiB: baseline {baseline}, during flood {during}, after {after}");
     assert!(during < baseline + 96 * 1024, "RSS grew from {baseline} to {during} KiB under abuse");

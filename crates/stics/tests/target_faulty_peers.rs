@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use stics_testkit::client::{encode, Client};
+use stics_testkit::client::{encode, write10_cdb, Client};
 use stics_testkit::peers::{SticsOptions, SticsTarget};
 use stics_wire::pdu::{reject, tmf, DataOut, Header, NopOut, Pdu, ScsiCommand, RESERVED_TAG};
 use stics_wire::Digests;
@@ -37,13 +37,6 @@ fn addr(t: &SticsTarget) -> SocketAddr {
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
-}
-
-fn write10_cdb(lba: u32, blocks: u16) -> [u8; 10] {
-    let mut cdb = [0x2a, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-    cdb[2..6].copy_from_slice(&lba.to_be_bytes());
-    cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
-    cdb
 }
 
 /// `p` encoded with the client's digests and its data digest broken.
@@ -183,7 +176,7 @@ fn peers_that_never_read_hold_memory_under_the_configured_bounds() {
         // Warm up the allocator with one normal read, then measure.
         let mut good = Client::session(addr(&t), &[]).await;
         assert_eq!(good.read10(0, 8).await.len(), 4096);
-        let baseline = t.process().rss_kib();
+        let baseline = t.process().rss_kib().unwrap();
         // Four sessions, each asking for 128 reads of 64 MiB (32 GiB in all) without reading.
         let mut greedy = Vec::new();
         for i in 0..4u8 {
@@ -192,7 +185,7 @@ fn peers_that_never_read_hold_memory_under_the_configured_bounds() {
         let mut peak = baseline;
         for _ in 0..40 {
             tokio::time::sleep(Duration::from_millis(250)).await;
-            peak = peak.max(t.process().rss_kib());
+            peak = peak.max(t.process().rss_kib().unwrap());
         }
         eprintln!("RSS KiB: baseline {baseline}, peak while 4 peers never read {peak}");
         // The target bound (128 MiB) plus one session's worth in flight and slack for the

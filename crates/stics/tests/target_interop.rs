@@ -47,14 +47,7 @@ fn qemu_img_convert_to_and_from_the_lun_keeps_every_byte() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("random.img");
     let back = dir.path().join("back.img");
-    let mut data = vec![0u8; 64 << 20];
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    for chunk in data.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes());
-    }
+    let data = stics_testkit::pattern::noise(1, 64 << 20);
     fs::File::create(&src).unwrap().write_all(&data).unwrap();
     let lun = dir.path().join("lun.img");
     let t = start(&[&format!("file:{}:64MiB", lun.display())]);
@@ -75,7 +68,7 @@ struct FuseExport {
 impl Drop for FuseExport {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.mnt).stderr(Stdio::null()).status();
-        self.qsd.signal("TERM");
+        self.qsd.signal(libc::SIGTERM);
         if self.qsd.wait_exit(Duration::from_secs(10)).is_none() {
             self.qsd.kill();
             let _ = Command::new("umount").arg("-l").arg(&self.file).stderr(Stdio::null()).status();

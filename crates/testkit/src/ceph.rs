@@ -1,48 +1,36 @@
-//! A throwaway Ceph cluster for the RBD tests (`scripts/ceph-cluster.sh`: one monitor, one
-//! manager, one or three memstore OSDs on 127.0.0.1 in a directory of its own), stopped on drop.
+//! A Ceph cluster for the RBD tests: a throwaway one ([`stics_procs::ceph`]: one monitor, one
+//! manager, one or three memstore OSDs on 127.0.0.1 in a directory of its own, stopped on drop)
+//! or one someone else runs; with the tools and specs the tests use on it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::net::free_port;
+pub use stics_procs::ceph::script;
+use stics_procs::ceph::Setup;
 
-/// `scripts/ceph-cluster.sh`, which starts, stops and injures the throwaway clusters.
-pub fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh")
-}
-
-/// A running cluster with a pool `rbd`; stopped, and its directory removed, when dropped.
+/// A cluster with a pool `rbd`: started by this process (stopped, and its directory removed,
+/// when dropped) or a running one named by its config file.
 pub struct Ceph {
-    dir: tempfile::TempDir,
+    own: Option<stics_procs::ceph::Ceph>,
     conf: PathBuf,
-    script: PathBuf,
 }
 
 impl Ceph {
-    /// Starts a cluster of `osds` (1 or 3) OSDs, the pool's size matching. A cluster that does
-    /// not start fails the test with the script's message: RBD tests never pass without one.
+    /// Starts a cluster of `osds` (1 or 3) OSDs, the pool's size matching, in a fresh directory
+    /// under the temporary folder. A cluster that does not start fails the test with the
+    /// script's message: RBD tests never pass without one.
     pub fn start(osds: u32) -> Ceph {
-        let script = script();
         let dir = tempfile::Builder::new().prefix("stics-ceph").tempdir().unwrap();
-        let cluster = dir.path().join("cluster");
-        let out = Command::new("bash")
-            .arg(&script)
-            .args(["start"])
-            .arg(&cluster)
-            .args(["--osds", &osds.to_string(), "--port", &free_port().to_string()])
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "the Ceph cluster did not start ({}); the RBD tests need ceph-mon, ceph-mgr, ceph-osd and \
-             ceph-common (scripts/deps.sh installs them):\n{stdout}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let conf = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
-        assert!(conf.is_file(), "the cluster script printed no config file: {stdout}");
-        Ceph { dir, conf, script }
+        // The cluster's stop removes the directory.
+        let dir = dir.keep();
+        let setup = Setup::new(script(), dir).unwrap_or_else(|e| panic!("no free port for the Ceph monitor: {e}"));
+        let own = setup.osds(osds).start().unwrap_or_else(|e| panic!("{e}"));
+        Ceph { conf: own.conf().to_owned(), own: Some(own) }
+    }
+
+    /// A cluster someone else runs, by its config file (its pool `rbd` holds the tests' images).
+    pub fn existing(conf: PathBuf) -> Ceph {
+        Ceph { own: None, conf }
     }
 
     /// One single-OSD cluster for every test of this test binary that asks, started by the
@@ -52,21 +40,9 @@ impl Ceph {
         static SHARED: std::sync::OnceLock<Ceph> = std::sync::OnceLock::new();
         SHARED.get_or_init(|| {
             let c = Ceph::start(1);
-            let watcher = format!(
-                "while kill -0 {} 2>/dev/null; do sleep 1; done; bash '{}' stop '{}'; rm -rf '{}'",
-                std::process::id(),
-                c.script.display(),
-                c.conf.parent().unwrap_or(Path::new(".")).display(),
-                c.dir.path().display()
-            );
-            #[expect(clippy::zombie_processes, reason = "the watcher outlives this process by design")]
-            let _watcher = Command::new("setsid")
-                .args(["bash", "-c", &watcher])
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .expect("start the watcher that stops the shared Ceph cluster");
+            if let Some(own) = &c.own {
+                own.stop_after_exit().expect("start the watcher that stops the shared Ceph cluster");
+            }
             c
         })
     }
@@ -76,9 +52,13 @@ impl Ceph {
         &self.conf
     }
 
-    /// The directory the cluster lives in, for the test's own files beside it.
+    /// The directory the cluster lives in, for the test's own files beside it (removed with it).
     pub fn dir(&self) -> &Path {
-        self.dir.path()
+        self.own().dir()
+    }
+
+    fn own(&self) -> &stics_procs::ceph::Ceph {
+        self.own.as_ref().expect("only a cluster this process started has a directory and OSDs to kill")
     }
 
     /// Runs the `rbd` tool against the cluster and returns its stdout; fails the test if it fails.
@@ -104,23 +84,6 @@ impl Ceph {
 
     /// SIGKILLs `osd.N`: a storage node lost without warning.
     pub fn kill_osd(&self, n: u32) {
-        let st = Command::new("bash")
-            .arg(&self.script)
-            .arg("kill-osd")
-            .arg(self.conf.parent().unwrap_or(Path::new(".")))
-            .arg(n.to_string())
-            .status()
-            .unwrap();
-        assert!(st.success(), "cannot kill osd.{n}");
-    }
-}
-
-impl Drop for Ceph {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(&self.script)
-            .arg("stop")
-            .arg(self.conf.parent().unwrap_or(Path::new(".")))
-            .status();
+        self.own().kill_osd(n).unwrap_or_else(|e| panic!("{e}"));
     }
 }

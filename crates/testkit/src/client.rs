@@ -23,6 +23,24 @@ pub fn encode(p: &Pdu, digests: Digests) -> BytesMut {
     out
 }
 
+/// READ(10) of `blocks` blocks at `lba`.
+pub fn read10_cdb(lba: u32, blocks: u16) -> [u8; 10] {
+    rw10(0x28, lba, blocks)
+}
+
+/// WRITE(10) of `blocks` blocks at `lba` (stics_sam builds only the 16-byte forms the initiator
+/// sends).
+pub fn write10_cdb(lba: u32, blocks: u16) -> [u8; 10] {
+    rw10(0x2a, lba, blocks)
+}
+
+fn rw10(opcode: u8, lba: u32, blocks: u16) -> [u8; 10] {
+    let mut cdb = [opcode, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+    cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+    cdb
+}
+
 /// The value of key `k` in negotiated pairs.
 pub fn get<'a>(kv: &'a [(String, String)], k: &str) -> Option<&'a str> {
     kv.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
@@ -290,18 +308,12 @@ impl Client {
     /// WRITE(10) of `data` (512-byte blocks) at `lba`; returns the status.
     pub async fn write10(&mut self, lba: u32, data: &[u8], immediate: usize, seg: usize) -> u8 {
         let blocks = (data.len() / 512) as u16;
-        let mut cdb = [0x2a, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
-        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
-        self.run(&cdb, 0, data, immediate, seg).await.0
+        self.run(&write10_cdb(lba, blocks), 0, data, immediate, seg).await.0
     }
 
     /// READ(10) of `blocks` 512-byte blocks at `lba`; asserts GOOD status.
     pub async fn read10(&mut self, lba: u32, blocks: u16) -> Vec<u8> {
-        let mut cdb = [0x28, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
-        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
-        let (status, data, _) = self.run(&cdb, u32::from(blocks) * 512, &[], 0, 0).await;
+        let (status, data, _) = self.run(&read10_cdb(lba, blocks), u32::from(blocks) * 512, &[], 0, 0).await;
         assert_eq!(status, 0);
         data
     }
@@ -310,10 +322,7 @@ impl Client {
     /// target answers (the session must have negotiated InitialR2T=Yes, or send nothing
     /// unsolicited).
     pub async fn write10_awaiting_r2t(&mut self, lba: u32, blocks: u16) -> (ScsiCommand, R2t) {
-        let mut cdb = [0x2a, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
-        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
-        let h = self.cmd(&cdb, 0, u32::from(blocks) * 512, false);
+        let h = self.cmd(&write10_cdb(lba, blocks), 0, u32::from(blocks) * 512, false);
         self.send(Pdu::new(h, Bytes::new())).await;
         let got = self.recv_header().await;
         let Header::R2t(r2t) = got else { panic!("expected an R2T, got {got:?}") };

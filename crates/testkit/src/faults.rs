@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
-use stics_block::{blocks_in, BlockDev, BlockError, Geometry};
+use stics_block::{blocks_in, BlockDev, BlockError, Claim, Geometry};
 
 /// The kinds of operation a [`Rule`] can pick out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +158,9 @@ struct State {
     counts: [u64; OPS],
     /// Power cycles so far ([`BlockDev::resets`]).
     resets: u64,
+    /// Whether [`BlockDev::claim`] keeps a holder ([`FaultDev::set_claims`]).
+    claims: bool,
+    holder: Option<u64>,
 }
 
 impl State {
@@ -175,6 +178,8 @@ impl State {
             down: false,
             counts: [0; OPS],
             resets: 0,
+            claims: false,
+            holder: None,
         }
     }
 
@@ -322,6 +327,18 @@ impl FaultDev {
         s.resets += 1;
     }
 
+    /// With claims on, [`BlockDev::claim`] keeps one holder's key as a reserved LUN does: the
+    /// first key holds it, the same key again takes it over, another key is refused naming the
+    /// holder. Writes are not fenced. Off (the default), claims are unsupported, as on a local disk.
+    pub fn set_claims(&self, on: bool) {
+        self.lock().claims = on;
+    }
+
+    /// The key that holds the device, with claims on.
+    pub fn holder(&self) -> Option<u64> {
+        self.lock().holder
+    }
+
     pub fn is_down(&self) -> bool {
         self.lock().down
     }
@@ -437,6 +454,21 @@ impl BlockDev for FaultDev {
         self.lock().discard
     }
 
+    async fn claim(&self, key: u64) -> Result<Claim, BlockError> {
+        let mut s = self.lock();
+        if !s.claims {
+            return Ok(Claim::Unsupported);
+        }
+        match s.holder {
+            Some(k) if k != key => Err(BlockError::Reserved { holder: Some(k) }),
+            Some(_) => Ok(Claim::TakenOver),
+            None => {
+                s.holder = Some(key);
+                Ok(Claim::Held)
+            }
+        }
+    }
+
     async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
         self.admit(Op::Read, Some(lba..lba + u64::from(blocks))).await?;
         let s = self.lock();
@@ -508,7 +540,18 @@ mod tests {
     }
 
     async fn write(d: &FaultDev, lba: u64, version: u64, blocks: u64, fua: bool) -> Result<(), BlockError> {
-        d.write(lba, stamp_run(lba, blocks, version, BS).into(), fua).await
+        d.write(lba, stamp_run(lba, blocks, version, BS), fua).await
+    }
+
+    #[tokio::test]
+    async fn claims_keep_one_holder_when_asked_to() {
+        let d = FaultDev::new(BS as u32, 16, 1);
+        assert_eq!(d.claim(7).await.unwrap(), Claim::Unsupported);
+        d.set_claims(true);
+        assert_eq!(d.claim(7).await.unwrap(), Claim::Held);
+        assert_eq!(d.claim(7).await.unwrap(), Claim::TakenOver);
+        assert!(matches!(d.claim(8).await, Err(BlockError::Reserved { holder: Some(7) })));
+        assert_eq!(d.holder(), Some(7));
     }
 
     #[tokio::test]

@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::Rng;
 use stics_block::{BlockDev, BlockError};
@@ -162,7 +161,7 @@ impl Ledger {
             for b in lba..lba + blocks {
                 self.written[b as usize].push(v);
             }
-            let data = Bytes::from(stamp_run(lba, blocks, v, self.block_size));
+            let data = stamp_run(lba, blocks, v, self.block_size);
             match bounded(pace.timeout, "a write", dev.write(lba, data, false)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => return Some(Failure::Write { lba, blocks, error }),
@@ -279,7 +278,7 @@ mod tests {
         assert_eq!(seen.iter().max(), Some(&l.version()));
         // A block rolled back to an older version than acknowledged is stale.
         let b = seen.iter().position(|&v| v > 0).unwrap() as u64;
-        d.write(b, Bytes::from(vec![0u8; 512]), true).await.unwrap();
+        d.write(b, bytes::Bytes::from(vec![0u8; 512]), true).await.unwrap();
         let image = d.read(0, BLOCKS as u32).await.unwrap();
         let e = std::panic::catch_unwind(|| l.check(&image, "rolled back")).unwrap_err();
         let msg = e.downcast_ref::<String>().unwrap();

@@ -7,29 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// A free loopback TCP port (free when asked; another process may take it afterwards).
-///
-/// Drawn above the well-known services and below the kernel's ephemeral range, so that no
-/// outgoing connection holds it as its source port by the time a server binds it, and never
-/// handed out twice by one process.
+/// A free loopback TCP port below the ephemeral range ([`stics_procs::free_port`]); fails the
+/// test when there is none.
 pub fn free_port() -> u16 {
-    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
-    let low = ephemeral_low().clamp(20000, 32768);
-    let mut given = GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    for _ in 0..1000 {
-        let port = rand::Rng::gen_range(&mut rand::thread_rng(), 16384..low);
-        if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            given.push(port);
-            return port;
-        }
-    }
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// The first port of net.ipv4.ip_local_port_range (32768, Linux's default, when unreadable).
-fn ephemeral_low() -> u16 {
-    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
-    range.split_whitespace().next().and_then(|l| l.parse().ok()).unwrap_or(32768)
+    stics_procs::free_port().unwrap_or_else(|e| panic!("no free loopback TCP port: {e}"))
 }
 
 /// A loopback TCP proxy to `127.0.0.1:upstream` whose connections can be cut or frozen.

@@ -1,10 +1,13 @@
-//! Deterministic test data, and a self-describing block format (LBA, version, checksum) that lets
-//! a checker tell blank, foreign, torn, misplaced and stale blocks apart after a crash.
+//! Deterministic test data, as the devices take it (`Bytes`), and a self-describing block format
+//! (LBA, version, checksum) that lets a checker tell blank, foreign, torn, misplaced and stale
+//! blocks apart after a crash.
 
 use std::ops::RangeInclusive;
 
+use bytes::Bytes;
+
 /// `len` pseudo-random bytes from `seed` (xorshift64): the same seed gives the same bytes.
-pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+pub fn noise(seed: u64, len: usize) -> Bytes {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..len)
         .map(|_| {
@@ -13,12 +16,13 @@ pub fn noise(seed: u64, len: usize) -> Vec<u8> {
             x ^= x << 17;
             x as u8
         })
-        .collect()
+        .collect::<Vec<u8>>()
+        .into()
 }
 
 /// `len` bytes of an arithmetic ramp (`i * 31 + seed`), cheap and never all zero.
-pub fn ramp(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+pub fn ramp(seed: u8, len: usize) -> Bytes {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>().into()
 }
 
 const MAGIC: &[u8; 8] = b"STICSBLK";
@@ -55,7 +59,7 @@ fn sum(buf: &[u8]) -> u32 {
 }
 
 /// One block of `block_size` bytes that says it is version `version` of block `lba`.
-pub fn stamp(lba: u64, version: u64, block_size: usize) -> Vec<u8> {
+pub fn stamp(lba: u64, version: u64, block_size: usize) -> Bytes {
     assert!(block_size >= MIN_BLOCK, "a stamp needs {MIN_BLOCK} bytes");
     let mut b = Vec::with_capacity(block_size);
     b.extend_from_slice(MAGIC);
@@ -65,12 +69,13 @@ pub fn stamp(lba: u64, version: u64, block_size: usize) -> Vec<u8> {
     b.extend_from_slice(&noise(lba.rotate_left(32) ^ version, block_size - SUM.end));
     let s = sum(&b);
     b[SUM].copy_from_slice(&s.to_le_bytes());
-    b
+    b.into()
 }
 
-/// `blocks` stamped blocks from `lba`, all at `version`, end to end.
-pub fn stamp_run(lba: u64, blocks: u64, version: u64, block_size: usize) -> Vec<u8> {
-    (lba..lba + blocks).flat_map(|l| stamp(l, version, block_size)).collect()
+/// `blocks` stamped blocks from `lba`, all at `version`, end to end: what a test writes when
+/// every block must differ from every other and from each of its own versions.
+pub fn stamp_run(lba: u64, blocks: u64, version: u64, block_size: usize) -> Bytes {
+    (lba..lba + blocks).flat_map(|l| stamp(l, version, block_size)).collect::<Vec<u8>>().into()
 }
 
 /// The (lba, version) a block says it holds, if it is a whole stamp.

@@ -407,12 +407,12 @@ mod tests {
         }
 
         fn write(&self, lba: u64, version: u64, fua: bool) -> Result<(), BlockError> {
-            self.rt.block_on(self.lun.write(lba, Bytes::from(stamp_run(lba, 8, version, 512)), fua))
+            self.rt.block_on(self.lun.write(lba, stamp_run(lba, 8, version, 512), fua))
         }
 
         /// WRITE(16) of 8 blocks, with the SCSI status and sense of a refusal.
         fn write_scsi(&self, lba: u64) -> Result<(), Refusal> {
-            let data = Data::Write(Bytes::from(stamp_run(lba, 8, 9, 512)));
+            let data = Data::Write(stamp_run(lba, 8, 9, 512));
             match self.rt.block_on(self.lun.execute(cdb::write16(lba, 8, false), data)) {
                 Ok(_) => Ok(()),
                 Err(Error::Scsi { status, sense, .. }) => {
@@ -514,7 +514,7 @@ mod tests {
             let lun = &c.lun;
             let started = Instant::now();
             let done = std::thread::scope(|s| {
-                let w = s.spawn(|| c.rt.block_on(lun.write(8, Bytes::from(stamp_run(8, 8, 1, 512)), false)));
+                let w = s.spawn(|| c.rt.block_on(lun.write(8, stamp_run(8, 8, 1, 512), false)));
                 std::thread::sleep(Duration::from_secs(2));
                 let early = w.is_finished();
                 remote.restore();

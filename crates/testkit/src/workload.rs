@@ -17,7 +17,7 @@ const UNIT_BLOCKS: u32 = 8;
 
 /// The 4 KiB content of version `version` of a worker's unit.
 pub fn content(worker: u64, unit: u64, version: u64) -> Bytes {
-    Bytes::from(noise(worker << 48 ^ unit << 20 ^ version, 4096))
+    noise(worker << 48 ^ unit << 20 ^ version, 4096)
 }
 
 /// Short timers, so that faults are noticed and healed within a test's seconds.

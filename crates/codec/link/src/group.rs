@@ -382,21 +382,10 @@ impl GroupView<'_> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use stics_testkit::pattern::noise;
 
     fn head(seq: u64) -> GroupHead {
         GroupHead { source: [7; 16], seq, first_epoch: 3, last_epoch: 9, block_size: 512 }
-    }
-
-    fn noise(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
     }
 
     #[test]
@@ -409,7 +398,7 @@ mod tests {
         ];
         let mut data = b"the quick brown fox ".repeat(4096 * 512 / 20 + 1);
         data.truncate(4096 * 512);
-        data.extend(noise(4096 * 512, 1));
+        data.extend_from_slice(&noise(1, 4096 * 512));
         let bytes = encode(&head(1), &extents, &data, 3).unwrap();
         let v = parse(&bytes, 64 << 20).unwrap();
         assert_eq!(v.head, head(1));
@@ -431,7 +420,7 @@ mod tests {
     #[test]
     fn damage_anywhere_is_refused_and_so_is_a_group_past_the_bound() {
         let extents = [Extent { lba: 10, blocks: 8, kind: ExtentKind::Data }];
-        let bytes = encode(&head(4), &extents, &noise(4096, 2), 0).unwrap();
+        let bytes = encode(&head(4), &extents, &noise(2, 4096), 0).unwrap();
         for at in [0, 9, 20, 70, 90, 100, bytes.len() - 1] {
             let mut bad = bytes.clone();
             bad[at] ^= 0x40;
@@ -466,7 +455,7 @@ mod tests {
                 }
                 lba += u64::from(blocks);
             }
-            let mut data = noise(raw, seed);
+            let mut data = noise(seed, raw).to_vec();
             data.iter_mut().step_by(3).for_each(|b| *b = 0);
             let bytes = encode(&head(9), &extents, &data, 1).unwrap();
             let v = parse(&bytes, 1 << 30).unwrap();

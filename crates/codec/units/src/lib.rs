@@ -73,6 +73,12 @@ pub enum Problem {
     NotWhole,
     /// A size beyond `u64`.
     TooLarge,
+    /// A size below the least the reader takes, in bytes.
+    Below(u64),
+    /// A size above the most the reader takes, in bytes.
+    Above(u64),
+    /// A size that is not a whole number of blocks of this many bytes.
+    NotWholeBlocks(u64),
 }
 
 /// A quantity that could not be read: what was expected, the text given, and why.
@@ -85,18 +91,27 @@ pub struct Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "cannot read {} {:?}: ", self.quantity.name(), self.input)?;
+        write!(f, "cannot read {} {:?}: {}", self.quantity.name(), self.input, self.reason())
+    }
+}
+
+impl Error {
+    /// What is wrong, without the quantity and the text (for a caller that names them itself).
+    pub fn reason(&self) -> String {
         let accepted = self.quantity.accepted();
         match &self.problem {
-            Problem::Empty => write!(f, "empty value; {accepted}"),
-            Problem::NoNumber => write!(f, "no number; {accepted}"),
-            Problem::NotANumber(n) => write!(f, "{n:?} is not a number; {accepted}"),
-            Problem::UnknownUnit(u) if u.is_empty() => write!(f, "missing unit; {accepted}"),
-            Problem::UnknownUnit(u) => write!(f, "unknown unit {u:?}; {accepted}"),
-            Problem::Negative => write!(f, "must not be negative"),
-            Problem::OutOfRange => write!(f, "must lie between 0 and 1"),
-            Problem::NotWhole => write!(f, "not a whole number of bytes"),
-            Problem::TooLarge => write!(f, "too large"),
+            Problem::Empty => format!("empty value; {accepted}"),
+            Problem::NoNumber => format!("no number; {accepted}"),
+            Problem::NotANumber(n) => format!("{n:?} is not a number; {accepted}"),
+            Problem::UnknownUnit(u) if u.is_empty() => format!("missing unit; {accepted}"),
+            Problem::UnknownUnit(u) => format!("unknown unit {u:?}; {accepted}"),
+            Problem::Negative => "must not be negative".to_string(),
+            Problem::OutOfRange => "must lie between 0 and 1".to_string(),
+            Problem::NotWhole => "not a whole number of bytes".to_string(),
+            Problem::TooLarge => "too large".to_string(),
+            Problem::Below(min) => format!("must be at least {min} bytes"),
+            Problem::Above(max) => format!("must be at most {max} bytes"),
+            Problem::NotWholeBlocks(block) => format!("not a whole number of {block}-byte blocks"),
         }
     }
 }
@@ -215,6 +230,22 @@ pub fn parse_size(input: &str) -> Result<u64, Error> {
     u64::try_from(bytes).map_err(|_| too_large())
 }
 
+/// Reads a size as [`parse_size`] does and holds it to what the reader takes: within `bounds`
+/// and a whole number of `block`-byte blocks (1 for any number of bytes).
+pub fn parse_size_within(input: &str, bounds: std::ops::RangeInclusive<u64>, block: u64) -> Result<u64, Error> {
+    let bytes = parse_size(input)?;
+    let problem = if bytes < *bounds.start() {
+        Problem::Below(*bounds.start())
+    } else if bytes > *bounds.end() {
+        Problem::Above(*bounds.end())
+    } else if block > 1 && !bytes.is_multiple_of(block) {
+        Problem::NotWholeBlocks(block)
+    } else {
+        return Ok(bytes);
+    };
+    Err(error(Quantity::Size, input, problem))
+}
+
 /// Reads a duration in seconds: `10ms`, `0.2ms`, `500us`, `500µs`, `1s`, `2min`; a bare `0` is zero.
 pub fn parse_duration(input: &str) -> Result<f64, Error> {
     let q = Quantity::Duration;
@@ -277,6 +308,33 @@ pub fn parse_probability(input: &str) -> Result<f64, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_within_bounds_and_whole_blocks() {
+        let lun = |s| parse_size_within(s, 1..=i64::MAX as u64, 512);
+        assert_eq!(lun("1GiB"), Ok(1 << 30));
+        assert_eq!(lun("64M"), Ok(64 << 20));
+        assert_eq!(lun("1.5G"), Ok(3 << 29));
+        assert_eq!(lun("1GB"), Ok(1_000_000_000));
+        assert_eq!(lun("1gb"), Ok(1_000_000_000));
+        assert_eq!(lun("4096"), Ok(4096));
+        assert_eq!(lun("2TB"), Ok(2_000_000_000_000));
+        assert_eq!(lun("1MiB"), Ok(1 << 20));
+        assert_eq!(lun("1MB").map_err(|e| e.problem), Err(Problem::NotWholeBlocks(512)));
+        assert_eq!(lun("100").map_err(|e| e.problem), Err(Problem::NotWholeBlocks(512)));
+        assert_eq!(lun("0").map_err(|e| e.problem), Err(Problem::Below(1)));
+        assert_eq!(lun("8EiB").map_err(|e| e.problem), Err(Problem::UnknownUnit("EiB".into())));
+        assert_eq!(lun("8192P").map_err(|e| e.problem), Err(Problem::UnknownUnit("P".into())));
+        assert_eq!(lun("8388608T").map_err(|e| e.problem), Err(Problem::Above(i64::MAX as u64)));
+        for bad in ["12", "", "-1G", "1Q", "1.0000001G"] {
+            assert!(lun(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_size_within("0", 0..=1 << 40, 1), Ok(0));
+        assert_eq!(parse_size_within("1TiB", 0..=1 << 40, 1), Ok(1 << 40));
+        let e = parse_size_within("2TiB", 0..=1 << 40, 1).unwrap_err();
+        assert_eq!(e.to_string(), "cannot read size \"2TiB\": must be at most 1099511627776 bytes");
+        assert_eq!(e.reason(), "must be at most 1099511627776 bytes");
+    }
 
     #[test]
     fn binary_suffixes_are_powers_of_1024() {

@@ -204,9 +204,9 @@ pub enum SpecError {
     /// Text after a wrapper's closing parenthesis.
     #[error("unexpected {rest:?} after the closing ')' of {text:?}")]
     Trailing { text: String, rest: String },
-    /// A size that does not parse; the message is the size parser's.
-    #[error("{message}")]
-    Size { piece: String, message: String },
+    /// A size that does not parse, is zero or is not a whole number of 512-byte blocks.
+    #[error("bad size {piece:?}: {reason}")]
+    Size { piece: String, reason: String },
     /// A block size other than 512, 1024, 2048 or 4096.
     #[error("bad block size {piece:?}: use 512, 1024, 2048 or 4096")]
     BlockSize { piece: String },
@@ -230,9 +230,14 @@ pub enum SpecError {
     LayerArg { kind: String, piece: String, reason: &'static str },
 }
 
-/// Every size in a spec is read here, so that the size syntax lives in one place.
-fn parse_size(piece: &str) -> Result<u64, SpecError> {
-    stics_block::parse_size(piece).map_err(|e| SpecError::Size { piece: piece.to_owned(), message: e.to_string() })
+/// The largest size a spec may give (a device's bytes are a signed offset to the kernel).
+const MAX_SIZE: u64 = i64::MAX as u64;
+
+/// Every size in a spec is read here: as every stics subcommand reads sizes (`stics_units`), in
+/// whole 512-byte blocks.
+fn read_size(piece: &str) -> Result<u64, SpecError> {
+    stics_units::parse_size_within(piece, 1..=MAX_SIZE, u64::from(DEFAULT_BLOCK_SIZE))
+        .map_err(|e| SpecError::Size { piece: piece.to_owned(), reason: e.reason() })
 }
 
 /// Reads a logical block size.
@@ -263,7 +268,7 @@ fn sized(rest: &str) -> Result<(u64, u32), SpecError> {
         Some((s, b)) => (s, parse_block_size(b)?),
         None => (rest, DEFAULT_BLOCK_SIZE),
     };
-    Ok((whole_blocks(parse_size(size_piece)?, block_size, size_piece)?, block_size))
+    Ok((whole_blocks(read_size(size_piece)?, block_size, size_piece)?, block_size))
 }
 
 /// `PATH`, `PATH:SIZE`, `PATH:SIZE:BLOCK` or `PATH::BLOCK` of `file:`.
@@ -273,7 +278,7 @@ fn file(rest: &str) -> Result<DeviceSpec, SpecError> {
     }
     let mut pieces = rest.rsplitn(3, ':');
     if let (Some(b), Some(s), Some(path)) = (pieces.next(), pieces.next(), pieces.next()) {
-        let size = if s.is_empty() { Some(None) } else { parse_size(s).ok().map(Some) };
+        let size = if s.is_empty() { Some(None) } else { read_size(s).ok().map(Some) };
         if let (false, Some(size)) = (path.is_empty(), size) {
             match parse_block_size(b) {
                 Ok(block_size) => {
@@ -290,7 +295,7 @@ fn file(rest: &str) -> Result<DeviceSpec, SpecError> {
     }
     // A trailing `:SIZE` is a size only if it parses as one, so paths may hold ':'.
     if let Some((path, s)) = rest.rsplit_once(':') {
-        if let Ok(size) = parse_size(s) {
+        if let Ok(size) = read_size(s) {
             return Ok(DeviceSpec::File { path: path.into(), size: Some(size), block_size: DEFAULT_BLOCK_SIZE });
         }
     }
@@ -572,8 +577,8 @@ fn journal(call: &syntax::Call<'_>) -> Result<JournalSpec, SpecError> {
                     JournalAt::Device(Box::new(v.parse()?))
                 } else {
                     match v.rsplit_once(':') {
-                        Some((p, n)) if !p.is_empty() && parse_size(n).is_ok() => {
-                            JournalAt::Path { path: PathBuf::from(p), size: Some(parse_size(n)?) }
+                        Some((p, n)) if !p.is_empty() && read_size(n).is_ok() => {
+                            JournalAt::Path { path: PathBuf::from(p), size: Some(read_size(n)?) }
                         }
                         _ if v.is_empty() => return Err(bad(&piece, "the journal needs a path or a device")),
                         _ => JournalAt::Path { path: PathBuf::from(v), size: None },
@@ -581,7 +586,7 @@ fn journal(call: &syntax::Call<'_>) -> Result<JournalSpec, SpecError> {
                 };
             }
             "max-group" => {
-                let n = parse_size(v).ok().filter(|n| (1 << 20..=MAX_GROUP).contains(n));
+                let n = read_size(v).ok().filter(|n| (1 << 20..=MAX_GROUP).contains(n));
                 j.max_group = Some(n.ok_or_else(|| bad(&piece, "a size from 1 MiB to 1 GiB"))? as u32);
             }
             _ => return Err(bad(&piece, "known keys: journal, max-group")),
@@ -615,9 +620,9 @@ fn cache(call: &syntax::Call<'_>) -> Result<CacheSpec, SpecError> {
             "log" => {
                 // A trailing `:SIZE` is a size when it reads as one, as for `file:`.
                 match v.rsplit_once(':') {
-                    Some((p, n)) if !p.is_empty() && parse_size(n).is_ok() => {
+                    Some((p, n)) if !p.is_empty() && read_size(n).is_ok() => {
                         c.log = PathBuf::from(p);
-                        c.log_size = Some(parse_size(n)?);
+                        c.log_size = Some(read_size(n)?);
                     }
                     _ => c.log = PathBuf::from(v),
                 }
@@ -626,7 +631,7 @@ fn cache(call: &syntax::Call<'_>) -> Result<CacheSpec, SpecError> {
                 }
             }
             "mode" => c.mode = Some(v.parse().map_err(|_| bad(&piece, "use log, immediate or write-through"))?),
-            "ram" => c.ram = Some(parse_size(v)?),
+            "ram" => c.ram = Some(read_size(v)?),
             // Zero is a valid read cache (none), which a device size never is.
             "read-cache" => c.read_cache = Some(stics_units::parse_size(v).map_err(|_| bad(&piece, "not a size"))?),
             "policy" => c.policy = Some(v.parse().map_err(|_| bad(&piece, "use lru or s3fifo"))?),
@@ -634,7 +639,7 @@ fn cache(call: &syntax::Call<'_>) -> Result<CacheSpec, SpecError> {
                 let secs = v.trim_end_matches('s').parse::<u64>().ok().filter(|n| (1..=86_400).contains(n));
                 c.full_timeout_secs = Some(secs.ok_or_else(|| bad(&piece, "seconds, 1 to 86400"))?);
             }
-            "index-memory" => c.index_memory = Some(parse_size(v)?),
+            "index-memory" => c.index_memory = Some(read_size(v)?),
             "max-lag" => {
                 let secs = v.trim_end_matches('s').parse::<u64>().ok().filter(|n| (1..=86_400).contains(n));
                 c.max_lag_secs = Some(secs.ok_or_else(|| bad(&piece, "seconds, 1 to 86400"))?);

@@ -18,12 +18,13 @@ pub mod file;
 pub mod mem;
 pub mod null;
 pub mod range;
-pub mod size;
 
 pub use file::{FileDev, Holder, InUse, LockError};
 pub use mem::MemDev;
 pub use null::NullDev;
-pub use size::{parse_size, SizeError, DEFAULT_BLOCK_SIZE};
+
+/// Default logical block size.
+pub const DEFAULT_BLOCK_SIZE: u32 = 512;
 
 /// Size and shape of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -309,14 +309,7 @@ impl Entry {
         if write_seq == u64::MAX || epoch == u64::MAX {
             return Err(field("epoch", format!("write {write_seq} of epoch {epoch} leaves no successor")));
         }
-        Ok(Entry {
-            lba: u64_at(b, 0),
-            write_seq,
-            epoch,
-            blocks,
-            kind,
-            data_crc: u32_at(b, 32),
-        })
+        Ok(Entry { lba: u64_at(b, 0), write_seq, epoch, blocks, kind, data_crc: u32_at(b, 32) })
     }
 }
 

@@ -12,7 +12,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use stics_block::BlockDev;
@@ -210,7 +209,7 @@ async fn workload(
                     }
                     h.writes.push(Write { version, lba, blocks });
                 }
-                let data = Bytes::from(stamp_run(lba, blocks, version, BS));
+                let data = stamp_run(lba, blocks, version, BS);
                 if cache.write(lba, data, fua).await.is_err() {
                     return Ok(()); // the devices went down: the crash is under way
                 }

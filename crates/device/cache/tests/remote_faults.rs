@@ -68,7 +68,7 @@ async fn a_remote_that_loses_its_volatile_cache_gets_every_unsynchronised_epoch_
             for v in 1..=400u64 {
                 let n = rng.gen_range(1..=8);
                 let lba = rng.gen_range(0..=BLOCKS - n);
-                cache.write(lba, Bytes::from(stamp_run(lba, n, v, BS)), false).await.expect("write");
+                cache.write(lba, stamp_run(lba, n, v, BS), false).await.expect("write");
                 want[lba as usize..(lba + n) as usize].fill(v);
                 if rng.gen_range(0..8) == 0 {
                     cache.flush().await.expect("flush");
@@ -124,13 +124,13 @@ async fn a_discard_that_never_reached_the_remote_is_sent_again_after_a_crash() {
     let down = refusing(BLOCKS);
     let cache = Cache::open(Arc::clone(&log), down, b"r", cfg(Mode::Log)).await.expect("opens");
     // In `log` mode each acknowledged write ends its epoch: a write, a discard, six writes.
-    let first = Bytes::from(stamp_run(0, 8, 1, BS));
+    let first = stamp_run(0, 8, 1, BS);
     cache.write(0, first.clone(), false).await.expect("write");
     cache.discard(100, 16).await.expect("discard");
     let mut later = Vec::new();
     for i in 0..6u64 {
         let lba = 200 + i * 4;
-        let data = Bytes::from(stamp_run(lba, 4, 10 + i, BS));
+        let data = stamp_run(lba, 4, 10 + i, BS);
         cache.write(lba, data.clone(), false).await.expect("write");
         later.push((lba, data));
     }
@@ -138,7 +138,7 @@ async fn a_discard_that_never_reached_the_remote_is_sent_again_after_a_crash() {
     drop(cache);
     // The remote holds the first write and every later epoch, but its blocks 100..116 still
     // hold what was there before the discard.
-    let mut held = vec![(0, first.clone()), (100, Bytes::from(stamp_run(100, 16, 99, BS)))];
+    let mut held = vec![(0, first.clone()), (100, stamp_run(100, 16, 99, BS))];
     held.extend(later.iter().cloned());
     let remote = remote_with(BLOCKS, &held).await;
     let cache = Cache::open(log, remote.clone(), b"r", cfg(Mode::Log)).await.expect("reopens");
@@ -179,7 +179,7 @@ async fn closing_in_immediate_mode_writes_acknowledged_ram_to_a_full_log_before_
             while !stop.load(Ordering::SeqCst) {
                 v += 1;
                 let lba = (v * RUN) % (BLOCKS - RUN);
-                let w = cache.write(lba, Bytes::from(stamp_run(lba, RUN, v, BS)), false);
+                let w = cache.write(lba, stamp_run(lba, RUN, v, BS), false);
                 if tokio::time::timeout(Duration::from_millis(500), w).await.is_err() {
                     break;
                 }
@@ -235,7 +235,7 @@ async fn a_log_whose_flushes_fail_is_written_again_in_place_and_keeps_every_ackn
             }
             let n = rng.gen_range(1..=32);
             let lba = rng.gen_range(0..=BLOCKS - n);
-            cache.write(lba, Bytes::from(stamp_run(lba, n, v, BS)), false).await.expect("write");
+            cache.write(lba, stamp_run(lba, n, v, BS), false).await.expect("write");
             want[lba as usize..(lba + n) as usize].fill(v);
         }
         let s = cache.status();
@@ -264,7 +264,7 @@ async fn a_lasting_remote_error_stalls_destage_ends_host_writes_after_the_full_t
     let mut refused = None;
     for v in 1..=10_000u64 {
         let lba = (v * 8) % (BLOCKS - 8);
-        let w = cache.write(lba, Bytes::from(stamp_run(lba, 8, v, BS)), false);
+        let w = cache.write(lba, stamp_run(lba, 8, v, BS), false);
         match tokio::time::timeout(Duration::from_secs(20), w).await.expect("a write never hangs") {
             Ok(()) => acked.push((lba, v)),
             Err(e) => {
@@ -292,7 +292,7 @@ async fn a_lasting_remote_error_stalls_destage_ends_host_writes_after_the_full_t
         let got = remote.read(*lba, 8).await.expect("remote");
         assert!(check_at(&got[..BS], *lba, *v..=u64::MAX).is_ok(), "block {lba} holds version {v} or later");
     }
-    cache.write(0, Bytes::from(stamp_run(0, 8, 1 << 40, BS)), false).await.expect("writes go in again");
+    cache.write(0, stamp_run(0, 8, 1 << 40, BS), false).await.expect("writes go in again");
     cache.close().await;
 }
 
@@ -305,7 +305,7 @@ async fn write_through_reads_return_what_was_just_written() {
     for i in 0..40u64 {
         let lba = i * 16;
         cache.read(lba, 8).await.expect("read, which caches");
-        let new = Bytes::from(stamp_run(lba, 8, i + 1, BS));
+        let new = stamp_run(lba, 8, i + 1, BS);
         cache.write(lba, new.clone(), false).await.expect("write");
         assert_eq!(cache.read(lba, 8).await.expect("read"), new, "block {lba} after its write");
         assert_eq!(remote.read(lba, 8).await.expect("remote"), new, "on the remote at once");
@@ -319,13 +319,13 @@ async fn write_through_over_a_log_with_dirty_data_never_lets_destage_overwrite_a
     let log = log_dev(32);
     let down = refusing(4096);
     let cache = Cache::open(Arc::clone(&log), down, b"r", cfg(Mode::Log)).await.expect("opens");
-    let old = Bytes::from(stamp_run(64, 8, 1, BS));
+    let old = stamp_run(64, 8, 1, BS);
     cache.write(64, old, false).await.expect("write");
     cache.close().await;
     drop(cache);
     let remote = Arc::new(MemDev::new(512, 4096));
     let cache = Cache::open(log, remote.clone(), b"r", cfg(Mode::WriteThrough)).await.expect("reopens");
-    let new = Bytes::from(stamp_run(64, 8, 2, BS));
+    let new = stamp_run(64, 8, 2, BS);
     cache.write(64, new.clone(), false).await.expect("write");
     assert_eq!(cache.read(64, 8).await.expect("read"), new);
     assert_eq!(remote.read(64, 8).await.expect("remote"), new, "acknowledged once on the remote");
@@ -339,7 +339,7 @@ async fn destage_reading_the_log_does_not_count_as_host_reads() {
     let cache =
         Cache::open(log_dev(32), Arc::new(MemDev::new(512, 4096)), b"r", cfg(Mode::Immediate)).await.expect("opens");
     for i in 0..50u64 {
-        cache.write(i * 8, Bytes::from(stamp_run(i * 8, 8, 1, BS)), false).await.expect("write");
+        cache.write(i * 8, stamp_run(i * 8, 8, 1, BS), false).await.expect("write");
     }
     cache.drain().await.expect("drained");
     let s = cache.status();

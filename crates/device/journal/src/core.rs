@@ -388,15 +388,7 @@ mod tests {
     fn grp(seq: u64, extents: &[Extent], fill: u8) -> Bytes {
         let raw: usize = extents.iter().filter(|e| e.kind == ExtentKind::Data).map(|e| e.blocks as usize * 512).sum();
         let head = GroupHead { source: [9; 16], seq, first_epoch: seq, last_epoch: seq, block_size: 512 };
-        let mut x = u64::from(fill) | 0x9e37_79b9_0000_0001;
-        let data: Vec<u8> = (0..raw)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let data = stics_testkit::pattern::noise(u64::from(fill), raw);
         Bytes::from(encode(&head, extents, &data, 1).unwrap())
     }
 

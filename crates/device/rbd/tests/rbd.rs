@@ -8,7 +8,7 @@ mod common;
 use std::future::Future;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
@@ -16,16 +16,8 @@ use bytes::Bytes;
 use stics_block::{BlockDev, BlockError, Provisioning};
 use stics_rbd::{RbdDev, RbdError, RbdOptions};
 
-use common::{patterns, Cluster};
-
-/// This binary's cluster: one OSD, started on first use (or `STICS_RBD_TEST_CONF`).
-fn cluster() -> &'static Cluster {
-    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
-    CLUSTER.get_or_init(|| match std::env::var("STICS_RBD_TEST_CONF") {
-        Ok(conf) => Cluster::existing(conf.into()),
-        Err(_) => Cluster::start(1),
-    })
-}
+use common::cluster;
+use stics_testkit::pattern::stamp_run;
 
 async fn round_trip(bs: u32) {
     let c = cluster();
@@ -47,7 +39,7 @@ async fn round_trip(bs: u32) {
     let mut set = tokio::task::JoinSet::new();
     for &(lba, n) in &spots {
         let dev = Arc::clone(&dev);
-        set.spawn(async move { dev.write(lba, patterns(lba, n, bs, 1), lba % 2 == 0).await });
+        set.spawn(async move { dev.write(lba, stamp_run(lba, n, 1, bs as usize), lba % 2 == 0).await });
     }
     while let Some(r) = set.join_next().await {
         r.unwrap().unwrap();
@@ -60,7 +52,7 @@ async fn round_trip(bs: u32) {
     }
     while let Some(r) = set.join_next().await {
         let (lba, n, got) = r.unwrap();
-        assert_eq!(got.unwrap(), patterns(lba, n, bs, 1), "{n} blocks at {lba}");
+        assert_eq!(got.unwrap(), stamp_run(lba, n, 1, bs as usize), "{n} blocks at {lba}");
     }
     // Never-written blocks read as zeros; out-of-range and misaligned requests are refused.
     let far = dev.read(g.num_blocks - 1, 1).await.unwrap();
@@ -88,7 +80,7 @@ async fn discard_zeros_and_provisioning() {
                            // A fresh image has nothing allocated up to the window's end.
     assert_eq!(dev.provisioning(0).await.unwrap(), (Provisioning::Deallocated, dev.geometry().num_blocks));
     // A written block is mapped; the space before it is not.
-    dev.write(100, patterns(100, 4, 512, 2), true).await.unwrap();
+    dev.write(100, stamp_run(100, 4, 2, 512), true).await.unwrap();
     let (state, run) = dev.provisioning(100).await.unwrap();
     assert_eq!(state, Provisioning::Mapped);
     assert!(run >= 4, "{run}");
@@ -100,7 +92,7 @@ async fn discard_zeros_and_provisioning() {
     let obj = 2 * per_obj;
     for i in 0..8 {
         let lba = obj + i * 1024;
-        dev.write(lba, patterns(lba, 1024, 512, 3), false).await.unwrap();
+        dev.write(lba, stamp_run(lba, 1024, 3, 512), false).await.unwrap();
     }
     assert_eq!(dev.provisioning(obj).await.unwrap().0, Provisioning::Mapped);
     dev.discard(obj, per_obj).await.unwrap();
@@ -110,20 +102,20 @@ async fn discard_zeros_and_provisioning() {
     assert!(run >= per_obj, "{run}");
 
     // A discard inside written data reads back as zeros (LBPRZ), its neighbours intact.
-    dev.write(20000, patterns(20000, 16, 512, 4), false).await.unwrap();
+    dev.write(20000, stamp_run(20000, 16, 4, 512), false).await.unwrap();
     dev.discard(20004, 3).await.unwrap();
     let got = dev.read(20000, 16).await.unwrap();
-    assert_eq!(&got[..4 * 512], &patterns(20000, 4, 512, 4)[..]);
+    assert_eq!(&got[..4 * 512], &stamp_run(20000, 4, 4, 512)[..]);
     assert!(got[4 * 512..7 * 512].iter().all(|&b| b == 0), "a partial discard must zero");
-    assert_eq!(&got[7 * 512..], &patterns(20007, 9, 512, 4)[..]);
+    assert_eq!(&got[7 * 512..], &stamp_run(20007, 9, 4, 512)[..]);
 
     // write_zeros over written data.
-    dev.write(30000, patterns(30000, 32, 512, 5), false).await.unwrap();
+    dev.write(30000, stamp_run(30000, 32, 5, 512), false).await.unwrap();
     dev.write_zeros(30008, 16).await.unwrap();
     let got = dev.read(30000, 32).await.unwrap();
-    assert_eq!(&got[..8 * 512], &patterns(30000, 8, 512, 5)[..]);
+    assert_eq!(&got[..8 * 512], &stamp_run(30000, 8, 5, 512)[..]);
     assert!(got[8 * 512..24 * 512].iter().all(|&b| b == 0));
-    assert_eq!(&got[24 * 512..], &patterns(30024, 8, 512, 5)[..]);
+    assert_eq!(&got[24 * 512..], &stamp_run(30024, 8, 5, 512)[..]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,8 +126,8 @@ async fn compare_and_write() {
         let dev = c.open(&name, bs).await;
         // In the first object and in a later one, at an offset inside it.
         for lba in [3u64, (5 << 20) / u64::from(bs) + 3] {
-            let old = patterns(lba, 1, bs, 6);
-            let new = patterns(lba, 1, bs, 7);
+            let old = stamp_run(lba, 1, 6, bs as usize);
+            let new = stamp_run(lba, 1, 7, bs as usize);
             dev.write(lba, old.clone(), false).await.unwrap();
             // Match: written.
             assert_eq!(dev.compare_and_write(lba, old.clone(), new.clone()).await.unwrap(), None);
@@ -150,8 +142,8 @@ async fn compare_and_write() {
             }
         }
         // Two blocks (beyond librbd's one-sector atomic compare-and-write).
-        let two_old = patterns(8, 2, bs, 8);
-        let two_new = patterns(8, 2, bs, 9);
+        let two_old = stamp_run(8, 2, 8, bs as usize);
+        let two_new = stamp_run(8, 2, 9, bs as usize);
         dev.write(8, two_old.clone(), false).await.unwrap();
         let mut cmp = two_old.to_vec();
         cmp[bs as usize + 7] ^= 1;
@@ -167,28 +159,28 @@ async fn snapshot_is_read_only_and_keeps_its_data() {
     let c = cluster();
     let name = c.image("snap", "16M", &[]);
     let dev = c.open(&name, 512).await;
-    dev.write(0, patterns(0, 64, 512, 10), true).await.unwrap();
+    dev.write(0, stamp_run(0, 64, 10, 512), true).await.unwrap();
     // Taken while the writer holds the exclusive lock: librbd asks the holder to do it.
     c.rbd(&["snap", "create", &format!("rbd/{name}@s1")]);
-    dev.write(0, patterns(0, 64, 512, 11), true).await.unwrap();
+    dev.write(0, stamp_run(0, 64, 11, 512), true).await.unwrap();
 
     let snap = RbdDev::open("rbd", &name, Some("s1"), &c.opts(512)).await.unwrap();
     assert!(snap.read_only());
     assert!(BlockDev::read_only(&snap));
     assert!(!snap.supports_discard());
     assert_ne!(snap.device_id(), dev.device_id());
-    assert_eq!(snap.read(0, 64).await.unwrap(), patterns(0, 64, 512, 10));
-    assert_eq!(dev.read(0, 64).await.unwrap(), patterns(0, 64, 512, 11));
+    assert_eq!(snap.read(0, 64).await.unwrap(), stamp_run(0, 64, 10, 512));
+    assert_eq!(dev.read(0, 64).await.unwrap(), stamp_run(0, 64, 11, 512));
     let refused = |r: Result<(), BlockError>| matches!(r, Err(BlockError::Unsupported(_)));
-    assert!(refused(snap.write(0, patterns(0, 1, 512, 12), false).await));
+    assert!(refused(snap.write(0, stamp_run(0, 1, 12, 512), false).await));
     assert!(refused(snap.discard(0, 1).await));
     assert!(refused(snap.write_zeros(0, 1).await));
     snap.flush().await.expect("a snapshot has nothing to flush");
     assert!(matches!(
-        snap.compare_and_write(0, patterns(0, 1, 512, 10), patterns(0, 1, 512, 12)).await,
+        snap.compare_and_write(0, stamp_run(0, 1, 10, 512), stamp_run(0, 1, 12, 512)).await,
         Err(BlockError::Unsupported(_))
     ));
-    assert_eq!(snap.read(0, 64).await.unwrap(), patterns(0, 64, 512, 10));
+    assert_eq!(snap.read(0, 64).await.unwrap(), stamp_run(0, 64, 10, 512));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,7 +188,7 @@ async fn a_second_writer_is_refused_until_the_first_closes() {
     let c = cluster();
     let name = c.image("lock", "16M", &[]);
     let first = c.open(&name, 512).await;
-    first.write(0, patterns(0, 1, 512, 20), false).await.unwrap();
+    first.write(0, stamp_run(0, 1, 20, 512), false).await.unwrap();
     let t = Instant::now();
     let err = RbdDev::open("rbd", &name, None, &c.opts(512)).await.unwrap_err();
     assert!(t.elapsed() < Duration::from_secs(5), "the refusal took {:?}", t.elapsed());
@@ -210,8 +202,8 @@ async fn a_second_writer_is_refused_until_the_first_closes() {
 
     first.close().await;
     let second = c.open(&name, 512).await;
-    assert_eq!(second.read(0, 1).await.unwrap(), patterns(0, 1, 512, 20));
-    second.write(1, patterns(1, 1, 512, 21), false).await.unwrap();
+    assert_eq!(second.read(0, 1).await.unwrap(), stamp_run(0, 1, 20, 512));
+    second.write(1, stamp_run(1, 1, 21, 512), false).await.unwrap();
 }
 
 /// Run only as the child of `a_killed_writer_loses_its_lock`: holds the image until killed.
@@ -223,7 +215,7 @@ async fn lock_holder_child() {
     };
     let opts = RbdOptions { conf: Some(conf.into()), ..RbdOptions::default() };
     let dev = RbdDev::open("rbd", &image, None, &opts).await.unwrap();
-    dev.write(0, patterns(0, 1, 512, 30), false).await.unwrap();
+    dev.write(0, stamp_run(0, 1, 30, 512), false).await.unwrap();
     println!("holding");
     tokio::time::sleep(Duration::from_secs(600)).await;
 }
@@ -234,7 +226,7 @@ async fn a_killed_writer_loses_its_lock() {
     let name = c.image("killed", "16M", &[]);
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["lock_holder_child", "--exact", "--nocapture", "--test-threads=1"])
-        .env("STICS_RBD_HOLDER_CONF", &c.conf)
+        .env("STICS_RBD_HOLDER_CONF", c.conf())
         .env("STICS_RBD_HOLDER_IMAGE", &name)
         .stdout(Stdio::piped())
         .spawn()
@@ -262,8 +254,8 @@ async fn a_killed_writer_loses_its_lock() {
     let took = t.elapsed();
     eprintln!("a new writer took the lock {:.1} s after the holder was SIGKILLed", took.as_secs_f64());
     assert!(took < Duration::from_secs(80), "{took:?}");
-    assert_eq!(dev.read(0, 1).await.unwrap(), patterns(0, 1, 512, 30));
-    dev.write(0, patterns(0, 1, 512, 31), true).await.unwrap();
+    assert_eq!(dev.read(0, 1).await.unwrap(), stamp_run(0, 1, 30, 512));
+    dev.write(0, stamp_run(0, 1, 31, 512), true).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -328,21 +320,21 @@ async fn cancelled_requests_do_not_crash() {
     let c = cluster();
     let name = c.image("cancel", "16M", &[]);
     let dev = c.open(&name, 512).await;
-    dev.write(0, patterns(0, 256, 512, 40), true).await.unwrap();
+    dev.write(0, stamp_run(0, 256, 40, 512), true).await.unwrap();
     for i in 0..64 {
         poll_once_and_drop(dev.read(i * 4, 4));
     }
-    assert_eq!(dev.read(0, 256).await.unwrap(), patterns(0, 256, 512, 40));
+    assert_eq!(dev.read(0, 256).await.unwrap(), stamp_run(0, 256, 40, 512));
     for i in 0..64 {
-        poll_once_and_drop(dev.write(i * 4, patterns(i * 4, 4, 512, 41), false));
+        poll_once_and_drop(dev.write(i * 4, stamp_run(i * 4, 4, 41, 512), false));
         poll_once_and_drop(dev.read(i * 4, 4));
     }
     // close() waits for the abandoned requests, then closes: the lock is free at once.
     dev.close().await;
     let dev = c.open(&name, 512).await;
-    assert_eq!(dev.read(0, 256).await.unwrap(), patterns(0, 256, 512, 41));
+    assert_eq!(dev.read(0, 256).await.unwrap(), stamp_run(0, 256, 41, 512));
     for i in 0..64 {
-        poll_once_and_drop(dev.write(i * 4, patterns(i * 4, 4, 512, 42), false));
+        poll_once_and_drop(dev.write(i * 4, stamp_run(i * 4, 4, 42, 512), false));
     }
     // Dropped with requests in flight: the last one to complete closes the image (off
     // librbd's thread), which releases the lock for the next writer soon after.
@@ -357,7 +349,7 @@ async fn cancelled_requests_do_not_crash() {
             Err(e) => panic!("{e}"),
         }
     };
-    assert_eq!(dev.read(0, 256).await.unwrap(), patterns(0, 256, 512, 42));
+    assert_eq!(dev.read(0, 256).await.unwrap(), stamp_run(0, 256, 42, 512));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,9 +359,9 @@ async fn an_image_override_of_the_cache_is_followed() {
     c.rbd(&["config", "image", "set", &format!("rbd/{name}"), "rbd_cache", "true"]);
     let dev = c.open(&name, 512).await;
     assert!(dev.volatile_cache(), "the image's own rbd_cache = true is in force");
-    dev.write(0, patterns(0, 8, 512, 50), true).await.unwrap();
-    dev.write(8, patterns(8, 8, 512, 51), false).await.unwrap();
+    dev.write(0, stamp_run(0, 8, 50, 512), true).await.unwrap();
+    dev.write(8, stamp_run(8, 8, 51, 512), false).await.unwrap();
     dev.flush().await.unwrap();
-    assert_eq!(dev.read(0, 8).await.unwrap(), patterns(0, 8, 512, 50));
-    assert_eq!(dev.read(8, 8).await.unwrap(), patterns(8, 8, 512, 51));
+    assert_eq!(dev.read(0, 8).await.unwrap(), stamp_run(0, 8, 50, 512));
+    assert_eq!(dev.read(8, 8).await.unwrap(), stamp_run(8, 8, 51, 512));
 }

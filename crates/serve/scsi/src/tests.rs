@@ -1,11 +1,14 @@
 //! Command-family tests: a `Device` over memory, null and file devices, no network.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use proptest::prelude::*;
 use stics_block::{BlockDev, BlockError, FileDev, Geometry, MemDev, NullDev};
+use stics_testkit::client::{read10_cdb, write10_cdb};
+use stics_testkit::faults::{FaultDev, Op, Rule};
 
 use crate::*;
 
@@ -44,21 +47,6 @@ async fn run(d: &Device, n: &Nexus, cdb: &[u8], edtl: u32, out: &[u8]) -> Respon
     d.execute(n, cmd(cdb, edtl, out)).await
 }
 
-fn read10(lba: u32, blocks: u16) -> Vec<u8> {
-    let mut c = vec![0x28, 0];
-    c.extend_from_slice(&lba.to_be_bytes());
-    c.push(0);
-    c.extend_from_slice(&blocks.to_be_bytes());
-    c.push(0);
-    c
-}
-
-fn write10(lba: u32, blocks: u16) -> Vec<u8> {
-    let mut c = read10(lba, blocks);
-    c[0] = 0x2a;
-    c
-}
-
 fn sense(r: &Response) -> (u8, u8, u8) {
     r.sense_triple().expect("sense data")
 }
@@ -70,9 +58,9 @@ async fn write_then_read_round_trips() {
     let d = mem_device();
     let n = nexus(1);
     let data: Vec<u8> = (0..4 * BS).map(|i| i as u8).collect();
-    let r = run(&d, &n, &write10(10, 4), 4 * BS, &data).await;
+    let r = run(&d, &n, &write10_cdb(10, 4), 4 * BS, &data).await;
     assert_eq!((r.status, r.residual), (0, Residual::None));
-    let r = run(&d, &n, &read10(10, 4), 4 * BS, &[]).await;
+    let r = run(&d, &n, &read10_cdb(10, 4), 4 * BS, &[]).await;
     assert_eq!(r.status, 0);
     assert_eq!(&r.data_in[..], &data[..]);
 }
@@ -81,13 +69,13 @@ async fn write_then_read_round_trips() {
 async fn read_residuals_follow_rfc7143() {
     let d = mem_device();
     let n = nexus(1);
-    let r = run(&d, &n, &read10(0, 1), 0, &[]).await;
+    let r = run(&d, &n, &read10_cdb(0, 1), 0, &[]).await;
     assert_eq!((r.status, r.residual, r.data_in.len()), (0, Residual::Overflow(BS), 0));
-    let r = run(&d, &n, &read10(0, 1), 10000, &[]).await;
+    let r = run(&d, &n, &read10_cdb(0, 1), 10000, &[]).await;
     assert_eq!((r.status, r.residual, r.data_in.len()), (0, Residual::Underflow(10000 - BS), BS as usize));
-    let r = run(&d, &n, &read10(0, 1), 200, &[]).await;
+    let r = run(&d, &n, &read10_cdb(0, 1), 200, &[]).await;
     assert_eq!((r.status, r.residual, r.data_in.len()), (0, Residual::Overflow(BS - 200), 200));
-    let r = run(&d, &n, &read10(0, 2), BS, &[]).await;
+    let r = run(&d, &n, &read10_cdb(0, 2), BS, &[]).await;
     assert_eq!((r.status, r.residual, r.data_in.len()), (0, Residual::Overflow(BS), BS as usize));
 }
 
@@ -97,22 +85,22 @@ async fn write_with_edtl_shorter_than_cdb_writes_whole_blocks_and_reports_overfl
     let n = nexus(1);
     let a = vec![b'a'; 2 * BS as usize];
     // EDTL 0: GOOD, nothing written, the whole block is overflow.
-    run(&d, &n, &write10(0, 2), 2 * BS, &a).await;
-    let r = run(&d, &n, &write10(0, 1), 0, &[]).await;
+    run(&d, &n, &write10_cdb(0, 2), 2 * BS, &a).await;
+    let r = run(&d, &n, &write10_cdb(0, 1), 0, &[]).await;
     assert_eq!((r.status, r.residual), (0, Residual::Overflow(BS)));
     // EDTL 200 of a 512-byte block: a partial block is never written.
-    let r = run(&d, &n, &write10(0, 1), 200, &[b'b'; 200]).await;
+    let r = run(&d, &n, &write10_cdb(0, 1), 200, &[b'b'; 200]).await;
     assert_eq!((r.status, r.residual), (0, Residual::Overflow(BS - 200)));
-    let r = run(&d, &n, &read10(0, 2), 2 * BS, &[]).await;
+    let r = run(&d, &n, &read10_cdb(0, 2), 2 * BS, &[]).await;
     assert!(r.data_in.iter().all(|&b| b == b'a'));
     // Two blocks with EDTL of one: the first is written, the second untouched.
     for wv in [0x2a, 0x2e] {
-        run(&d, &n, &write10(0, 2), 2 * BS, &a).await;
-        let mut cdb = write10(0, 2);
+        run(&d, &n, &write10_cdb(0, 2), 2 * BS, &a).await;
+        let mut cdb = write10_cdb(0, 2);
         cdb[0] = wv;
         let r = run(&d, &n, &cdb, BS, &vec![b'b'; BS as usize]).await;
         assert_eq!((r.status, r.residual), (0, Residual::Overflow(BS)), "opcode {wv:#x}");
-        let r = run(&d, &n, &read10(0, 2), 2 * BS, &[]).await;
+        let r = run(&d, &n, &read10_cdb(0, 2), 2 * BS, &[]).await;
         assert!(r.data_in[..BS as usize].iter().all(|&b| b == b'b'));
         assert!(r.data_in[BS as usize..].iter().all(|&b| b == b'a'));
     }
@@ -122,10 +110,10 @@ async fn write_with_edtl_shorter_than_cdb_writes_whole_blocks_and_reports_overfl
 async fn write_with_edtl_longer_than_cdb_writes_only_the_cdb_length() {
     let d = mem_device();
     let n = nexus(1);
-    run(&d, &n, &write10(0, 2), 2 * BS, &vec![b'a'; 2 * BS as usize]).await;
-    let r = run(&d, &n, &write10(0, 1), 2 * BS, &vec![b'c'; 2 * BS as usize]).await;
+    run(&d, &n, &write10_cdb(0, 2), 2 * BS, &vec![b'a'; 2 * BS as usize]).await;
+    let r = run(&d, &n, &write10_cdb(0, 1), 2 * BS, &vec![b'c'; 2 * BS as usize]).await;
     assert_eq!((r.status, r.residual), (0, Residual::Underflow(BS)));
-    let r = run(&d, &n, &read10(0, 2), 2 * BS, &[]).await;
+    let r = run(&d, &n, &read10_cdb(0, 2), 2 * BS, &[]).await;
     assert!(r.data_in[..BS as usize].iter().all(|&b| b == b'c'));
     assert!(r.data_in[BS as usize..].iter().all(|&b| b == b'a'));
 }
@@ -165,12 +153,12 @@ async fn write_same10_of_zero_blocks_with_unmap_unmaps_to_the_end_whatever_the_d
     let n = nexus(1);
     for i in [1u32, 7, 256] {
         let lba = NB as u32 - i;
-        run(&d, &n, &write10(lba, i as u16), i * BS, &vec![0xff; (i * BS) as usize]).await;
+        run(&d, &n, &write10_cdb(lba, i as u16), i * BS, &vec![0xff; (i * BS) as usize]).await;
         let mut ws = [0x41, 0x08, 0, 0, 0, 0, 0, 0, 0, 0];
         ws[2..6].copy_from_slice(&lba.to_be_bytes());
         let r = run(&d, &n, &ws, BS, &[0xff; BS as usize]).await;
         assert_eq!(r.status, 0);
-        let r = run(&d, &n, &read10(lba, i as u16), i * BS, &[]).await;
+        let r = run(&d, &n, &read10_cdb(lba, i as u16), i * BS, &[]).await;
         assert!(r.data_in.iter().all(|&b| b == 0), "{i} blocks");
     }
 }
@@ -201,13 +189,13 @@ async fn lun_reset_spares_the_resetting_nexus_the_unit_attention() {
 async fn zero_length_transfers_and_read6_256() {
     let d = mem_device();
     let n = nexus(1);
-    let r = run(&d, &n, &read10(0, 0), 0, &[]).await;
+    let r = run(&d, &n, &read10_cdb(0, 0), 0, &[]).await;
     assert_eq!((r.status, r.residual), (0, Residual::None));
-    let r = run(&d, &n, &read10(NB as u32 + 1, 0), 0, &[]).await;
+    let r = run(&d, &n, &read10_cdb(NB as u32 + 1, 0), 0, &[]).await;
     assert_eq!(sense(&r), (ILLEGAL, 0x21, 0));
     let r = run(&d, &n, &[0x08, 0, 0, 0, 0, 0], 256 * BS, &[]).await;
     assert_eq!((r.status, r.data_in.len()), (0, 256 * BS as usize));
-    let r = run(&d, &n, &write10(0, 0), 0, &[]).await;
+    let r = run(&d, &n, &write10_cdb(0, 0), 0, &[]).await;
     assert_eq!(r.status, 0);
 }
 
@@ -216,9 +204,10 @@ async fn beyond_end_is_lba_out_of_range() {
     let d = mem_device();
     let n = nexus(1);
     for (lba, blocks) in [(NB as u32, 1u16), (NB as u32 - 1, 2), (u32::MAX, 1), (0x8000_0000, 1)] {
-        let r = run(&d, &n, &read10(lba, blocks), u32::from(blocks) * BS, &[]).await;
+        let r = run(&d, &n, &read10_cdb(lba, blocks), u32::from(blocks) * BS, &[]).await;
         assert_eq!(sense(&r), (ILLEGAL, 0x21, 0), "lba {lba}");
-        let r = run(&d, &n, &write10(lba, blocks), u32::from(blocks) * BS, &vec![0; usize::from(blocks) * 512]).await;
+        let r =
+            run(&d, &n, &write10_cdb(lba, blocks), u32::from(blocks) * BS, &vec![0; usize::from(blocks) * 512]).await;
         assert_eq!(sense(&r), (ILLEGAL, 0x21, 0), "lba {lba}");
     }
 }
@@ -250,9 +239,9 @@ async fn block_limits_report_and_enforce_the_configured_transfer_length() {
     let blocks = 2048u32.to_be_bytes();
     assert_eq!(&r.data_in[8..12], &blocks, "MAXIMUM TRANSFER LENGTH");
     assert_eq!(&r.data_in[16..20], &blocks, "MAXIMUM PREFETCH LENGTH");
-    let r = run(&d, &n, &read10(0, 2048), 1 << 20, &[]).await;
+    let r = run(&d, &n, &read10_cdb(0, 2048), 1 << 20, &[]).await;
     assert_eq!(r.status, 0);
-    let r = run(&d, &n, &read10(0, 2049), (1 << 20) + 512, &[]).await;
+    let r = run(&d, &n, &read10_cdb(0, 2049), (1 << 20) + 512, &[]).await;
     assert_eq!(sense(&r), (ILLEGAL, 0x24, 0));
 }
 
@@ -284,7 +273,7 @@ async fn inquiry_standard_vpd_and_missing_lun() {
     c.lun = 5;
     let r = d.execute(&n, c).await;
     assert_eq!((r.status, r.data_in[0]), (0, 0x7f));
-    let mut c = cmd(&read10(0, 1), 512, &[]);
+    let mut c = cmd(&read10_cdb(0, 1), 512, &[]);
     c.lun = 5;
     assert_eq!(sense(&d.execute(&n, c).await), (ILLEGAL, 0x25, 0));
 }
@@ -392,7 +381,7 @@ async fn reserve6_conflicts_for_others_and_goes_with_the_session_or_reset() {
     assert_eq!(run(&d, &b, &[0x17, 0, 0, 0, 0, 0], 0, &[]).await.status, 0);
     assert_eq!(run(&d, &b, &[0x1a, 0, 0x3f, 0, 255, 0], 255, &[]).await.status, 0x18);
     assert_eq!(run(&d, &b, &[0x12, 0, 0, 0, 36, 0], 36, &[]).await.status, 0);
-    assert_eq!(run(&d, &a, &read10(0, 1), 512, &[]).await.status, 0);
+    assert_eq!(run(&d, &a, &read10_cdb(0, 1), 512, &[]).await.status, 0);
     d.nexus_removed(&a);
     assert_eq!(run(&d, &b, &[0x16, 0, 0, 0, 0, 0], 0, &[]).await.status, 0);
     assert_eq!(run(&d, &a, &[0x16, 0, 0, 0, 0, 0], 0, &[]).await.status, 0x18);
@@ -420,9 +409,9 @@ async fn persistent_reservation_write_exclusive_blocks_other_writers_only() {
     assert_eq!(run(&d, &b, &prout(6, 0), 24, &prout_params(0, 0xbb)).await.status, 0);
     assert_eq!(run(&d, &a, &prout(1, 1), 24, &prout_params(0xaa, 0)).await.status, 0);
     let blk = vec![1u8; 512];
-    assert_eq!(run(&d, &a, &write10(0, 1), 512, &blk).await.status, 0);
-    assert_eq!(run(&d, &b, &read10(0, 1), 512, &[]).await.status, 0);
-    assert_eq!(run(&d, &b, &write10(0, 1), 512, &blk).await.status, 0x18);
+    assert_eq!(run(&d, &a, &write10_cdb(0, 1), 512, &blk).await.status, 0);
+    assert_eq!(run(&d, &b, &read10_cdb(0, 1), 512, &[]).await.status, 0);
+    assert_eq!(run(&d, &b, &write10_cdb(0, 1), 512, &blk).await.status, 0x18);
     // READ RESERVATION shows a's key and type 1.
     let r = run(&d, &b, &[0x5e, 1, 0, 0, 0, 0, 0, 0, 255, 0], 255, &[]).await;
     assert_eq!(&r.data_in[4..24], &[0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0xaa, 0, 0, 0, 0, 0, 1, 0, 0]);
@@ -430,9 +419,9 @@ async fn persistent_reservation_write_exclusive_blocks_other_writers_only() {
     d.nexus_added(&a);
     run(&d, &a, &[0, 0, 0, 0, 0, 0], 0, &[]).await;
     assert_eq!(run(&d, &b, &prout(4, 3), 24, &prout_params(0xbb, 0xaa)).await.status, 0);
-    let r = run(&d, &a, &read10(0, 1), 512, &[]).await;
+    let r = run(&d, &a, &read10_cdb(0, 1), 512, &[]).await;
     assert_eq!(sense(&r), (0x06, 0x2a, 0x05));
-    assert_eq!(run(&d, &a, &read10(0, 1), 512, &[]).await.status, 0x18);
+    assert_eq!(run(&d, &a, &read10_cdb(0, 1), 512, &[]).await.status, 0x18);
     let r = run(&d, &a, &[0x5e, 0, 0, 0, 0, 0, 0, 0, 255, 0], 255, &[]).await;
     assert_eq!(&r.data_in[4..16], &[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0xbb]);
     // RESERVE(6) while registrations exist conflicts; PR IN REPORT CAPABILITIES is always allowed.
@@ -443,14 +432,14 @@ async fn persistent_reservation_write_exclusive_blocks_other_writers_only() {
     let r = run(&d, &b, &[0x5f, 3, 0, 0, 0, 0, 0, 0, 20, 0], 20, &prout_params(0xbb, 0)[..20]).await;
     assert_eq!(sense(&r), (ILLEGAL, 0x1a, 0));
     assert_eq!(run(&d, &b, &prout(3, 0), 24, &prout_params(0xbb, 0)).await.status, 0);
-    assert_eq!(run(&d, &a, &write10(0, 1), 512, &blk).await.status, 0);
+    assert_eq!(run(&d, &a, &write10_cdb(0, 1), 512, &blk).await.status, 0);
 }
 
 #[tokio::test]
 async fn compare_and_write_miscompare_reports_offset() {
     let d = mem_device();
     let n = nexus(1);
-    run(&d, &n, &write10(3, 1), 512, &[7u8; 512]).await;
+    run(&d, &n, &write10_cdb(3, 1), 512, &[7u8; 512]).await;
     let caw = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 1, 0, 0];
     let mut data = vec![7u8; 512];
     data[100] = 8;
@@ -460,7 +449,7 @@ async fn compare_and_write_miscompare_reports_offset() {
     assert_eq!(&r.sense.as_ref().unwrap()[3..7], &100u32.to_be_bytes());
     data[100] = 7;
     assert_eq!(run(&d, &n, &caw, 1024, &data).await.status, 0);
-    let r = run(&d, &n, &read10(3, 1), 512, &[]).await;
+    let r = run(&d, &n, &read10_cdb(3, 1), 512, &[]).await;
     assert!(r.data_in.iter().all(|&b| b == 9));
     // Data-out not exactly twice the blocks is refused.
     assert_eq!(run(&d, &n, &caw, 2048, &[0u8; 2048]).await.status, 2);
@@ -541,7 +530,7 @@ async fn compare_and_write_is_atomic_against_concurrent_writes() {
     let caw8 = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0];
     for round in 0..200u32 {
         let a = vec![0xaa; 4096];
-        run(&d, &nexus(1), &write10(0, 8), 4096, &a).await;
+        run(&d, &nexus(1), &write10_cdb(0, 8), 4096, &a).await;
         let d1 = Arc::clone(&d);
         let caw = tokio::spawn(async move {
             let mut data = vec![0xaa; 4096];
@@ -549,10 +538,10 @@ async fn compare_and_write_is_atomic_against_concurrent_writes() {
             run(&d1, &nexus(1), &caw8, 8192, &data).await.status
         });
         let d2 = Arc::clone(&d);
-        let w = tokio::spawn(async move { run(&d2, &nexus(2), &write10(0, 8), 4096, &[0xcc; 4096]).await.status });
+        let w = tokio::spawn(async move { run(&d2, &nexus(2), &write10_cdb(0, 8), 4096, &[0xcc; 4096]).await.status });
         let (s1, s2) = (caw.await.unwrap(), w.await.unwrap());
         assert_eq!(s2, 0);
-        let r = run(&d, &nexus(1), &read10(0, 8), 4096, &[]).await;
+        let r = run(&d, &nexus(1), &read10_cdb(0, 8), 4096, &[]).await;
         let first = r.data_in[0];
         assert!(r.data_in.iter().all(|&b| b == first), "torn result in round {round}");
         if s1 == 0 {
@@ -564,7 +553,7 @@ async fn compare_and_write_is_atomic_against_concurrent_writes() {
     }
     // Counter increments by CAW from many tasks: none is lost.
     let zero = vec![0u8; 512];
-    run(&d, &nexus(1), &write10(0, 1), 512, &zero).await;
+    run(&d, &nexus(1), &write10_cdb(0, 1), 512, &zero).await;
     let caw1 = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0];
     let mut tasks = Vec::new();
     for t in 0..4u64 {
@@ -572,7 +561,7 @@ async fn compare_and_write_is_atomic_against_concurrent_writes() {
         tasks.push(tokio::spawn(async move {
             let mut done = 0;
             while done < 25 {
-                let cur = run(&d, &nexus(t), &read10(0, 1), 512, &[]).await.data_in;
+                let cur = run(&d, &nexus(t), &read10_cdb(0, 1), 512, &[]).await.data_in;
                 let v = u64::from_be_bytes(cur[..8].try_into().unwrap());
                 let mut data = cur.to_vec();
                 let mut next = vec![0u8; 512];
@@ -587,7 +576,7 @@ async fn compare_and_write_is_atomic_against_concurrent_writes() {
     for t in tasks {
         t.await.unwrap();
     }
-    let cur = run(&d, &nexus(1), &read10(0, 1), 512, &[]).await.data_in;
+    let cur = run(&d, &nexus(1), &read10_cdb(0, 1), 512, &[]).await.data_in;
     assert_eq!(u64::from_be_bytes(cur[..8].try_into().unwrap()), 100);
 }
 
@@ -595,8 +584,8 @@ async fn compare_and_write_is_atomic_against_concurrent_writes() {
 async fn verify_bytchk_compares_and_reports_miscompare() {
     let d = mem_device();
     let n = nexus(1);
-    run(&d, &n, &write10(0, 2), 1024, &[5u8; 1024]).await;
-    let mut v = read10(0, 2);
+    run(&d, &n, &write10_cdb(0, 2), 1024, &[5u8; 1024]).await;
+    let mut v = read10_cdb(0, 2);
     v[0] = 0x2f;
     v[1] = 0x02;
     assert_eq!(run(&d, &n, &v, 1024, &[5u8; 1024]).await.status, 0);
@@ -613,14 +602,14 @@ async fn verify_bytchk_compares_and_reports_miscompare() {
 async fn unmap_write_same_and_get_lba_status() {
     let d = mem_device();
     let n = nexus(1);
-    run(&d, &n, &write10(0, 256), 256 * 512, &vec![0xff; 256 * 512]).await;
+    run(&d, &n, &write10_cdb(0, 256), 256 * 512, &vec![0xff; 256 * 512]).await;
     let mut p = vec![0, 22, 0, 16, 0, 0, 0, 0];
     p.extend_from_slice(&0u64.to_be_bytes());
     p.extend_from_slice(&2048u32.to_be_bytes());
     p.extend_from_slice(&[0; 4]);
     let r = run(&d, &n, &[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0], 24, &p).await;
     assert_eq!(r.status, 0);
-    let r = run(&d, &n, &read10(0, 4), 2048, &[]).await;
+    let r = run(&d, &n, &read10_cdb(0, 4), 2048, &[]).await;
     assert!(r.data_in.iter().all(|&b| b == 0));
     let r = run(&d, &n, &[0x9e, 0x12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 24, 0, 0], 24, &[]).await;
     assert_eq!((r.status, r.data_in[20]), (0, 1), "deallocated");
@@ -634,12 +623,12 @@ async fn unmap_write_same_and_get_lba_status() {
     // WRITE SAME(10) of 16 blocks of 0x5a, then with UNMAP and zeros.
     let ws = [0x41, 0, 0, 0, 0, 8, 0, 0, 16, 0];
     assert_eq!(run(&d, &n, &ws, 512, &[0x5a; 512]).await.status, 0);
-    let r = run(&d, &n, &read10(8, 16), 16 * 512, &[]).await;
+    let r = run(&d, &n, &read10_cdb(8, 16), 16 * 512, &[]).await;
     assert!(r.data_in.iter().all(|&b| b == 0x5a));
     let mut wsu = ws;
     wsu[1] = 0x08;
     assert_eq!(run(&d, &n, &wsu, 512, &[0; 512]).await.status, 0);
-    let r = run(&d, &n, &read10(8, 16), 16 * 512, &[]).await;
+    let r = run(&d, &n, &read10_cdb(8, 16), 16 * 512, &[]).await;
     assert!(r.data_in.iter().all(|&b| b == 0));
     // Wrong data-out size and ANCHOR are refused.
     assert_eq!(run(&d, &n, &ws, 1024, &[0x5a; 1024]).await.status, 2);
@@ -675,7 +664,7 @@ async fn sync_cache_flushes_file_device_and_checks_range() {
     let f = FileDev::open(&dir.path().join("lun"), Some(1 << 20), 512).unwrap();
     let d = Device::new(vec![Arc::new(LogicalUnit::new(Arc::new(f), LuConfig::default()))]);
     let n = nexus(1);
-    let mut w = write10(1, 1);
+    let mut w = write10_cdb(1, 1);
     w[1] = 0x08;
     assert_eq!(run(&d, &n, &w, 512, &[3; 512]).await.status, 0);
     assert_eq!(run(&d, &n, &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], 0, &[]).await.status, 0);
@@ -686,18 +675,18 @@ async fn sync_cache_flushes_file_device_and_checks_range() {
 #[tokio::test]
 async fn expected_data_out_follows_the_cdb() {
     let d = mem_device();
-    assert_eq!(d.expected_data_out(0, &write10(0, 3)), Some(1536));
-    assert_eq!(d.expected_data_out(0, &read10(0, 3)), None);
+    assert_eq!(d.expected_data_out(0, &write10_cdb(0, 3)), Some(1536));
+    assert_eq!(d.expected_data_out(0, &read10_cdb(0, 3)), None);
     assert_eq!(d.expected_data_out(0, &[0x89, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0]), Some(2048));
     assert_eq!(d.expected_data_out(0, &[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0]), Some(24));
-    assert_eq!(d.expected_data_out(1, &write10(0, 3)), None);
+    assert_eq!(d.expected_data_out(1, &write10_cdb(0, 3)), None);
 }
 
 #[tokio::test]
 async fn read_only_lun_refuses_writes_with_write_protected() {
     let cfg = LuConfig { read_only: true, ..LuConfig::default() };
     let d = Device::new(vec![Arc::new(LogicalUnit::new(Arc::new(MemDev::new(512, 64)), cfg))]);
-    let r = run(&d, &nexus(1), &write10(0, 1), 512, &[0; 512]).await;
+    let r = run(&d, &nexus(1), &write10_cdb(0, 1), 512, &[0; 512]).await;
     assert_eq!(sense(&r), (0x07, 0x27, 0));
     let r = run(&d, &nexus(1), &[0x1a, 0, 0x3f, 0, 255, 0], 255, &[]).await;
     assert_eq!(r.data_in[2] & 0x80, 0x80);
@@ -855,10 +844,10 @@ async fn four_k_write_same_takes_one_4096_byte_block_and_repeats_it() {
     assert_eq!(sense(&run(&d, &n, &ws, 512, &block[..512]).await), (ILLEGAL, 0x0e, 0x03));
     let r = run(&d, &n, &ws, BS4K, &block).await;
     assert_eq!((r.status, r.residual), (0, Residual::None));
-    let r = run(&d, &n, &read10(4, 3), 3 * BS4K, &[]).await;
+    let r = run(&d, &n, &read10_cdb(4, 3), 3 * BS4K, &[]).await;
     assert!(r.data_in.chunks(BS4K as usize).all(|c| c == &block[..]));
     assert_eq!(d.expected_data_out(0, &ws), Some(4096));
-    assert_eq!(d.expected_data_out(0, &write10(0, 3)), Some(3 * 4096));
+    assert_eq!(d.expected_data_out(0, &write10_cdb(0, 3)), Some(3 * 4096));
     assert_eq!(d.expected_data_out(0, &[0x89, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0]), Some(4 * 4096));
 }
 
@@ -867,7 +856,7 @@ async fn four_k_compare_and_write_verify_and_orwrite_work_in_4096_byte_blocks() 
     let d = device_4k(Arc::new(MemDev::new(BS4K, 1024)), MAX_TRANSFER_BYTES);
     let n = nexus(1);
     let bs = BS4K as usize;
-    run(&d, &n, &write10(10, 2), 2 * BS4K, &vec![0x11; 2 * bs]).await;
+    run(&d, &n, &write10_cdb(10, 2), 2 * BS4K, &vec![0x11; 2 * bs]).await;
     // COMPARE AND WRITE of two blocks: 8 KiB to compare, 8 KiB to write; the miscompare
     // offset counts bytes into the second block.
     let caw = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 2, 0, 0];
@@ -882,7 +871,7 @@ async fn four_k_compare_and_write_verify_and_orwrite_work_in_4096_byte_blocks() 
     // Sized for 512-byte blocks: refused.
     assert_eq!(sense(&run(&d, &n, &caw, 4 * 512, &data[..4 * 512]).await), (ILLEGAL, 0x24, 0));
     // VERIFY(10) with BYTCHK: 8 KiB compared, a miscompare in the second block reported.
-    let mut v = read10(10, 2);
+    let mut v = read10_cdb(10, 2);
     v[0] = 0x2f;
     v[1] = 0x02;
     let mut want = vec![0x22; 2 * bs];
@@ -896,7 +885,7 @@ async fn four_k_compare_and_write_verify_and_orwrite_work_in_4096_byte_blocks() 
     or[0] = 0x8b;
     let r = run(&d, &n, &or, 2 * BS4K, &vec![0x44; 2 * bs]).await;
     assert_eq!((r.status, r.residual), (0, Residual::None));
-    let r = run(&d, &n, &read10(10, 2), 2 * BS4K, &[]).await;
+    let r = run(&d, &n, &read10_cdb(10, 2), 2 * BS4K, &[]).await;
     assert!(r.data_in.iter().all(|&b| b == 0x66));
 }
 
@@ -923,12 +912,12 @@ async fn four_k_compare_and_write_length_fits_one_transfer() {
 async fn four_k_unmap_and_get_lba_status_count_4096_byte_blocks() {
     let d = device_4k(Arc::new(MemDev::new(BS4K, 1024)), MAX_TRANSFER_BYTES);
     let n = nexus(1);
-    run(&d, &n, &write10(0, 512), 512 * BS4K, &vec![0xff; 512 * BS4K as usize]).await;
+    run(&d, &n, &write10_cdb(0, 512), 512 * BS4K, &vec![0xff; 512 * BS4K as usize]).await;
     // 256 blocks of 4096 bytes are 1 MiB, the memory device's allocation unit.
     let p = stics_sam::data::unmap_parameters(&[(256, 256)]);
     let r = run(&d, &n, &stics_sam::cdb::unmap(1), p.len() as u32, &p).await;
     assert_eq!(r.status, 0);
-    let r = run(&d, &n, &read10(255, 2), 2 * BS4K, &[]).await;
+    let r = run(&d, &n, &read10_cdb(255, 2), 2 * BS4K, &[]).await;
     assert!(r.data_in[..BS4K as usize].iter().all(|&b| b == 0xff));
     assert!(r.data_in[BS4K as usize..].iter().all(|&b| b == 0));
     let r = run(&d, &n, &[0x9e, 0x12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 56, 0, 0], 56, &[]).await;
@@ -963,48 +952,12 @@ proptest! {
     }
 }
 
-/// A memory device whose reset count a test moves, optionally during a write.
-struct Resetting {
-    mem: MemDev,
-    resets: std::sync::atomic::AtomicU64,
-    during_write: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait]
-impl BlockDev for Resetting {
-    fn geometry(&self) -> Geometry {
-        self.mem.geometry()
-    }
-    fn volatile_cache(&self) -> bool {
-        true
-    }
-    fn resets(&self) -> u64 {
-        self.resets.load(std::sync::atomic::Ordering::SeqCst)
-    }
-    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
-        self.mem.read(lba, blocks).await
-    }
-    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
-        if self.during_write.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            self.resets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-        self.mem.write(lba, data, fua).await
-    }
-    async fn flush(&self) -> Result<(), BlockError> {
-        Ok(())
-    }
-}
-
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_device_that_lost_its_volatile_cache_is_reported_as_a_reset_to_every_session() {
     // A cache in write-through mode passes its remote's resets on: an initiator must not count
     // on a flush to cover writes the remote may have lost before it.
-    use std::sync::atomic::Ordering::SeqCst;
-    let dev = Arc::new(Resetting {
-        mem: MemDev::new(BS, NB),
-        resets: std::sync::atomic::AtomicU64::new(5),
-        during_write: std::sync::atomic::AtomicBool::new(false),
-    });
+    let dev = Arc::new(FaultDev::new(BS, NB, 1));
+    assert!(dev.volatile_cache());
     let d = Device::new(vec![Arc::new(LogicalUnit::new(dev.clone(), LuConfig::default()))]);
     let (a, b) = (nexus(1), nexus(2));
     for n in [&a, &b] {
@@ -1014,16 +967,21 @@ async fn a_device_that_lost_its_volatile_cache_is_reported_as_a_reset_to_every_s
     }
     let ua = |r: &Response| r.sense.as_deref().and_then(Sense::parse);
     let reset = Some(Sense::unit_attention(sense::asc::POWER_ON_RESET));
-    dev.resets.fetch_add(1, SeqCst);
+    dev.power_cycle();
     for n in [&a, &b] {
         let r = run(&d, n, &[0; 6], 0, &[]).await;
         assert_eq!(ua(&r), reset, "every session learns of the reset");
         assert_eq!(run(&d, n, &[0; 6], 0, &[]).await.status, 0, "once");
     }
     // A reset while a write runs: the write's answer is the unit attention.
-    dev.during_write.store(true, SeqCst);
-    let r = run(&d, &a, &write10(0, 1), 512, &[7; 512]).await;
+    dev.add_rule(Rule::delay(Op::Write, Duration::from_millis(100)).times(1));
+    let cycle = async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        dev.power_cycle();
+    };
+    let w = write10_cdb(0, 1);
+    let (r, ()) = tokio::join!(run(&d, &a, &w, 512, &[7; 512]), cycle);
     assert_eq!(ua(&r), reset, "the write may rest on what was lost");
     assert_eq!(ua(&run(&d, &b, &[0; 6], 0, &[]).await), reset, "and the other session learns too");
-    assert_eq!(run(&d, &a, &write10(0, 1), 512, &[7; 512]).await.status, 0, "sent again, it succeeds");
+    assert_eq!(run(&d, &a, &write10_cdb(0, 1), 512, &[7; 512]).await.status, 0, "sent again, it succeeds");
 }

@@ -414,7 +414,7 @@ async fn lun_reset_aborts_the_waiting_writes_of_other_sessions() {
     assert_eq!(a.task_mgmt(tmf::LOGICAL_UNIT_RESET, 0, RESERVED_TAG, 0).await.response, tmf::FUNCTION_COMPLETE);
     // The data B sends afterwards belongs to an aborted task: it is dropped, nothing answers.
     let d = DataOut { final_: true, itt: h.itt, ttt: r2t.ttt, ..Default::default() };
-    b.send(Pdu::new(d, Bytes::from(ramp(9, 4096)))).await;
+    b.send(Pdu::new(d, ramp(9, 4096))).await;
     // B learns of the reset from a unit attention; the resetting session does not get one.
     let (status, _, sense) = b.run(&[0u8; 6], 0, &[], 0, 0).await;
     assert_eq!(status, 2);

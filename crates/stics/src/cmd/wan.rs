@@ -118,7 +118,7 @@ impl LinkArgs {
             queue_bytes: match self.queue.as_deref() {
                 None => None,
                 Some("default") => Some(None),
-                Some(q) => Some(Some(params::parse_size(q)?)),
+                Some(q) => Some(Some(stics_units::parse_size_within(q, 0..=params::MAX_QUEUE_BYTES, 1)?)),
             },
             background_pct: self.background.as_deref().map(params::parse_load).transpose()?,
             cc: self.cc.as_deref().map(Cc::parse).transpose()?,

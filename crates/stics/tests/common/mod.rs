@@ -235,7 +235,7 @@ impl Export {
 
     /// SIGTERM: the export stops and unmounts.
     pub fn stop(&mut self) {
-        assert!(self.proc.signal("TERM"));
+        assert!(self.proc.signal(libc::SIGTERM));
         if self.proc.wait_exit(Duration::from_secs(20)).is_none() {
             let loops = Command::new("losetup").arg("-a").output().map(|o| o.stdout).unwrap_or_default();
             panic!(
@@ -264,8 +264,73 @@ impl Drop for Export {
 }
 
 /// The contents of file `i` of the disaster test.
-pub fn file_data(i: u64) -> Vec<u8> {
+pub fn file_data(i: u64) -> bytes::Bytes {
     stics_testkit::pattern::noise(i, 1000 + (i as usize * 7919) % 60_000)
+}
+
+/// Where file `i` of the disaster test lives under the file system at `fs`.
+fn file_path(fs: &Path, i: u64) -> PathBuf {
+    fs.join(format!("d{}/f{i}", i % 10))
+}
+
+/// Files `files` of the disaster test, written under `fs` (the first batch also makes their
+/// directories).
+pub fn write_files(fs: &Path, files: std::ops::Range<u64>) {
+    if files.start == 0 {
+        for d in 0..10 {
+            std::fs::create_dir(fs.join(format!("d{d}"))).unwrap();
+        }
+    }
+    for i in files {
+        std::fs::write(file_path(fs, i), file_data(i)).unwrap();
+    }
+}
+
+/// The disaster test's start: ext4 made on the gateway's LUN at `port` (exported as `dir/gw`)
+/// and mounted, the first batch of files written, synced and destaged, which the survivor must
+/// hold whole.
+pub fn first_batch_destaged(port: u16, metrics: u16, dir: &Path) -> Export {
+    let mut e = Export::start(&url(port), dir, "gw");
+    e.mkfs();
+    e.mount_fs("");
+    write_files(&e.fs, 0..300);
+    run_ok(Command::new("sync").arg("-f").arg(&e.fs));
+    wait_clean(metrics, Duration::from_secs(120));
+    e
+}
+
+/// The disaster test's survivor: the ext4 on `lun`, mounted (as `dir/NAME`) from what `what`
+/// left, must hold the destaged batch whole ([`files_left`]) and fsck clean. Returns how many of
+/// the 610 files are whole and how many empty.
+pub fn survivor_files(lun: &str, dir: &Path, name: &str, what: &str) -> (u32, u32) {
+    let mut r = Export::start(lun, dir, name);
+    r.mount_fs("");
+    let (whole, empty) = files_left(&r.fs);
+    assert!(whole >= 300, "{what}: the destaged batch is whole: {whole} files whole, {empty} empty");
+    r.umount_fs();
+    r.fsck_clean(what);
+    r.stop();
+    (whole, empty)
+}
+
+/// The disaster test's 610 files as the file system at `fs` holds them after the disaster:
+/// each holds what was written to it or nothing yet (ext4 orders data before the metadata that
+/// makes it reachable), and the first 300, destaged before it, are all there. Returns how many
+/// are whole and how many empty.
+fn files_left(fs: &Path) -> (u32, u32) {
+    let (mut whole, mut empty) = (0, 0);
+    for i in 0..610 {
+        match std::fs::read(file_path(fs, i)) {
+            Ok(d) if d.is_empty() => empty += 1,
+            Ok(d) => {
+                assert!(d == file_data(i), "file {i} holds {} bytes of something else", d.len());
+                whole += 1;
+            }
+            Err(e) if i >= 300 && e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("file {i} of the destaged batch: {e}"),
+        }
+    }
+    (whole, empty)
 }
 
 /// Polls a gateway's `/status` until `ready` holds of it; fails after `limit`.

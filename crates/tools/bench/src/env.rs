@@ -9,6 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use stics_procs::Guard;
 
 use crate::{Error, Result};
 
@@ -142,7 +143,7 @@ impl Bench {
             let _live = live();
             cmd.stdin(Stdio::null()).stdout(f.try_clone()?).stderr(f).spawn().map_err(|e| spawn_error(cmd, &e))?
         };
-        Ok(Proc { child: Some(child), name: name.to_owned(), log })
+        Ok(Proc { guard: Guard::new(child), name: name.to_owned(), log })
     }
 
     /// A progress bar of `len` steps for `what`, drawn only on a terminal.
@@ -176,47 +177,25 @@ pub struct Output {
     pub cpu_secs: f64,
 }
 
-/// A background process, killed (SIGKILL, by PID) and reaped when dropped.
+/// A background process with its name and log, killed (SIGKILL, by PID) and reaped when dropped;
+/// its [`Guard`]'s methods (`pid`, `signal`, `stop`, `kill`, `cpu_secs`) are its own.
 #[derive(Debug)]
 pub struct Proc {
-    child: Option<Child>,
+    guard: Guard,
     name: String,
     log: PathBuf,
 }
 
 impl Proc {
-    /// The PID, or 0 once it is gone.
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, Child::id)
-    }
-
     pub fn log(&self) -> &Path {
         &self.log
     }
 
-    /// User + system CPU seconds it has used so far.
-    pub fn cpu_secs(&self) -> f64 {
-        proc_cpu(self.pid()).unwrap_or(f64::NAN)
-    }
-
-    /// Sends `signal` (libc number) to it.
-    pub fn signal(&self, signal: i32) -> bool {
-        let pid = self.pid();
-        if pid == 0 {
-            return false;
-        }
-        let Ok(pid) = i32::try_from(pid) else { return false };
-        // SAFETY: kill(2) on a child we spawned and have not reaped, so its PID is still ours.
-        unsafe { libc::kill(pid, signal) == 0 }
-    }
-
     /// Fails with the end of its log if it has exited.
     pub fn check(&mut self) -> Result<()> {
-        if let Some(c) = self.child.as_mut() {
-            if let Ok(Some(st)) = c.try_wait() {
-                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-                return Err(Error::Command { command: self.name.clone(), status: st.to_string(), stderr: tail(&log) });
-            }
+        if let Some(st) = self.guard.exited() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            return Err(Error::Command { command: self.name.clone(), status: st.to_string(), stderr: tail(&log) });
         }
         Ok(())
     }
@@ -224,52 +203,32 @@ impl Proc {
     /// Waits until `ready` holds (checked every 20 ms), failing if the process exits first or
     /// `limit` passes.
     pub fn wait_until(&mut self, limit: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if ready() {
-                return Ok(());
+        let mut exited = Ok(());
+        let done = stics_procs::wait_for(limit, || {
+            ready() || {
+                exited = self.check();
+                exited.is_err()
             }
-            self.check()?;
-            if Instant::now() > deadline {
-                return Err(Error::NotReady {
-                    what: self.name.clone(),
-                    secs: limit.as_secs(),
-                    log: self.log.display().to_string(),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        });
+        exited?;
+        if done {
+            return Ok(());
         }
-    }
-
-    /// Sends `signal` and waits up to `limit` for it to exit; SIGKILL after that.
-    pub fn stop(&mut self, signal: i32, limit: Duration) {
-        self.signal(signal);
-        let deadline = Instant::now() + limit;
-        while let Some(c) = self.child.as_mut() {
-            if matches!(c.try_wait(), Ok(Some(_))) {
-                self.child = None;
-                return;
-            }
-            if Instant::now() > deadline {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.kill();
-    }
-
-    /// SIGKILL and reap.
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        Err(Error::NotReady { what: self.name.clone(), secs: limit.as_secs(), log: self.log.display().to_string() })
     }
 }
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
+impl std::ops::Deref for Proc {
+    type Target = Guard;
+
+    fn deref(&self) -> &Guard {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for Proc {
+    fn deref_mut(&mut self) -> &mut Guard {
+        &mut self.guard
     }
 }
 
@@ -445,19 +404,6 @@ fn stop_children(grace: Duration) {
     kill(libc::SIGKILL);
 }
 
-/// A TCP port on 127.0.0.1 that nothing listens on now.
-pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// True once `addr` accepts a TCP connection; a connect that opened onto its own socket (its
-/// ephemeral source port being the one asked for) does not count.
-pub fn accepts(addr: &str) -> bool {
-    let Ok(a) = addr.parse::<std::net::SocketAddr>() else { return false };
-    std::net::TcpStream::connect_timeout(&a, Duration::from_millis(200))
-        .is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok())
-}
-
 /// The full path of `tool` on the PATH.
 pub fn which(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
@@ -522,18 +468,6 @@ fn children_cpu() -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-/// CPU seconds (user + system) process `pid` has used, from /proc.
-pub fn proc_cpu(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which may hold spaces, start after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    // SAFETY: sysconf reads a constant.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    Some(ticks / hz.max(1) as f64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -558,7 +492,7 @@ mod tests {
         let mut p = b.spawn("sleeper", Command::new("sleep").arg("30")).unwrap();
         let pid = p.pid();
         assert!(p.check().is_ok());
-        assert!(proc_cpu(pid).is_some());
+        assert!(p.cpu_secs().is_some());
         drop(p);
         assert!(std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z")));
         let mut p = b.spawn("quitter", Command::new("sh").args(["-c", "echo bye; exit 1"])).unwrap();

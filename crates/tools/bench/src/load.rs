@@ -413,7 +413,7 @@ fn record(hist: &Mutex<hdrhistogram::Histogram<u64>>, local: &mut Vec<u64>) {
 }
 
 fn self_cpu() -> f64 {
-    crate::env::proc_cpu(std::process::id()).unwrap_or(f64::NAN)
+    stics_procs::child::cpu_secs_of(std::process::id()).unwrap_or(f64::NAN)
 }
 
 #[cfg(test)]

@@ -93,7 +93,7 @@ fn now_rfc3339() -> String {
 
 /// One iperf3 stream over 127.0.0.1 for 2 s, in bit/s; None when iperf3 is missing or fails.
 pub fn loopback_iperf3() -> Option<f64> {
-    let port = crate::env::free_port().ok()?;
+    let port = stics_procs::free_port().ok()?;
     let mut server = Command::new("iperf3")
         .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port.to_string()])
         .stdout(std::process::Stdio::null())

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::env::{accepts, free_port, Undo};
+use stics_procs::{accepts, free_port};
+
+use crate::env::Undo;
 use crate::{Bench, Error, Proc, Result};
 
 /// The IQN `stics bench` serves its stics targets under.
@@ -30,7 +32,7 @@ impl Target {
 
     /// CPU seconds the target has used so far.
     pub fn cpu_secs(&self) -> f64 {
-        self.proc.cpu_secs()
+        self.proc.cpu_secs().unwrap_or(f64::NAN)
     }
 
     /// `HOST:PORT` of the target's URL, as libiscsi's tools and qemu's iscsi driver take it.

@@ -3,6 +3,7 @@ use crate::readcache::Policy;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use stics_block::{MemDev, OrderedQueue, Queued};
 use stics_testkit::faults::{FaultDev, Op, Rule};
+use stics_testkit::pattern::stamp_run;
 
 fn opts(mode: Mode) -> Config {
     Config {
@@ -22,14 +23,6 @@ fn opts(mode: Mode) -> Config {
     }
 }
 
-fn pattern(lba: u64, n: u32, v: u8) -> Bytes {
-    let mut b = vec![v; n as usize * 512];
-    for i in 0..n as usize {
-        b[i * 512..i * 512 + 8].copy_from_slice(&(lba + i as u64).to_le_bytes());
-    }
-    Bytes::from(b)
-}
-
 #[tokio::test]
 async fn writes_read_back_and_drain_to_the_remote() {
     for mode in [Mode::Log, Mode::Immediate, Mode::WriteThrough] {
@@ -37,62 +30,28 @@ async fn writes_read_back_and_drain_to_the_remote() {
         let remote = Arc::new(MemDev::new(512, 4096));
         let cache = Cache::open(log, remote.clone(), b"mem-remote", opts(mode)).await.expect("opens");
         for i in 0..20u64 {
-            cache.write(i * 7, pattern(i * 7, 3, i as u8), false).await.expect("write");
+            cache.write(i * 7, stamp_run(i * 7, 3, i, 512), false).await.expect("write");
         }
-        cache.write(7, pattern(7, 1, 99), true).await.expect("fua write");
+        cache.write(7, stamp_run(7, 1, 99, 512), true).await.expect("fua write");
         cache.flush().await.expect("flush");
-        assert_eq!(cache.read(7, 1).await.expect("read"), pattern(7, 1, 99));
-        assert_eq!(cache.read(14, 3).await.expect("read"), pattern(14, 3, 2));
+        assert_eq!(cache.read(7, 1).await.expect("read"), stamp_run(7, 1, 99, 512));
+        assert_eq!(cache.read(14, 3).await.expect("read"), stamp_run(14, 3, 2, 512));
         cache.drain().await.expect("drained");
-        assert_eq!(remote.read(7, 1).await.expect("remote read"), pattern(7, 1, 99), "{mode:?}");
-        assert_eq!(remote.read(133, 3).await.expect("remote read"), pattern(133, 3, 19), "{mode:?}");
+        assert_eq!(remote.read(7, 1).await.expect("remote read"), stamp_run(7, 1, 99, 512), "{mode:?}");
+        assert_eq!(remote.read(133, 3).await.expect("remote read"), stamp_run(133, 3, 19, 512), "{mode:?}");
         cache.close().await;
-    }
-}
-
-/// A remote that keeps one holder's key, as a reserved LUN does.
-struct Claimable {
-    dev: MemDev,
-    holder: Mutex<Option<u64>>,
-}
-
-#[async_trait]
-impl BlockDev for Claimable {
-    fn geometry(&self) -> Geometry {
-        self.dev.geometry()
-    }
-    fn volatile_cache(&self) -> bool {
-        false
-    }
-    async fn claim(&self, key: u64) -> Result<Claim, BlockError> {
-        let mut h = lock(&self.holder);
-        match *h {
-            Some(k) if k != key => Err(BlockError::Reserved { holder: Some(k) }),
-            Some(_) => Ok(Claim::TakenOver),
-            None => {
-                *h = Some(key);
-                Ok(Claim::Held)
-            }
-        }
-    }
-    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
-        self.dev.read(lba, blocks).await
-    }
-    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
-        self.dev.write(lba, data, fua).await
-    }
-    async fn flush(&self) -> Result<(), BlockError> {
-        Ok(())
     }
 }
 
 #[tokio::test]
 async fn a_second_log_is_refused_while_the_first_holds_the_remote_in_every_mode() {
     for mode in [Mode::Log, Mode::Immediate, Mode::WriteThrough] {
-        let remote = Arc::new(Claimable { dev: MemDev::new(512, 4096), holder: Mutex::new(None) });
+        let remote = Arc::new(FaultDev::new(512, 4096, 1));
+        remote.set_claims(true);
+        remote.set_volatile_cache(false);
         let log_a: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 32 << 11));
         let a = Cache::open(Arc::clone(&log_a), remote.clone(), b"lun", opts(mode)).await.expect("opens");
-        let key_a = lock(&remote.holder).expect("the first open claims the remote");
+        let key_a = remote.holder().expect("the first open claims the remote");
         assert_eq!(key_a, claim_key(&lock(&a.inner.superblock).log_uuid));
         let log_b: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 32 << 11));
         let err = Cache::open(log_b, remote.clone(), b"lun", opts(mode)).await.err();
@@ -130,7 +89,7 @@ async fn status_counts_host_and_remote_bytes_and_lag_clears_once_destaged() {
         // share one epoch and destage sends fewer; in `log` mode each acknowledged write cuts
         // an epoch, and each epoch must reach the remote.
         for i in 0..10u8 {
-            cache.write(0, pattern(0, 4, i), false).await.expect("write");
+            cache.write(0, stamp_run(0, 4, u64::from(i), 512), false).await.expect("write");
         }
         cache.flush().await.expect("flush");
         let s = cache.status();
@@ -173,13 +132,13 @@ async fn what_is_in_the_log_survives_a_close_and_reaches_the_remote_after_reopen
     let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 32 << 11));
     let remote = Arc::new(MemDev::new(512, 4096));
     let cache = Cache::open(Arc::clone(&log), remote.clone(), b"r", opts(Mode::Log)).await.expect("opens");
-    cache.write(100, pattern(100, 4, 5), false).await.expect("write");
+    cache.write(100, stamp_run(100, 4, 5, 512), false).await.expect("write");
     cache.close().await;
     drop(cache);
     let cache = Cache::open(Arc::clone(&log), remote.clone(), b"r", opts(Mode::Log)).await.expect("reopens");
-    assert_eq!(cache.read(100, 4).await.expect("read"), pattern(100, 4, 5));
+    assert_eq!(cache.read(100, 4).await.expect("read"), stamp_run(100, 4, 5, 512));
     cache.drain().await.expect("drained");
-    assert_eq!(remote.read(100, 4).await.expect("remote"), pattern(100, 4, 5));
+    assert_eq!(remote.read(100, 4).await.expect("remote"), stamp_run(100, 4, 5, 512));
     assert_eq!(cache.status().dirty_blocks, 0);
 }
 
@@ -191,11 +150,11 @@ async fn recovery_reads_back_the_remote_and_resumes_after_the_epochs_it_holds() 
     down.add_rule(Rule::fail(Op::Write));
     let cache = Cache::open(Arc::clone(&log), down, b"r", opts(Mode::Log)).await.expect("opens");
     // In `log` mode each acknowledged write closes its epoch: eleven epochs, none destaged.
-    let writes: Vec<(u64, Bytes)> = (0..10u64).map(|i| (i * 3, pattern(i * 3, 1, i as u8 + 1))).collect();
+    let writes: Vec<(u64, Bytes)> = (0..10u64).map(|i| (i * 3, stamp_run(i * 3, 1, i + 1, 512))).collect();
     for (lba, data) in &writes {
         cache.write(*lba, data.clone(), false).await.expect("write");
     }
-    cache.write(0, pattern(0, 1, 77), false).await.expect("write");
+    cache.write(0, stamp_run(0, 1, 77, 512), false).await.expect("write");
     cache.close().await;
     drop(cache);
     // The remote already holds the first four epochs, as if destage had sent them before the
@@ -209,7 +168,7 @@ async fn recovery_reads_back_the_remote_and_resumes_after_the_epochs_it_holds() 
     for (lba, data) in &writes[1..] {
         assert_eq!(&remote.read(*lba, 1).await.expect("remote"), data);
     }
-    assert_eq!(remote.read(0, 1).await.expect("remote"), pattern(0, 1, 77));
+    assert_eq!(remote.read(0, 1).await.expect("remote"), stamp_run(0, 1, 77, 512));
     // Epoch 4 goes again (its flush makes 1–3 durable there), then epochs 5–11.
     assert_eq!(cache.status().blocks_destaged, 8);
 }
@@ -300,7 +259,7 @@ async fn single_write_epochs_are_pipelined_many_at_once() {
     let cache = Cache::open(log, remote.clone(), b"far", Config::default()).await.expect("opens");
     // In `log` mode, one write at a time: each acknowledgement ends its epoch.
     for i in 0..300u64 {
-        cache.write(i * 8, pattern(i * 8, 8, i as u8), true).await.expect("write");
+        cache.write(i * 8, stamp_run(i * 8, 8, i, 512), true).await.expect("write");
     }
     cache.drain().await.expect("drained");
     let s = cache.status();
@@ -308,6 +267,6 @@ async fn single_write_epochs_are_pipelined_many_at_once() {
     let most = remote.most.load(SeqCst);
     assert!(most > 16, "only {most} epochs were in flight at once");
     for i in (0..300u64).step_by(37) {
-        assert_eq!(remote.dev.read(i * 8, 8).await.expect("remote"), pattern(i * 8, 8, i as u8));
+        assert_eq!(remote.dev.read(i * 8, 8).await.expect("remote"), stamp_run(i * 8, 8, i, 512));
     }
 }

@@ -61,15 +61,7 @@ fn fault(seed: u64, blocks: u64) -> FaultDev {
 
 /// Group `seq` of `blocks` blocks of noise at `lba` (it does not compress).
 fn noise_group(seq: u64, lba: u64, blocks: u32) -> Bytes {
-    let mut x = seq | 1;
-    let data: Vec<u8> = (0..blocks as usize * 512)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let data = stics_testkit::pattern::noise(seq, blocks as usize * 512);
     let extents = [Extent { lba, blocks, kind: ExtentKind::Data }];
     Bytes::from(encode(&head(seq), &extents, &data, 1).expect("encodes"))
 }

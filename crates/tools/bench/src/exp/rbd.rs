@@ -18,10 +18,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use stics_procs::ceph::{Ceph, Setup};
+use stics_procs::free_port;
 use stics_report::{Column, Table};
 
 use super::{alternate, qemu_bench, scaled};
-use crate::env::{forget, free_port, remember, Undo};
+use crate::env::{forget, remember, Undo};
 use crate::peers::{stics_target, tgt_rbd, Target};
 use crate::{Bench, Error, Report, Result, Stat};
 
@@ -277,10 +279,9 @@ struct Cluster {
     own: Option<Own>,
 }
 
-/// A throwaway cluster: its script and folder, and the clean-up an interrupted run does.
+/// A throwaway cluster, and the clean-up an interrupted run does.
 struct Own {
-    script: PathBuf,
-    dir: PathBuf,
+    ceph: Ceph,
     undo: Undo,
 }
 
@@ -292,8 +293,8 @@ impl Cluster {
         Ok(Cluster { conf: conf.canonicalize()?, own: None })
     }
 
-    /// `SCRIPT start DIR --osds 1 --port PORT` in the scratch space; stopped when dropped, and by
-    /// an interrupted run's clean-up, from before it starts.
+    /// `SCRIPT start DIR --osds 1 --port PORT --osd-bytes BYTES` in the scratch space; stopped
+    /// when dropped, and by an interrupted run's clean-up, from before it starts.
     fn start(b: &Bench, script: &Path, image_bytes: u64) -> Result<Cluster> {
         let script = script.canonicalize()?;
         let dir = b.work().join("ceph");
@@ -301,68 +302,29 @@ impl Cluster {
             program: "bash".into(),
             args: vec![script.display().to_string(), "stop".into(), dir.display().to_string()],
         };
-        remember(undo.clone());
-        let mut cluster =
-            Cluster { conf: dir.join("ceph.conf"), own: Some(Own { script: script.clone(), dir: dir.clone(), undo }) };
         // memstore keeps every object in RAM; room for the image and what Ceph adds.
         let osd_bytes = (1536u64 << 20).max(image_bytes / 2 * 3 + (256 << 20));
+        let setup = Setup::new(&script, &dir)?.osd_bytes(osd_bytes);
         b.say(&format!("stics bench rbd: starting a throwaway Ceph cluster in {}", dir.display()));
-        let out = b.run(Command::new("bash").arg(&script).arg("start").arg(&dir).args([
-            "--osds",
-            "1",
-            "--port",
-            &free_port()?.to_string(),
-            "--osd-bytes",
-            &osd_bytes.to_string(),
-        ]));
-        let out = out.map_err(|e| {
-            let setup = std::fs::read_to_string(dir.join("log/setup.log")).unwrap_or_default();
-            let setup = crate::env::tail(
-                setup.lines().filter(|l| !l.trim().is_empty()).collect::<Vec<_>>().join("\n").as_str(),
-            );
-            Error::Invalid(format!(
-                "the throwaway Ceph cluster did not start: {e}{}",
-                if setup.is_empty() { String::new() } else { format!("\nits setup log ends:\n{setup}") }
-            ))
-        })?;
-        let conf = PathBuf::from(out.stdout.lines().last().unwrap_or_default().trim());
-        if !conf.is_file() {
-            return Err(Error::Output { what: format!("{} start", script.display()), detail: out.stdout });
-        }
-        cluster.conf = conf;
-        Ok(cluster)
-    }
-
-    /// Stops a throwaway cluster: the script's `stop`, then whatever of its daemons outlived it
-    /// (the script ends by PID files, which a daemon removes as it begins to shut down, and a
-    /// memstore OSD saves its objects before it exits), and the folder once more.
-    fn stop(&mut self, b: Option<&Bench>) {
-        let Some(own) = self.own.take() else { return };
-        let conf = self.conf.display().to_string();
-        let daemons = daemons_of(&conf);
-        if own.dir.join("ceph.conf").is_file() {
-            let mut cmd = Command::new("bash");
-            cmd.arg(&own.script).arg("stop").arg(&own.dir);
-            match b {
-                Some(b) => {
-                    let _ = b.run(&mut cmd);
-                }
-                None => {
-                    let _ = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status();
-                }
+        remember(undo.clone());
+        b.record(&setup.command());
+        match setup.start() {
+            Ok(ceph) => Ok(Cluster { conf: ceph.conf().to_owned(), own: Some(Own { ceph, undo }) }),
+            Err(e) => {
+                forget(&undo);
+                Err(Error::Invalid(e.to_string()))
             }
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let left = |pids: &[i32]| pids.iter().copied().filter(|p| still(*p, &conf)).collect::<Vec<_>>();
-        while !left(&daemons).is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
+    }
+
+    /// Stops a throwaway cluster ([`Ceph::stop`]), its stop among the commands of the report
+    /// when `b` is given.
+    fn stop(&mut self, b: Option<&Bench>) {
+        let Some(mut own) = self.own.take() else { return };
+        if let Some(b) = b {
+            b.record(&own.ceph.stop_command());
         }
-        for pid in left(&daemons) {
-            // SAFETY: kill(2) on a daemon of this run's own cluster: its command line names the
-            // cluster's config file in this run's scratch space, checked just above.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        let _ = std::fs::remove_dir_all(&own.dir);
+        own.ceph.stop();
         forget(&own.undo);
     }
 }
@@ -371,26 +333,6 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop(None);
     }
-}
-
-/// The PIDs of the Ceph daemons (`ceph-mon`, `ceph-mgr`, `ceph-osd`) started with config file
-/// `conf`.
-fn daemons_of(conf: &str) -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()).filter(|p| still(*p, conf)).collect()
-}
-
-/// True while `pid` is a Ceph daemon started with config file `conf` that has not exited.
-fn still(pid: i32, conf: &str) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
-    let args: Vec<&[u8]> = cmdline.split(|c| *c == 0).collect();
-    let daemon = args.first().is_some_and(|a| {
-        let name = a.rsplit(|c| *c == b'/').next().unwrap_or(a);
-        name.starts_with(b"ceph-")
-    });
-    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map_or(true, |s| s.rfind(')').is_some_and(|i| s[i + 1..].trim_start().starts_with('Z')));
-    daemon && !zombie && args.contains(&conf.as_bytes())
 }
 
 /// The image under test, `POOL/benchN`; removed at the end from a cluster that stays.
