@@ -127,6 +127,10 @@ struct LoadArgs {
     from: u64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Writes only: each of the --depth workers flushes (SYNCHRONIZE CACHE) after every N of
+    /// its writes and waits for it (0: never).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    flush_every: u64,
     /// Requests sent first on the same connection and not measured (a fresh connection's slow start).
     #[arg(long, default_value_t = 0, conflicts_with = "arrivals")]
     warmup: u64,
@@ -326,6 +330,7 @@ fn run_load(l: &LoadArgs, format: Format) -> anyhow::Result<()> {
         span: l.span,
         from: l.from,
         seed: l.seed,
+        flush_every: l.flush_every,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let outcome = rt.block_on(async {

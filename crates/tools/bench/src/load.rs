@@ -54,6 +54,10 @@ pub struct Spec {
     #[serde(default)]
     pub from: u64,
     pub seed: u64,
+    /// Each worker flushes after every this many of its writes (0: never); a flush is not
+    /// counted as a request.
+    #[serde(default)]
+    pub flush_every: u64,
 }
 
 /// What a run measured; times in seconds.
@@ -137,9 +141,7 @@ pub async fn run(dev: Arc<dyn BlockDev>, spec: &Spec) -> Result<Outcome, LoadErr
         )));
     }
     let blocks_u32 = u32::try_from(blocks).map_err(|_| LoadError::Spec("request too large".into()))?;
-    let mut fill = vec![0u8; usize::try_from(spec.size).unwrap_or(0)];
-    rand::rngs::StdRng::seed_from_u64(spec.seed).fill(&mut fill[..]);
-    let data = Bytes::from(fill);
+    let size = usize::try_from(spec.size).map_err(|_| LoadError::Spec("request too large".into()))?;
     let hist = Arc::new(Mutex::new(
         hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3)
             .map_err(|e| LoadError::Spec(e.to_string()))?,
@@ -151,12 +153,12 @@ pub async fn run(dev: Arc<dyn BlockDev>, spec: &Spec) -> Result<Outcome, LoadErr
     let t0 = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
     for w in 0..depth {
-        let (dev, data, hist, issued, spec) =
-            (Arc::clone(&dev), data.clone(), Arc::clone(&hist), Arc::clone(&issued), spec.clone());
+        let (dev, hist, issued, spec) = (Arc::clone(&dev), Arc::clone(&hist), Arc::clone(&issued), spec.clone());
         workers.spawn(async move {
             let per = slots / depth;
             let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed ^ (w + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
             let mut next = 0u64;
+            let mut writes = 0u64;
             let mut local = Vec::with_capacity(1024);
             loop {
                 if deadline.is_some_and(|d| Instant::now() >= d) || issued.fetch_add(1, Relaxed) >= limit {
@@ -175,10 +177,22 @@ pub async fn run(dev: Arc<dyn BlockDev>, spec: &Spec) -> Result<Outcome, LoadErr
                 let t = Instant::now();
                 let r = match spec.op {
                     Op::Read => dev.read(lba, blocks_u32).await.map(drop),
-                    Op::Write => dev.write(lba, data.clone(), false).await,
+                    Op::Write => {
+                        // Fresh random data for every write: a cache that compresses what it
+                        // ships must not find the same block again.
+                        let mut fill = vec![0u8; size];
+                        rng.fill(&mut fill[..]);
+                        dev.write(lba, Bytes::from(fill), false).await
+                    }
                 };
                 r.map_err(|source| LoadError::Io { lba, source })?;
                 local.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1));
+                if spec.op == Op::Write && spec.flush_every > 0 {
+                    writes += 1;
+                    if writes.is_multiple_of(spec.flush_every) {
+                        dev.flush().await.map_err(|source| LoadError::Io { lba, source })?;
+                    }
+                }
                 if local.len() == local.capacity() {
                     record(&hist, &mut local);
                 }
@@ -423,7 +437,7 @@ mod tests {
     use super::*;
 
     fn spec(op: Op, pattern: Pattern) -> Spec {
-        Spec { size: 4096, depth: 4, op, pattern, count: Some(400), seconds: None, span: 0, from: 0, seed: 1 }
+        Spec { size: 4096, depth: 4, op, pattern, count: Some(400), seconds: None, span: 0, from: 0, seed: 1, flush_every: 0 }
     }
 
     #[tokio::test]

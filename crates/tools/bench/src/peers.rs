@@ -310,6 +310,8 @@ pub struct GatewayOptions {
     pub log: String,
     pub ram: String,
     pub read_cache: String,
+    /// More `stics gateway` arguments (`--max-lag SECS`).
+    pub extra: Vec<String>,
 }
 
 impl Wan {
@@ -333,6 +335,7 @@ impl Wan {
         let mut cmd = self.exec(role, b.stics());
         cmd.args(["gateway", "--listen", &format!("{addr}:{port}"), "--iqn", GATEWAY_IQN, "--remote", remote])
             .args(["--log", &o.log, "--mode", &o.mode, "--ram", &o.ram, "--read-cache", &o.read_cache])
+            .args(&o.extra)
             .args(["--metrics", "127.0.0.1:9100"]);
         let mut proc = b.spawn(name, &mut cmd)?;
         self.wait_port(&mut proc, role, addr, port)?;

@@ -115,6 +115,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
                 log: format!("{}:512MiB", log.display()),
                 ram: "64MiB".into(),
                 read_cache: "256MiB".into(),
+                extra: Vec::new(),
             };
             let g = wan.gateway(b, "gateway", "host", &target.url, &opts)?;
             let p = Path { device: "gateway", at, delay: d, wan: Some(&wan), url: g.url.clone() };

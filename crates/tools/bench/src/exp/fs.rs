@@ -379,6 +379,7 @@ pub fn postmark_via(b: &Bench, wan: &Wan, remote: &str, via: &Via, fs_mib: u64, 
                 log: format!("{}:{log}", path.display()),
                 ram: ram.clone(),
                 read_cache: read_cache.clone(),
+                extra: Vec::new(),
             };
             let g = if *side == "host" {
                 wan.gateway(b, "gateway", "host", remote, &o)?

@@ -104,6 +104,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
                         log: format!("{}:512MiB", log.display()),
                         ram: "64MiB".into(),
                         read_cache: "256MiB".into(),
+                        extra: Vec::new(),
                     };
                     let g = wan.gateway(b, &format!("trace-gateway-{mode}"), "host", &target.url, &opts)?;
                     let o = replay(&g.url);
