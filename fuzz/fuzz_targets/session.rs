@@ -16,7 +16,7 @@ use libfuzzer_sys::fuzz_target;
 use stics_scsi::{Command, Direction, Residual, Response, TmfResult};
 use stics_target::datain::Shape;
 use stics_target::dataout::Burst;
-use stics_target::session::{stamp, Action, CloseReason, Event, SessionConfig, SessionCore};
+use stics_target::core::{stamp, Action, CloseReason, Event, SessionConfig, SessionCore};
 use stics_target::textreq::{Listing, TextError};
 use stics_wire::frame::{self, Digests, FrameError};
 use stics_wire::keys::SessionType;

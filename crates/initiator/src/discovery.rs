@@ -10,8 +10,8 @@ use stics_wire::{logout, text, Digests, Header, LogoutRequest, Pdu, TextRequest,
 
 use crate::conn;
 use crate::counters::Counters;
+use crate::driver::{random_isid, Config};
 use crate::login::LoginConfig;
-use crate::session::{random_isid, Config};
 use crate::url::IscsiUrl;
 use crate::Error;
 

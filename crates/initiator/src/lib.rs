@@ -6,7 +6,7 @@
 //! - [`core`]: the full-feature session core (CmdSN window, write planning, Data-In
 //!   reassembly, keep-alive, reissue after reconnection), pure and unit-tested with PDUs.
 //! - [`recovery`]: when to reconnect and when to give up.
-//! - [`session`] and [`conn`]: the thin tokio driver; only `conn` touches sockets.
+//! - [`driver`] and [`conn`]: the thin tokio driver of a session; only `conn` touches sockets.
 //! - [`lun`]: the LUN as a block device, over one or several sessions.
 //! - [`discovery`], [`probe`]: SendTargets and per-LUN facts for `stics ls`.
 //! - [`counters`]: commands, PDUs, bytes and round trips each way.
@@ -21,23 +21,23 @@ pub mod conn;
 pub mod core;
 pub mod counters;
 pub mod discovery;
+pub mod driver;
 pub mod link;
 pub mod login;
 pub mod lun;
 pub mod probe;
 pub mod recovery;
 pub mod scsi;
-pub mod session;
 pub mod url;
 
 pub use crate::core::{Data, Request, TaskError, Timers};
 pub use counters::{Counters, Snapshot};
 pub use discovery::{discover, TargetEntry};
+pub use driver::{Config, Session};
 pub use link::LinkInfo;
 pub use login::{LoginError, Offer};
 pub use lun::{Lun, LunOptions};
 pub use recovery::RecoveryPolicy;
-pub use session::{Config, Session};
 pub use url::{Chap, IscsiUrl, UrlError};
 
 /// Errors of the initiator.

@@ -13,8 +13,8 @@ use stics_sam::sense::{asc, key as sense_key};
 use stics_sam::status;
 
 use crate::core::{Data, Request};
+use crate::driver::Session;
 use crate::lun::{execute_retrying, Lun};
-use crate::session::Session;
 use crate::Error;
 
 /// What the SG said of the link when the LUN was opened.

@@ -20,8 +20,8 @@ use stics_sam::op::{mode_page, pr_in, pr_out, pr_type, vpd};
 use stics_sam::sense::{asc, key as sense_key};
 use stics_sam::{cdb, data, status};
 
+use crate::driver::{random_isid, Config, Session};
 use crate::scsi::ScsiOutcome;
-use crate::session::{random_isid, Config, Session};
 use crate::url::IscsiUrl;
 use crate::Error;
 
@@ -303,7 +303,7 @@ impl Lun {
 
     /// Counters summed over all sessions.
     pub fn counters(&self) -> Snapshot {
-        self.sessions.iter().map(super::session::Session::counters).fold(Snapshot::default(), |a, b| a + b)
+        self.sessions.iter().map(super::driver::Session::counters).fold(Snapshot::default(), |a, b| a + b)
     }
 
     /// The SG's link, when this LUN takes groups over it.

@@ -8,8 +8,8 @@ use stics_sam::{cdb, data};
 use crate::core::{Data, Request};
 use crate::counters::{Counters, Snapshot};
 use crate::discovery::{discover, TargetEntry};
+use crate::driver::{random_isid, Config, Session};
 use crate::lun::{execute_retrying, read_capacity};
-use crate::session::{random_isid, Config, Session};
 use crate::url::IscsiUrl;
 use crate::Error;
 

@@ -437,7 +437,18 @@ mod tests {
     use super::*;
 
     fn spec(op: Op, pattern: Pattern) -> Spec {
-        Spec { size: 4096, depth: 4, op, pattern, count: Some(400), seconds: None, span: 0, from: 0, seed: 1, flush_every: 0 }
+        Spec {
+            size: 4096,
+            depth: 4,
+            op,
+            pattern,
+            count: Some(400),
+            seconds: None,
+            span: 0,
+            from: 0,
+            seed: 1,
+            flush_every: 0,
+        }
     }
 
     #[tokio::test]

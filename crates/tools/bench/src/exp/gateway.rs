@@ -404,7 +404,9 @@ fn over_the_link(b: &Bench, a: &Args, wan: &Wan, plain: &str, r: &mut Report) ->
                 }
                 std::thread::sleep(Duration::from_millis(500));
             }
-            writer.join().unwrap_or_else(|_| Err(crate::Error::Output { what: "load".into(), detail: "panicked".into() }))
+            writer
+                .join()
+                .unwrap_or_else(|_| Err(crate::Error::Output { what: "load".into(), detail: "panicked".into() }))
         })?;
         let status = wan.gateway_status(b, &g)?;
         wan.gateway_drain(b, &g)?;

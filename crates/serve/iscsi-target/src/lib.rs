@@ -1,7 +1,7 @@
 //! The stics iSCSI target (RFC 7143, error recovery level 0) over tokio.
 //!
 //! Protocol decisions live in pure state machines that take inputs and return actions:
-//! [`login`] (security and operational negotiation, CHAP), [`session`] (the full-feature
+//! [`login`] (security and operational negotiation, CHAP), [`core`] (the full-feature
 //! session core: task table, task management, logout, NOP, keep-alive, StatSN stamping rules)
 //! over [`cmdsn`] (the command window), [`order`] (task attributes), [`dataout`] (R2T and Data-Out tracking), [`datain`]
 //! (responses as Data-In and SCSI Response PDUs) and [`textreq`] (SendTargets and text
@@ -18,13 +18,13 @@
 pub mod cmdsn;
 pub mod config;
 mod conn;
+pub mod core;
 pub mod datain;
 pub mod dataout;
 pub mod login;
 pub mod order;
 pub mod registry;
 mod server;
-pub mod session;
 pub mod textreq;
 pub mod warn;
 

@@ -1,5 +1,5 @@
 //! The connection driver, the only code that touches sockets: the login phase, then a reader
-//! that feeds frames to the session core (`session.rs`) and carries out its actions (SCSI
+//! that feeds frames to the session core (`core.rs`) and carries out its actions (SCSI
 //! commands, resets, aborts across sessions), and a writer task that stamps sequence numbers
 //! on outgoing PDUs and writes them in vectored batches.
 
@@ -24,12 +24,12 @@ use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use crate::core::{stamp, Action, CloseReason, Event, Reset, SessionConfig, SessionCore};
 use crate::datain::Shape;
 use crate::dataout::Burst;
 use crate::login::{Login, Outcome, Step};
 use crate::registry::{RegistryError, SessionCtl};
 use crate::server::{Shared, Target, OUTPUT_UNIT};
-use crate::session::{stamp, Action, CloseReason, Event, Reset, SessionConfig, SessionCore};
 use crate::textreq::Listing;
 
 /// Largest data segment accepted during login: RFC 7143's 8192 default, with slack for
