@@ -54,6 +54,7 @@ const KEYS: &[(&str, usize, &[&str])] = &[
     ("trace", 1, &["path"]),
     ("trace", 2, &["bucket"]),
     ("gateway", 1, &["mode"]),
+    ("gateway", 4, &["path"]),
 ];
 
 /// The columns that name the rows of table `table` of `exp` (none: matched by position only).
@@ -208,6 +209,15 @@ fn promises(dir: &Path) {
     positive(&restarts[0], "dirty");
     positive(&restarts[0], "restart");
     positive(&restarts[1], "restart");
+    for r in &rows("gateway", 4) {
+        positive(r, "iops");
+        if r["path"] != "plain destage" {
+            // Over the link every epoch went in a group; the writes' random data does not
+            // compress, so a group's chunks go raw and only its tables add to the bytes.
+            positive(r, "groups");
+            assert!(positive(r, "shipped") < 1.01, "{r}");
+        }
+    }
 }
 
 #[test]
