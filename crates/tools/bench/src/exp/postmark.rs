@@ -5,7 +5,7 @@
 use stics_report::plot::{Figure, Series};
 use stics_report::{Column, Table};
 
-use super::fs::{postmark_via, Pool, Via};
+use super::fs::{postmark_via, sg_lun, Pool, Via, SG_PORT};
 use crate::paper;
 use crate::peers::Wan;
 use crate::{Bench, Error, Report, Result, Stat};
@@ -50,6 +50,12 @@ struct Slice {
     /// The gateway's WAN bytes in log mode over plain iSCSI's.
     #[serde(default)]
     log_bytes: Option<f64>,
+    /// The gateway in log mode over the link to a stics SG: run time, and WAN bytes over plain
+    /// iSCSI's; absent from folders older than the column.
+    #[serde(default)]
+    link: Option<f64>,
+    #[serde(default)]
+    link_bytes: Option<f64>,
     fsck: String,
 }
 
@@ -95,12 +101,13 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let rates: Vec<String> = if b.quick() { a.rates.iter().take(1).cloned().collect() } else { a.rates.clone() };
     let blocks: Vec<u64> = if b.quick() { vec![4096] } else { a.blocks.clone() };
     let pools: Vec<String> = if b.quick() { vec!["small".into()] } else { a.pools.clone() };
-    let vias = [Via::Plain, Via::gateway("log"), Via::gateway("immediate")];
+    let vias = [Via::Plain, Via::gateway("log"), Via::gateway("immediate"), Via::link("log")];
     let fs = if b.quick() { super::fs::fs_mib(b) } else { a.fs_mib };
     let wan = Wan::up(b, &format!("sbpm{}", std::process::id()), &["--delay", &a.delay])?;
     let lun = b.work().join("remote.img");
     std::fs::File::create(&lun)?.set_len((a.fs_mib + 64) << 20)?;
     let target = wan.stics_target(b, "remote", "storage", &[&format!("file:{}", lun.display())])?;
+    let sg = wan.stics_target_on(b, "sg", "storage", SG_PORT, &[&sg_lun(b, "sg", (a.fs_mib + 64) << 20)?])?;
     let bar = b.bar((rates.len() * blocks.len() * pools.len() * vias.len() * b.reps()) as u64, "postmark");
     let mut slices = Vec::new();
     for rate in &rates {
@@ -108,14 +115,15 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         for p in &pools {
             for &block in &blocks {
                 let pool = pool(b, p, block)?;
-                let mut secs = [Vec::new(), Vec::new(), Vec::new()];
-                let mut bytes = [Vec::new(), Vec::new(), Vec::new()];
+                let mut secs = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+                let mut bytes = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
                 let mut clean = true;
                 for rep in 0..b.reps() {
                     for k in 0..vias.len() {
                         // Rotate the order so no path always runs first.
                         let i = (k + rep) % vias.len();
-                        let r = postmark_via(b, &wan, &target.url, &vias[i], fs, &pool)?;
+                        let remote = if vias[i].is_link() { &sg.url } else { &target.url };
+                        let r = postmark_via(b, &wan, remote, &vias[i], fs, &pool)?;
                         clean &= r.fsck_clean;
                         secs[i].push(r.seconds);
                         bytes[i].push(r.bytes as f64);
@@ -134,12 +142,15 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
                     // Plain iSCSI's bytes all cross during its run; a gateway's partly after it.
                     plain_wan: Some(wan_bytes[0] * 8.0 / m[0]),
                     log_bytes: Some(wan_bytes[1] / wan_bytes[0]),
+                    link: Some(m[3]),
+                    link_bytes: Some(wan_bytes[3] / wan_bytes[0]),
                     fsck: (if clean { "clean" } else { "ERRORS" }).into(),
                 });
             }
         }
     }
     bar.finish_and_clear();
+    drop(sg);
     drop(target);
     drop(wan);
     let caption = format!(
@@ -215,6 +226,9 @@ fn report(slices: &[Slice], caption: String) -> Result<Report> {
         Column::new("paper_immediate", "paper", "text", 1.0),
         Column::new("plain_wan", "plain on WAN", "Mbit/s", 1e-6),
         Column::new("log_bytes", "log WAN bytes", "× plain", 1.0),
+        Column::new("link", "log + link", "s", 1.0),
+        Column::ratio("link_speedup", "link speedup", "plain", "link"),
+        Column::new("link_bytes", "link WAN bytes", "× plain", 1.0),
         Column::new("fsck", "e2fsck", "", 1.0),
     ])?;
     // Block sizes are steps of a sweep (powers of two by default): one evenly spaced, named
@@ -243,10 +257,15 @@ fn report(slices: &[Slice], caption: String) -> Result<Report> {
             range(il, ih).into(),
             s.plain_wan.unwrap_or(f64::NAN).into(),
             s.log_bytes.unwrap_or(f64::NAN).into(),
+            s.link.unwrap_or(f64::NAN).into(),
+            s.link_bytes.unwrap_or(f64::NAN).into(),
             s.fsck.as_str().into(),
         ])?;
         point(format!("log, {}, {}", s.pool, s.rate), (at(s.block), s.plain / s.log));
         point(format!("immediate, {}, {}", s.pool, s.rate), (at(s.block), s.plain / s.immediate));
+        if let Some(link) = s.link {
+            point(format!("log + link, {}, {}", s.pool, s.rate), (at(s.block), s.plain / link));
+        }
     }
     let fig = Figure {
         title: "PostMark speedup of the gateway over plain iSCSI".into(),
