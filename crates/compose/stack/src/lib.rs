@@ -16,6 +16,6 @@ mod syntax;
 
 pub use open::{open, OpenContext, OpenError, RbdDefaults, DEFAULT_RBD_TIMEOUT_SECS};
 pub use spec::{
-    CacheSpec, DeviceSpec, IscsiOptions, JournalAt, JournalSpec, Layer, LayerArgs, RbdSpec, Redacted, SpecError,
-    LAYERS, MAX_GROUP, MAX_RBD_TIMEOUT_SECS, MAX_SESSIONS,
+    CacheSpec, DeviceSpec, DiskSpec, IscsiOptions, JournalAt, JournalSpec, Layer, LayerArgs, RbdSpec, Redacted,
+    SpecError, LAYERS, MAX_GROUP, MAX_RBD_TIMEOUT_SECS, MAX_SESSIONS,
 };

@@ -169,6 +169,13 @@ pub enum OpenError {
         #[source]
         source: std::io::Error,
     },
+    /// A disk model whose parameters describe no disk.
+    #[error("{spec}: {source}")]
+    Disk {
+        spec: String,
+        #[source]
+        source: stics_disk::DiskError,
+    },
     /// A spec built in code with a geometry no parsed spec has.
     #[error("{0}: size must be a positive whole number of 512-, 1024-, 2048- or 4096-byte blocks")]
     Geometry(String),
@@ -297,6 +304,12 @@ async fn open_in(spec: &DeviceSpec, ctx: &OpenContext, place: Place) -> Result<A
             let cache = Arc::new(cache);
             ctx.caches().push(Arc::clone(&cache));
             cache
+        }
+        DeviceSpec::Layer(Layer::Disk(d)) => {
+            let inner = Box::pin(open_in(&d.inner, ctx, place)).await?;
+            let dev = stics_disk::DiskDev::new(inner, &d.config())
+                .map_err(|source| OpenError::Disk { spec: spec.redacted().to_string(), source })?;
+            Arc::new(dev)
         }
         // A journal, like a cache's log, is opened for one SG alone, before the medium.
         DeviceSpec::Layer(Layer::Journal(j)) => {
@@ -453,6 +466,24 @@ mod tests {
 
     async fn open_text(text: &str) -> Result<Arc<dyn BlockDev>, OpenError> {
         open(&text.parse().unwrap(), &OpenContext::default()).await
+    }
+
+    #[tokio::test]
+    async fn a_disk_model_keeps_its_inner_devices_data_and_geometry_and_says_whether_it_buffers() {
+        let d = open_text("disk(mem:1MiB:4096, model=o7n3200)").await.unwrap();
+        assert_eq!((d.geometry().block_size, d.geometry().num_blocks), (4096, 256));
+        assert!(!d.volatile_cache(), "no buffer on the O7N3200");
+        let data = bytes::Bytes::from(vec![7u8; 4096]);
+        d.write(3, data.clone(), true).await.unwrap();
+        assert_eq!(d.read(3, 1).await.unwrap(), data);
+        assert!(open_text("disk(mem:1MiB, model=ddys)").await.unwrap().volatile_cache());
+        assert!(!open_text("disk(mem:1MiB, model=ddys, buffer=off)").await.unwrap().volatile_cache());
+        assert!(open_text("disk(mem:1MiB, rpm=5400, seek=12ms, transfer=10MB/s, buffer=1MiB)")
+            .await
+            .unwrap()
+            .volatile_cache());
+        let e = open_text("disk(file:/nonexistent/dir/x.img, model=dnes)").await.err().unwrap();
+        assert!(matches!(e, OpenError::File { .. }), "{e}");
     }
 
     #[tokio::test]

@@ -127,6 +127,51 @@ pub enum Layer {
     /// STICS (an SG) over the device SPEC names: it takes groups of epochs from gateways over
     /// the link, makes them durable in its journal and applies them to SPEC whole.
     Journal(JournalSpec),
+    /// `disk(SPEC, model=o7n3200|as010a1|91366u4|dnes|ddys|raid5, rpm=N, seek=MS, transfer=MB/s,
+    /// buffer=SIZE|off, queue=fifo|elevator)`: the device SPEC names, answering when the seeds'
+    /// disk would (see the `stics-disk` crate). Without a model, rpm, seek and transfer are needed.
+    Disk(DiskSpec),
+}
+
+/// The arguments of `disk(...)`: a preset and the parameters that replace its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskSpec {
+    /// The device whose data the disk holds.
+    pub inner: Box<DeviceSpec>,
+    /// The preset (`model=`).
+    pub model: Option<stics_disk::Preset>,
+    /// Revolutions per minute (`rpm=`).
+    pub rpm: Option<u32>,
+    /// The average seek in microseconds (`seek=4.9ms`).
+    pub seek_us: Option<u64>,
+    /// The media rate in bytes per second (`transfer=29.8MB/s`).
+    pub transfer: Option<u64>,
+    /// The volatile write buffer in bytes, 0 for none (`buffer=SIZE|off`).
+    pub buffer: Option<u64>,
+    /// The order the buffer drains in (`queue=`).
+    pub queue: Option<stics_disk::Queue>,
+}
+
+impl DiskSpec {
+    /// The model's parameters: the preset's, or the explicit ones, with the explicit ones on top.
+    pub fn config(&self) -> stics_disk::Config {
+        let o = stics_disk::Overrides {
+            rpm: self.rpm.map(f64::from),
+            seek: self.seek_us.map(std::time::Duration::from_micros),
+            transfer: self.transfer.map(|t| t as f64),
+            buffer: self.buffer,
+            queue: self.queue,
+        };
+        match self.model {
+            Some(p) => p.config().with(&o),
+            None => stics_disk::Config::explicit(
+                o.rpm.unwrap_or_default(),
+                o.seek.unwrap_or_default(),
+                o.transfer.unwrap_or_default(),
+            )
+            .with(&o),
+        }
+    }
 }
 
 /// The arguments of `journal(...)`.
@@ -177,7 +222,7 @@ pub struct CacheSpec {
 }
 
 /// The names of the wrappers, for error messages.
-pub const LAYERS: &[&str] = &["cache", "journal"];
+pub const LAYERS: &[&str] = &["cache", "journal", "disk"];
 
 /// Why a spec was refused; each names the piece of text at fault (with secrets hidden).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -488,6 +533,7 @@ impl Layer {
         match call.name {
             "cache" => cache(&call).map(Layer::Cache),
             "journal" => journal(&call).map(Layer::Journal),
+            "disk" => disk(&call).map(Layer::Disk),
             _ => Err(SpecError::UnknownLayer { kind: call.name.to_owned() }),
         }
     }
@@ -548,6 +594,34 @@ impl Layer {
                 }
                 out.push(')');
             }
+            Layer::Disk(d) => {
+                *out += "disk(";
+                d.inner.write(out, secrets);
+                if let Some(m) = d.model {
+                    *out += &format!(", model={m}");
+                }
+                if let Some(n) = d.rpm {
+                    *out += &format!(", rpm={n}");
+                }
+                if let Some(us) = d.seek_us {
+                    *out += &format!(", seek={}ms", decimal_text(us, 3));
+                }
+                if let Some(b) = d.transfer {
+                    *out += &format!(", transfer={}MB/s", decimal_text(b, 6));
+                }
+                match d.buffer {
+                    Some(0) => *out += ", buffer=off",
+                    Some(n) => *out += &format!(", buffer={}", size_text(n)),
+                    None => {}
+                }
+                if let Some(q) = d.queue {
+                    *out += match q {
+                        stics_disk::Queue::Fifo => ", queue=fifo",
+                        stics_disk::Queue::Elevator => ", queue=elevator",
+                    };
+                }
+                out.push(')');
+            }
         }
     }
 }
@@ -596,6 +670,94 @@ fn journal(call: &syntax::Call<'_>) -> Result<JournalSpec, SpecError> {
         return Err(bad("", "journal(...) needs journal=PATH[:SIZE] or journal=DEVICE-SPEC"));
     }
     Ok(j)
+}
+
+/// Reads `disk(SPEC, model=NAME, rpm=N, seek=MS, transfer=MB/s, buffer=SIZE|off, queue=fifo|elevator)`.
+fn disk(call: &syntax::Call<'_>) -> Result<DiskSpec, SpecError> {
+    let args = LayerArgs::parse(call)?;
+    let bad = |piece: &str, reason| SpecError::LayerArg { kind: "disk".into(), piece: redact(piece), reason };
+    let mut d = DiskSpec {
+        inner: Box::new(args.inner),
+        model: None,
+        rpm: None,
+        seek_us: None,
+        transfer: None,
+        buffer: None,
+        queue: None,
+    };
+    for (k, v) in &args.options {
+        let piece = format!("{k}={v}");
+        match k.as_str() {
+            "model" => {
+                let why = "unknown model (known: o7n3200, as010a1, 91366u4, dnes, ddys, raid5)";
+                d.model = Some(v.parse().map_err(|_| bad(&piece, why))?);
+            }
+            "rpm" => {
+                let n = v.parse::<u32>().ok().filter(|n| (1..=1_000_000).contains(n));
+                d.rpm = Some(n.ok_or_else(|| bad(&piece, "rpm is a whole number from 1 to 1000000"))?);
+            }
+            "seek" => {
+                let why = "seek is a time from 0 to 1000 ms, e.g. 4.9ms or 4900us";
+                let us = match (v.strip_suffix("us"), v.strip_suffix("ms")) {
+                    (Some(us), _) => us.parse::<u64>().ok(),
+                    (None, Some(ms)) => parse_decimal(ms, 3),
+                    (None, None) => parse_decimal(v, 3),
+                };
+                d.seek_us = Some(us.filter(|us| *us <= 1_000_000).ok_or_else(|| bad(&piece, why))?);
+            }
+            "transfer" => {
+                let why = "transfer is a rate above 0 up to 100000 MB/s, e.g. 29.8MB/s";
+                let rate = parse_decimal(v.strip_suffix("MB/s").unwrap_or(v), 6);
+                d.transfer = Some(rate.filter(|b| (1..=100_000_000_000).contains(b)).ok_or_else(|| bad(&piece, why))?);
+            }
+            "buffer" => {
+                d.buffer = Some(match v.as_str() {
+                    "off" => 0,
+                    _ => stics_units::parse_size(v).map_err(|_| bad(&piece, "buffer is a size (e.g. 2MiB) or off"))?,
+                });
+            }
+            "queue" => {
+                d.queue = Some(match v.as_str() {
+                    "fifo" => stics_disk::Queue::Fifo,
+                    "elevator" => stics_disk::Queue::Elevator,
+                    _ => return Err(bad(&piece, "queue is fifo or elevator")),
+                });
+            }
+            _ => return Err(bad(&piece, "known keys: model, rpm, seek, transfer, buffer, queue")),
+        }
+    }
+    if d.model.is_none() && (d.rpm.is_none() || d.seek_us.is_none() || d.transfer.is_none()) {
+        return Err(bad("", "disk(...) needs model=NAME, or rpm=, seek= and transfer= all given"));
+    }
+    if d.model == Some(stics_disk::Preset::Raid5) && d.queue == Some(stics_disk::Queue::Elevator) {
+        return Err(bad("queue=elevator", "the raid5 controller issues writes as they come: its queue is fifo"));
+    }
+    Ok(d)
+}
+
+/// A decimal number with at most `digits` digits after the point, as an integer of that many
+/// decimal places: `4.9` with 3 is 4900.
+fn parse_decimal(text: &str, digits: u32) -> Option<u64> {
+    let (int, frac) = text.split_once('.').unwrap_or((text, ""));
+    let all_digits = |t: &str| t.bytes().all(|c| c.is_ascii_digit());
+    if int.is_empty() || !all_digits(int) || !all_digits(frac) || frac.len() > digits as usize {
+        return None;
+    }
+    let scale = 10u64.pow(digits);
+    let frac_value =
+        if frac.is_empty() { 0 } else { frac.parse::<u64>().ok()? * 10u64.pow(digits - frac.len() as u32) };
+    int.parse::<u64>().ok()?.checked_mul(scale)?.checked_add(frac_value)
+}
+
+/// An integer of `digits` decimal places as the shortest decimal: 4900 with 3 is `4.9`.
+fn decimal_text(value: u64, digits: u32) -> String {
+    let scale = 10u64.pow(digits);
+    let (int, frac) = (value / scale, value % scale);
+    if frac == 0 {
+        return int.to_string();
+    }
+    let frac = format!("{frac:0width$}", width = digits as usize);
+    format!("{int}.{}", frac.trim_end_matches('0'))
 }
 
 /// Reads `cache(SPEC, log=PATH[:SIZE], ...)`.
@@ -966,7 +1128,7 @@ mod tests {
             ("file:", "file: needs a path"),
             ("cache(mem:1G", "unbalanced parentheses in \"cache(mem:1G\": '(' is never closed (byte 5)"),
             ("cache(mem:1G))", "unexpected \")\" after the closing ')'"),
-            ("zip(mem:1G, log=/l)", "unknown wrapper \"zip\" (known: cache, journal)"),
+            ("zip(mem:1G, log=/l)", "unknown wrapper \"zip\" (known: cache, journal, disk)"),
             ("cache(mem:1G)", "cache(...) needs log=PATH[:SIZE]"),
             ("cache(mem:1G, log=/l, mode=fast)", "use log, immediate or write-through"),
             ("cache(mem:1G, log=/l, speed=9)", "known keys: log, mode, ram, read-cache, policy"),
@@ -1020,6 +1182,71 @@ mod tests {
             let e = parse(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn disk_specs_read_and_print_back() {
+        for text in [
+            "disk(mem:1GiB, model=o7n3200)",
+            "disk(file:/srv/lun.img:10GiB, model=as010a1, rpm=5400, seek=12.25ms, transfer=8.5MB/s, buffer=off, queue=elevator)",
+            "disk(mem:1GiB, rpm=7200, seek=9ms, transfer=33.7MB/s)",
+            "journal(disk(file:/srv/a.img, model=raid5, buffer=64MiB), journal=/j)",
+            "cache(disk(iscsi://h:3260/iqn.x/0, model=ddys, queue=fifo), log=/l)",
+        ] {
+            let spec: DeviceSpec = text.parse().unwrap();
+            assert_eq!(spec.to_string(), text);
+        }
+        let DeviceSpec::Layer(Layer::Disk(d)) = parse("disk(mem:1G, model=DDYS, seek=4900us, transfer=34.04)").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!((d.model, d.seek_us, d.transfer), (Some(stics_disk::Preset::Ddys), Some(4900), Some(34_040_000)));
+        let c = d.config();
+        assert_eq!((c.mechanics.transfer, c.buffer), (34.04e6, 4 << 20));
+        let DeviceSpec::Layer(Layer::Disk(d)) = parse("disk(mem:1G, model=91366u4, buffer=off)").unwrap() else {
+            panic!()
+        };
+        assert_eq!(d.buffer, Some(0));
+    }
+
+    #[test]
+    fn bad_disk_specs_say_what_is_wrong() {
+        for (text, want) in [
+            ("disk(mem:1G)", "needs model=NAME, or rpm=, seek= and transfer= all given"),
+            ("disk(mem:1G, rpm=7200, seek=9ms)", "needs model=NAME"),
+            ("disk(mem:1G, model=st506)", "\"model=st506\" of disk(...): unknown model (known: o7n3200, as010a1"),
+            ("disk(mem:1G, model=dnes, rpm=0)", "rpm is a whole number from 1 to 1000000"),
+            ("disk(mem:1G, model=dnes, rpm=fast)", "rpm is a whole number"),
+            ("disk(mem:1G, model=dnes, seek=-1ms)", "seek is a time from 0 to 1000 ms"),
+            ("disk(mem:1G, model=dnes, seek=4.9999ms)", "seek is a time"),
+            ("disk(mem:1G, model=dnes, seek=2s)", "seek is a time"),
+            ("disk(mem:1G, model=dnes, transfer=0MB/s)", "transfer is a rate above 0"),
+            ("disk(mem:1G, model=dnes, transfer=fast)", "transfer is a rate"),
+            ("disk(mem:1G, model=dnes, buffer=lots)", "buffer is a size (e.g. 2MiB) or off"),
+            ("disk(mem:1G, model=dnes, queue=lifo)", "queue is fifo or elevator"),
+            ("disk(mem:1G, model=raid5, queue=elevator)", "the raid5 controller issues writes as they come"),
+            ("disk(mem:1G, model=dnes, heads=4)", "known keys: model, rpm, seek, transfer, buffer, queue"),
+            ("disk(iscsi://u%hush@h/iqn.x/0, model=zz)", "unknown model"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+            assert!(!e.contains("hush"), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn decimals_read_and_print_exactly() {
+        assert_eq!(parse_decimal("4.9", 3), Some(4900));
+        assert_eq!(parse_decimal("29.8", 6), Some(29_800_000));
+        assert_eq!(parse_decimal("7", 3), Some(7000));
+        assert_eq!(parse_decimal("0.001", 3), Some(1));
+        for bad in ["", ".5", "1.", "1.2345", "-1", "1e3", "1.2.3"] {
+            assert_eq!(parse_decimal(bad, 3), if bad == "1." { Some(1000) } else { None }, "{bad}");
+        }
+        assert_eq!(decimal_text(4900, 3), "4.9");
+        assert_eq!(decimal_text(34_040_000, 6), "34.04");
+        assert_eq!(decimal_text(7, 3), "0.007");
+        assert_eq!(decimal_text(9000, 3), "9");
     }
 
     #[test]
@@ -1187,6 +1414,42 @@ mod tests {
         }
     }
 
+    /// `disk(...)` over any leaf, with a model or all three mechanics, and any of the options.
+    fn disk_spec() -> impl Strategy<Value = DeviceSpec> {
+        let preset = proptest::option::of(proptest::sample::select(stics_disk::Preset::ALL.to_vec()));
+        let queue = proptest::option::of(prop_oneof![Just(stics_disk::Queue::Fifo), Just(stics_disk::Queue::Elevator)]);
+        let buffer = proptest::option::of(prop_oneof![Just(0u64), (1u64..1 << 30), (1u64..64).prop_map(|n| n << 20)]);
+        // A nested spec may not hold a comma or an unbalanced parenthesis (see the module docs),
+        // nor begin or end with a space (wrapper arguments are trimmed).
+        let inner = spec().prop_filter("no commas, parentheses or spaces at the ends", |s| {
+            let t = s.to_string();
+            !t.contains([',', '(', ')']) && t.trim() == t
+        });
+        (
+            inner,
+            preset,
+            proptest::option::of(1u32..=1_000_000),
+            proptest::option::of(0u64..=1_000_000),
+            proptest::option::of(1u64..=100_000_000_000),
+            buffer,
+            queue,
+        )
+            .prop_map(|(inner, model, rpm, seek_us, transfer, buffer, queue)| {
+                let explicit = model.is_none();
+                let queue =
+                    if model == Some(stics_disk::Preset::Raid5) { Some(stics_disk::Queue::Fifo) } else { queue };
+                DeviceSpec::Layer(Layer::Disk(DiskSpec {
+                    inner: Box::new(inner),
+                    model,
+                    rpm: if explicit { Some(rpm.unwrap_or(7200)) } else { rpm },
+                    seek_us: if explicit { Some(seek_us.unwrap_or(8500)) } else { seek_us },
+                    transfer: if explicit { Some(transfer.unwrap_or(16_600_000)) } else { transfer },
+                    buffer,
+                    queue,
+                }))
+            })
+    }
+
     /// `first_burst`, `max_burst` (never below the first), `max_r2t` and `max_transfer`, in
     /// range, as whole bytes or whole binary units.
     fn burst_options() -> impl Strategy<Value = (Option<u32>, Option<u32>, Option<u32>, Option<u32>)> {
@@ -1207,6 +1470,12 @@ mod tests {
     proptest! {
         #[test]
         fn printed_specs_parse_back_to_the_same_spec(s in spec()) {
+            let text = s.to_string();
+            prop_assert_eq!(parse(&text).map_err(|e| e.to_string()), Ok(s), "{}", text);
+        }
+
+        #[test]
+        fn printed_disk_specs_parse_back_to_the_same_spec(s in disk_spec()) {
             let text = s.to_string();
             prop_assert_eq!(parse(&text).map_err(|e| e.to_string()), Ok(s), "{}", text);
         }

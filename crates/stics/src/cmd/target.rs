@@ -27,7 +27,12 @@ pub struct Args {
     /// or rbd:POOL/IMAGE[@SNAP][?conf=PATH&id=NAME&keyring=PATH&block=4096&timeout=SECS] (a
     /// Ceph RBD image, with the rbd build feature; a snapshot is served read-only, an image is
     /// held under RBD's exclusive lock so no second target can serve it); :BLOCK after a size
-    /// sets the block size (mem:1GiB:4096). Default: one mem:1GiB LUN when there is no config file.
+    /// sets the block size (mem:1GiB:4096). Any of them may be wrapped: cache(SPEC, log=PATH,
+    /// ...) (the STICS cache), journal(SPEC, journal=PATH) (an SG's journal) or disk(SPEC,
+    /// model=o7n3200|as010a1|91366u4|dnes|ddys|raid5[, rpm=N, seek=4.9ms, transfer=29.8MB/s,
+    /// buffer=SIZE|off, queue=fifo|elevator]) (SPEC answering when the seeds' disk would: seek,
+    /// rotation, transfer and its write buffer). Default: one mem:1GiB LUN when there is no
+    /// config file.
     #[arg(long, value_name = "SPEC")]
     pub lun: Vec<String>,
 
