@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use serde_json::Value;
 
 /// What `stics bench all` runs, in its order.
-const EXPERIMENTS: [&str; 14] = [
+const EXPERIMENTS: [&str; 15] = [
     "wan",
     "conformance",
     "interop",
@@ -21,6 +21,7 @@ const EXPERIMENTS: [&str; 14] = [
     "target",
     "micro",
     "delay",
+    "disk",
     "cache-location",
     "congestion",
     "postmark",
@@ -43,6 +44,7 @@ const KEYS: &[(&str, usize, &[&str])] = &[
     ("micro", 1, &["size"]),
     ("micro", 2, &["size"]),
     ("delay", 1, &["op", "device", "at"]),
+    ("disk", 1, &["model", "access", "via"]),
     ("cache-location", 1, &["delay"]),
     ("congestion", 1, &["load"]),
     ("postmark", 1, &["pool", "rate", "block"]),

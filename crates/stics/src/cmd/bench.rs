@@ -8,8 +8,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use stics_bench::exp::{
-    cache_location, conformance, congestion, delay, gateway, initiator, interop, micro, packets, postmark, rbd, target,
-    trace, wan, write_model,
+    cache_location, conformance, congestion, delay, disk, gateway, initiator, interop, micro, packets, postmark, rbd,
+    target, trace, wan, write_model,
 };
 use stics_bench::load::{self, Op, Pattern};
 use stics_bench::machine::Machine;
@@ -66,6 +66,8 @@ enum Cmd {
     Delay(delay::Args),
     /// Seed 003 eqs. 1-4: one write at depth 1 through stics wan (Reno) against RTT, loss and size (4 KiB-16 MiB) with 64 KiB/256 KiB bursts, beside the model, with model/measured ratios.
     WriteModel(write_model::Args),
+    /// The disk model's check: random and sequential 8 KiB reads and writes at depth 1 on disk(mem:…, model=X) for every preset (seed 004 Table 2, seed 000's disks and array), the model's mean for the same requests against the measured one, and one run through stics target.
+    Disk(disk::Args),
     /// stics target against tgt on a page-cached file LUN with qemu-img bench: IOPS, latency, loopback share, CPU per GiB.
     Target(target::Args),
     /// libiscsi's iscsi-test-cu --test=ALL against stics target and tgt, counted strictly; fails if stics fails a test.
@@ -174,6 +176,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let reports: Vec<Report> = match &a.cmd {
         Cmd::Micro(m) => vec![with_commands(b, || micro::run(b, m))?],
         Cmd::Delay(d) => vec![with_commands(b, || delay::run(b, d))?],
+        Cmd::Disk(x) => vec![with_commands(b, || disk::run(b, x))?],
         Cmd::WriteModel(w) => vec![with_commands(b, || write_model::run(b, w))?],
         Cmd::Target(t) => vec![with_commands(b, || target::run(b, t))?],
         Cmd::Conformance(x) => vec![with_commands(b, || conformance::run(b, x))?],
@@ -248,6 +251,7 @@ fn run_all(b: &Bench, errors: &mut Vec<String>) -> Vec<Report> {
         ("target", Box::new(|| with_commands(b, || target::run(b, &defaults()?)))),
         ("micro", Box::new(|| with_commands(b, || micro::run(b, &defaults()?)))),
         ("delay", Box::new(|| with_commands(b, || delay::run(b, &defaults()?)))),
+        ("disk", Box::new(|| with_commands(b, || disk::run(b, &defaults()?)))),
         ("cache-location", Box::new(|| with_commands(b, || cache_location::run(b, &defaults()?)))),
         ("congestion", Box::new(|| with_commands(b, || congestion::run(b, &defaults()?)))),
         ("postmark", Box::new(|| with_commands(b, || postmark::run(b, &defaults()?)))),

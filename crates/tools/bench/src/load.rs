@@ -155,35 +155,28 @@ pub async fn run(dev: Arc<dyn BlockDev>, spec: &Spec) -> Result<Outcome, LoadErr
     for w in 0..depth {
         let (dev, hist, issued, spec) = (Arc::clone(&dev), Arc::clone(&hist), Arc::clone(&issued), spec.clone());
         workers.spawn(async move {
-            let per = slots / depth;
-            let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed ^ (w + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-            let mut next = 0u64;
+            let mut walk = worker_slots(spec.pattern, spec.seed, w, depth, slots);
+            // The data comes from a stream of its own, so that the offsets do not depend on it.
+            let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed ^ (w + 1).wrapping_mul(0xd1b5_4a32_d192_ed03));
             let mut writes = 0u64;
             let mut local = Vec::with_capacity(1024);
             loop {
                 if deadline.is_some_and(|d| Instant::now() >= d) || issued.fetch_add(1, Relaxed) >= limit {
                     break;
                 }
-                let slot = match spec.pattern {
-                    Pattern::Same => 0,
-                    Pattern::Random => rng.gen_range(0..slots),
-                    Pattern::Seq => {
-                        let s = w * per + next % per;
-                        next += 1;
-                        s
-                    }
-                };
+                let slot = walk.next().unwrap_or(0);
                 let lba = (first + slot) * blocks;
+                // Fresh random data for every write: a cache that compresses what it ships must
+                // not find the same block again. It is made before the clock starts.
+                let data = (spec.op == Op::Write).then(|| {
+                    let mut fill = vec![0u8; size];
+                    rng.fill(&mut fill[..]);
+                    Bytes::from(fill)
+                });
                 let t = Instant::now();
-                let r = match spec.op {
-                    Op::Read => dev.read(lba, blocks_u32).await.map(drop),
-                    Op::Write => {
-                        // Fresh random data for every write: a cache that compresses what it
-                        // ships must not find the same block again.
-                        let mut fill = vec![0u8; size];
-                        rng.fill(&mut fill[..]);
-                        dev.write(lba, Bytes::from(fill), false).await
-                    }
+                let r = match data {
+                    None => dev.read(lba, blocks_u32).await.map(drop),
+                    Some(data) => dev.write(lba, data, false).await,
                 };
                 r.map_err(|source| LoadError::Io { lba, source })?;
                 local.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1));
@@ -221,6 +214,23 @@ pub async fn run(dev: Arc<dyn BlockDev>, spec: &Spec) -> Result<Outcome, LoadErr
         cpu_seconds: self_cpu() - cpu0,
         warmup: 0,
         negotiated: None,
+    })
+}
+
+/// The request slots (offsets in requests from the span's start) worker `w` of a closed-loop run
+/// with `depth` workers visits, in order: what [`run`] sends, for checking a model against it.
+pub fn worker_slots(pattern: Pattern, seed: u64, w: u64, depth: u64, slots: u64) -> impl Iterator<Item = u64> {
+    let per = slots / depth.max(1);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (w + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut next = 0u64;
+    std::iter::repeat_with(move || match pattern {
+        Pattern::Same => 0,
+        Pattern::Random => rng.gen_range(0..slots),
+        Pattern::Seq => {
+            let s = w * per + next % per.max(1);
+            next += 1;
+            s
+        }
     })
 }
 

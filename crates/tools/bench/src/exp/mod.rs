@@ -5,6 +5,7 @@ pub mod cache_location;
 pub mod conformance;
 pub mod congestion;
 pub mod delay;
+pub mod disk;
 pub mod fs;
 pub mod gateway;
 pub mod initiator;
