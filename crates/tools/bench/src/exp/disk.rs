@@ -194,14 +194,22 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
          machine shared with other work the waiting thread's preemptions too, tens of microseconds; the check \
          allows 10 % or 50 µs, whichever is more.",
     );
-    r.check(
+    // A reading, not a check: the times are wall-clock, and a machine shared with other work
+    // adds to them (see above); `stics bench` judges behaviour only.
+    r.note(if outside.is_empty() {
         format!(
-            "every measured mean within {:.0} % of the model's, or within {:.0} µs of it{}",
+            "Every measured mean is within {:.0} % of the model's, or within {:.0} µs of it (the goal).",
+            TOLERANCE * 100.0,
+            SLACK * 1e6
+        )
+    } else {
+        format!(
+            "Outside {:.0} % of the model's mean and {:.0} µs of it in this run: {} (the goal is none; a busy \
+             machine only adds time).",
             TOLERANCE * 100.0,
             SLACK * 1e6,
-            if outside.is_empty() { String::new() } else { format!(" (not: {})", outside.join(", ")) }
-        ),
-        outside.is_empty(),
-    );
+            outside.join(", ")
+        )
+    });
     Ok(r)
 }
