@@ -292,10 +292,29 @@ fn report(slices: &[Slice], caption: String) -> Result<Report> {
          link's rate the run is bound by the link, and a gateway that sends as many bytes (log WAN bytes, which \
          counts its destage until drained) can only finish ahead by what its log still holds when PostMark ends.",
     );
+    for s in slices {
+        if let Some(note) = link_reading(s) {
+            r.note(note);
+        }
+    }
     r.note(
         "ext4 is mounted -o sync so that PostMark's writes reach the device; without it the runs fit the page cache.",
     );
     Ok(r)
+}
+
+/// The link's run time against today's gateway (goal: no worse) and its WAN bytes against plain
+/// iSCSI's, for a slice that ran it.
+fn link_reading(s: &Slice) -> Option<String> {
+    let link = s.link?;
+    let bytes = s.link_bytes.map(|x| format!("; {x:.2}× plain iSCSI's WAN bytes")).unwrap_or_default();
+    Some(format!(
+        "{} {} {} B: log + link ran {:.2}× the time of log mode over plain destage (goal: at most 1.00×){bytes}.",
+        s.rate,
+        s.pool,
+        s.block,
+        link / s.log
+    ))
 }
 
 #[cfg(test)]
@@ -333,7 +352,8 @@ mod tests {
         let b = folder(dir.path(), "b", &old);
         let c = dir.path().join("c");
         std::fs::create_dir_all(&c).unwrap();
-        std::fs::write(c.join("table-1.json"), format!("[{}]", row("100mbit", "small", 8192))).unwrap();
+        let linked = row("100mbit", "small", 8192).replace(r#""fsck""#, r#""link": 120.0, "link_bytes": 0.25, "fsck""#);
+        std::fs::write(c.join("table-1.json"), format!("[{linked}]")).unwrap();
         let slices = merged(&args(vec![a, b, c])).unwrap();
         let keys: Vec<(&str, &str, f64)> = slices.iter().map(|s| (s.rate.as_str(), s.pool.as_str(), s.block)).collect();
         assert_eq!(
@@ -346,10 +366,19 @@ mod tests {
             ]
         );
         assert_eq!((slices[1].plain_wan, slices[0].plain_wan), (None, Some(2e8)));
+        assert_eq!((slices[0].link, slices[0].link_bytes, slices[1].link), (Some(120.0), Some(0.25), None));
+        assert_eq!(
+            link_reading(&slices[0]).unwrap(),
+            "100mbit small 8192 B: log + link ran 0.75× the time of log mode over plain destage (goal: at most \
+             1.00×); 0.25× plain iSCSI's WAN bytes."
+        );
+        assert_eq!(link_reading(&slices[1]), None);
         let r = report(&slices, "merged".into()).unwrap();
         let rows = r.sections[0].table.rows_json();
         assert_eq!(rows.as_array().unwrap().len(), 4);
         assert!(rows[1]["plain_wan"].is_null(), "{rows}");
+        assert_eq!(rows[0]["link_speedup"], 150.0 / 120.0);
+        assert!(rows[1]["link"].is_null() && rows[1]["link_speedup"].is_null(), "{rows}");
         assert_eq!(rows[2]["paper_log"], "1.51–1.80");
         let fig = r.sections[0].figure.as_ref().unwrap();
         let labels: Vec<&str> = fig.series.iter().map(|s| s.label.as_str()).collect();
@@ -358,6 +387,7 @@ mod tests {
             [
                 "log, small, 100mbit",
                 "immediate, small, 100mbit",
+                "log + link, small, 100mbit",
                 "log, large, 100mbit",
                 "immediate, large, 100mbit",
                 "log, small, 1gbit",
@@ -365,7 +395,7 @@ mod tests {
             ]
         );
         assert_eq!(fig.categories, ["512", "4096", "8192"]);
-        assert_eq!(fig.series[4].points, [(1.0, 150.0 / 160.0), (2.0, 150.0 / 160.0)]);
+        assert_eq!(fig.series[5].points, [(1.0, 150.0 / 160.0), (2.0, 150.0 / 160.0)]);
         assert_eq!(fig.series[0].points, [(3.0, 150.0 / 160.0)]);
     }
 
