@@ -8,6 +8,8 @@ PACKAGES=(
     libiscsi-bin tgt qemu-utils qemu-block-extra qemu-system-common postmark fio iperf3
     fuse3 e2fsprogs util-linux mount iproute2 iptables nftables iputils-ping procps python3 bc
     fonts-dejavu-core pkg-config psmisc curl
+    # promtool, which checks the /metrics of the gateway and of the target in their tests.
+    prometheus
     # Ceph: the throwaway cluster of the RBD tests (scripts/ceph-cluster.sh), librbd for the
     # `rbd` build feature, and tgt's rbd backing store (the peer of `stics bench rbd`).
     ceph-mon ceph-mgr ceph-osd ceph-common librbd-dev librados-dev tgt-rbd

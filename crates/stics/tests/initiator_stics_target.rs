@@ -13,7 +13,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use stics_block::{BlockDev, BlockError};
 use stics_initiator::{IscsiUrl, Lun, LunOptions};
-use stics_target::{Config, TargetConfig};
 use stics_testkit::peers::{InProcess, SticsTarget};
 use stics_testkit::workload::{fault_options, run_with_fault, zeroing_reads_back_zeros};
 use stics_testkit::IQN;
@@ -134,19 +133,7 @@ async fn one_writer_claims_the_lun_with_a_persistent_reservation() {
 
 /// The stics target in this process with LUN 0 over `mem:16MiB`.
 async fn in_process() -> InProcess {
-    let config = Config {
-        listen: vec!["127.0.0.1:0".into()],
-        targets: vec![TargetConfig {
-            iqn: IQN.into(),
-            alias: None,
-            luns: vec!["mem:16MiB".into()],
-            chap: None,
-            mutual_chap: None,
-            initiators: Vec::new(),
-        }],
-        ..Config::default()
-    };
-    InProcess::start(&config).await
+    InProcess::mem(IQN, 16 << 20).await
 }
 
 fn url_via(port: u16) -> IscsiUrl {

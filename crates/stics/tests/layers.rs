@@ -11,7 +11,9 @@ fn root() -> PathBuf {
 }
 
 /// The layers of ARCHITECTURE.md, lowest first; the binary and the test kit sit on top.
-const LAYERS: [&str; 6] = ["codec", "device", "initiator", "compose", "serve", "tools"];
+/// The peers that speak iSCSI (`initiator`, `serve`) know only block devices and sit beneath
+/// `compose`, which builds devices from text and serves configuration files over them.
+const LAYERS: [&str; 6] = ["codec", "device", "initiator", "serve", "compose", "tools"];
 
 /// The layer of a crate from its manifest's folder under `crates/`.
 fn layer(manifest: &Path) -> usize {
@@ -55,6 +57,37 @@ fn each_crate_depends_only_on_its_own_layer_or_those_beneath_and_the_test_kit_on
         }
     }
     assert!(checked > 30, "only {checked} dependencies seen");
+}
+
+#[test]
+fn no_crate_under_serve_or_initiator_depends_on_compose() {
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
+    let m: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let packages = m["packages"].as_array().unwrap();
+    let folder = |name: &str| -> Option<usize> {
+        let p = packages.iter().find(|p| p["name"] == name)?;
+        Some(layer(Path::new(p["manifest_path"].as_str()?)))
+    };
+    let compose = LAYERS.iter().position(|l| *l == "compose").unwrap();
+    let mut peers = 0;
+    for p in packages {
+        let own = layer(Path::new(p["manifest_path"].as_str().unwrap()));
+        if !matches!(LAYERS.get(own), Some(&("serve" | "initiator"))) {
+            continue;
+        }
+        peers += 1;
+        // Dev-dependencies too: the peers' tests stand on the test kit, not on composition.
+        for d in p["dependencies"].as_array().unwrap().iter().filter(|d| d["path"].is_string()) {
+            let dep = d["name"].as_str().unwrap();
+            assert_ne!(folder(dep), Some(compose), "{} depends on {dep}, under compose/", p["name"]);
+        }
+    }
+    assert!(peers >= 3, "stics-scsi, stics-target and stics-initiator: {peers} seen");
 }
 
 /// Libraries that call the kernel or C and so may not forbid `unsafe`.

@@ -377,27 +377,10 @@ impl Client {
 mod tests {
     use super::*;
     use crate::peers::InProcess;
-    use stics_target::{Config, Limits, TargetConfig};
-
-    fn config() -> Config {
-        Config {
-            listen: vec!["127.0.0.1:0".into()],
-            limits: Limits::default(),
-            targets: vec![TargetConfig {
-                iqn: crate::IQN.into(),
-                alias: None,
-                luns: vec!["mem:1M".into()],
-                chap: None,
-                mutual_chap: None,
-                initiators: vec![],
-            }],
-            ..Config::default()
-        }
-    }
 
     #[tokio::test]
     async fn logs_in_writes_with_r2t_reads_back_and_logs_out() {
-        let t = InProcess::start(&config()).await;
+        let t = InProcess::mem(crate::IQN, 1 << 20).await;
         let mut c = Client::connect(t.addr).await;
         let a = c.login(&[("InitialR2T", "Yes"), ("ImmediateData", "No"), ("HeaderDigest", "CRC32C")]).await;
         assert_eq!(get(&a, "HeaderDigest"), Some("CRC32C"));
@@ -415,7 +398,7 @@ mod tests {
 
     #[tokio::test]
     async fn raw_garbage_makes_the_target_close() {
-        let t = InProcess::start(&config()).await;
+        let t = InProcess::mem(crate::IQN, 1 << 20).await;
         let mut c = Client::connect(t.addr).await;
         c.send_raw(&[0xff; 100]).await;
         assert!(c.closed().await);

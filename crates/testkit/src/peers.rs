@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use stics_block::BlockDev;
-use stics_target::{Config, Server};
+use stics_block::{BlockDev, MemDev};
+use stics_target::{Server, ServerConfig, Target};
 use tokio::sync::oneshot;
 
 use crate::net::free_port;
@@ -255,6 +255,16 @@ impl SticsTarget {
     }
 }
 
+/// `127.0.0.1:0`: a free port on loopback.
+pub fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+/// A memory LUN of `bytes` in blocks of `block_size`.
+pub fn mem(bytes: u64, block_size: u32) -> Arc<dyn BlockDev> {
+    Arc::new(MemDev::new(block_size, bytes / u64::from(block_size)))
+}
+
 /// The stics target inside the test's runtime, stopped by [`InProcess::stop`] (or when the
 /// runtime ends).
 pub struct InProcess {
@@ -265,14 +275,18 @@ pub struct InProcess {
 
 impl InProcess {
     /// Binds `config` (listen on `127.0.0.1:0` for a free port) and serves it in a task.
-    pub async fn start(config: &Config) -> InProcess {
+    pub async fn start(config: ServerConfig) -> InProcess {
         InProcess::serve(Server::bind(config).await.unwrap())
     }
 
-    /// [`InProcess::start`] over devices already open: `luns[i]` are the LUNs of
-    /// `config.targets[i]` (see [`Server::bind_devices`]).
-    pub async fn start_devices(config: &Config, luns: Vec<Vec<Arc<dyn BlockDev>>>) -> InProcess {
-        InProcess::serve(Server::bind_devices(config, luns).await.unwrap())
+    /// One target `iqn` on a free loopback port over `luns`.
+    pub async fn over(iqn: &str, luns: Vec<Arc<dyn BlockDev>>) -> InProcess {
+        InProcess::start(ServerConfig::new(vec![loopback()], vec![Target::new(iqn, luns)])).await
+    }
+
+    /// One target `iqn` on a free loopback port with one memory LUN of `bytes` in 512-byte blocks.
+    pub async fn mem(iqn: &str, bytes: u64) -> InProcess {
+        InProcess::over(iqn, vec![mem(bytes, 512)]).await
     }
 
     /// Serves a bound server in a task.

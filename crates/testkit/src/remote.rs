@@ -19,7 +19,7 @@ use stics_initiator::{Data, IscsiUrl, Lun, LunOptions};
 use stics_sam::op::{pr_in, pr_out, pr_type};
 use stics_sam::sense::{asc, key};
 use stics_sam::{cdb, data, status};
-use stics_target::{Config, Server as TargetServer, TargetConfig};
+use stics_target::{Server as TargetServer, ServerConfig, Target};
 
 use crate::faults::{ErrorKind, FaultDev, Op, Rule};
 use crate::net::{free_port, Proxy};
@@ -332,22 +332,12 @@ async fn pr(lun: &Lun, sa: u8, ptype: u8, key: u64, sa_key: u64) {
 /// The in-process target over `dev` on 127.0.0.1:`port`, bound again until the old listener
 /// has let the port go.
 async fn serve_stics(port: u16, dev: &FaultDev) -> InProcess {
-    let config = Config {
-        listen: vec![format!("127.0.0.1:{port}")],
-        targets: vec![TargetConfig {
-            iqn: IQN.into(),
-            alias: Some("fault remote".into()),
-            luns: vec!["fault-injecting RAM".into()],
-            chap: None,
-            mutual_chap: None,
-            initiators: Vec::new(),
-        }],
-        ..Config::default()
-    };
     let deadline = Instant::now() + REBIND;
     loop {
         let devs: Vec<Arc<dyn BlockDev>> = vec![Arc::new(dev.clone())];
-        match TargetServer::bind_devices(&config, vec![devs]).await {
+        let target = Target { alias: Some("fault remote".into()), ..Target::new(IQN, devs) };
+        let config = ServerConfig::new(vec![std::net::SocketAddr::from(([127, 0, 0, 1], port))], vec![target]);
+        match TargetServer::bind(config).await {
             Ok(server) => return InProcess::serve(server),
             Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
             Err(e) => panic!("the fault remote's target cannot start again on port {port}: {e}"),

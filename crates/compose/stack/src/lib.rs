@@ -14,7 +14,10 @@ mod open;
 mod spec;
 mod syntax;
 
-pub use open::{open, OpenContext, OpenError, RbdDefaults, DEFAULT_RBD_TIMEOUT_SECS};
+pub use open::{
+    log_binding, open, open_remote, CacheLog, OpenContext, OpenError, RbdDefaults, DEFAULT_LOG_BYTES,
+    DEFAULT_RBD_TIMEOUT_SECS,
+};
 pub use spec::{
     CacheSpec, DeviceSpec, DiskSpec, IscsiOptions, JournalAt, JournalSpec, Layer, LayerArgs, RbdSpec, Redacted,
     SpecError, LAYERS, MAX_GROUP, MAX_RBD_TIMEOUT_SECS, MAX_SESSIONS,

@@ -1,7 +1,7 @@
 //! Turning a [`DeviceSpec`] into a running device: the one place that calls every backend's
 //! constructor.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use stics_block::{BlockDev, FileDev, InUse, LockError, MemDev, NullDev, DEFAULT_BLOCK_SIZE};
@@ -53,11 +53,6 @@ impl OpenContext {
 
     fn caches(&self) -> MutexGuard<'_, Vec<Arc<Cache>>> {
         self.caches.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Every cache opened through this context: for status, drain and metrics.
-    pub fn cache_devices(&self) -> Vec<Arc<Cache>> {
-        self.caches().clone()
     }
 
     fn journals(&self) -> MutexGuard<'_, Vec<Arc<JournalDev>>> {
@@ -229,48 +224,14 @@ async fn open_in(spec: &DeviceSpec, ctx: &OpenContext, place: Place) -> Result<A
             lun
         }
         DeviceSpec::Rbd(r) => open_rbd(r, &ctx.rbd).await?,
-        // A cache opens its log first, for itself alone: a second writer on the log would append
-        // at the same tail and, under the same key, take the remote too. So another open of the
-        // log (in this process or another) is refused before anything reads, sizes or formats
-        // it, and before the remote is logged in to. The lock lives as long as the log's
-        // FileDev, which the cache keeps.
+        // A cache opens its log first, for itself alone (see `CacheLog::open`), then the device
+        // it wraps (the future is recursive, hence the box).
         DeviceSpec::Layer(Layer::Cache(c)) => {
-            let exists = c.log.exists();
-            let size = if exists { None } else { Some(c.log_size.unwrap_or(DEFAULT_LOG_BYTES)) };
-            let log = FileDev::open_exclusive(&c.log, size, DEFAULT_BLOCK_SIZE).map_err(|e| match e {
-                LockError::InUse(source) => OpenError::LogInUse { log: c.log.clone(), source },
-                LockError::Io(source) => OpenError::File { path: c.log.clone(), source },
-            })?;
-            // A new log is removed again when opening fails before the cache formats it.
-            let forget = || {
-                if !exists {
-                    let _ = std::fs::remove_file(&c.log);
-                }
-            };
-            // A log allocated up front cannot meet a full file system in the middle of a commit,
-            // where the only choices would be to hang or to fail writes already promised.
-            if let Err(source) = log.reserve() {
-                forget();
-                return Err(OpenError::LogSpace { log: c.log.clone(), kept: exists, source });
-            }
-            // A new log is written out once, so that its first round of synchronous appends
-            // overwrites blocks instead of converting fallocate's unwritten extents one by one.
-            let log = if exists {
-                log
-            } else {
-                let filled = tokio::task::spawn_blocking(move || log.prefill().map(|()| log))
-                    .await
-                    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-                filled.map_err(|source| {
-                    forget();
-                    OpenError::File { path: c.log.clone(), source }
-                })?
-            };
-            // The inner spec is opened next (the future is recursive, hence the box).
+            let log = CacheLog::open(&c.log, c.log_size).await?;
             let inner = match Box::pin(open_in(&c.inner, ctx, Place::UnderCache)).await {
                 Ok(inner) => inner,
                 Err(e) => {
-                    forget();
+                    log.abandon();
                     return Err(e);
                 }
             };
@@ -296,9 +257,8 @@ async fn open_in(spec: &DeviceSpec, ctx: &OpenContext, place: Place) -> Result<A
             if let Some(n) = c.max_lag_secs {
                 opts.max_lag = Some(std::time::Duration::from_secs(n));
             }
-            // The log is bound to the remote's own name when it has one, else to how it is named here.
-            let id = inner.device_id().unwrap_or_else(|| c.inner.redacted().to_string());
-            let cache = Cache::open(Arc::new(log), inner, id.as_bytes(), opts)
+            let id = log_binding(&c.inner, inner.as_ref());
+            let cache = Cache::open(Arc::new(log.into_dev()), inner, id.as_bytes(), opts)
                 .await
                 .map_err(|source| OpenError::Cache { log: c.log.clone(), source })?;
             let cache = Arc::new(cache);
@@ -344,6 +304,93 @@ async fn open_in(spec: &DeviceSpec, ctx: &OpenContext, place: Place) -> Result<A
             dev
         }
     })
+}
+
+/// Opens the device `spec` names as the remote of a cache: a remote LUN reads on a session of
+/// its own unless its spec says `read_session=off`, so that the cache's read misses never wait
+/// behind its destage.
+pub async fn open_remote(spec: &DeviceSpec, ctx: &OpenContext) -> Result<Arc<dyn BlockDev>, OpenError> {
+    open_in(spec, ctx, Place::UnderCache).await
+}
+
+/// What a cache's log is bound to: the remote's own name when it has one (a remote LUN's
+/// Device Identification designator), else how `spec` names it. A log refuses to serve
+/// another remote, so every opener of a cache must bind it the same way.
+pub fn log_binding(spec: &DeviceSpec, remote: &dyn BlockDev) -> String {
+    remote.device_id().unwrap_or_else(|| spec.redacted().to_string())
+}
+
+/// A cache's write log, open for that cache alone.
+///
+/// The log is opened before anything else of its cache: a second writer on it would append at
+/// the same tail and, under the same key, take the remote too. So another open of the log (in
+/// this process or another) is refused before anything reads, sizes or formats it, and before
+/// the remote is logged in to. The lock lives as long as the log's `FileDev`, which the cache
+/// keeps.
+pub struct CacheLog {
+    file: FileDev,
+    path: PathBuf,
+    created: bool,
+}
+
+impl std::fmt::Debug for CacheLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheLog").field("path", &self.path).field("created", &self.created).finish_non_exhaustive()
+    }
+}
+
+impl CacheLog {
+    /// Opens the log at `path` exclusively, creating it at `size` ([`DEFAULT_LOG_BYTES`] when
+    /// `None`) if it does not exist, allocated in full and written out once.
+    pub async fn open(path: &Path, size: Option<u64>) -> Result<CacheLog, OpenError> {
+        let exists = path.exists();
+        let size = if exists { None } else { Some(size.unwrap_or(DEFAULT_LOG_BYTES)) };
+        let file = FileDev::open_exclusive(path, size, DEFAULT_BLOCK_SIZE).map_err(|e| match e {
+            LockError::InUse(source) => OpenError::LogInUse { log: path.to_owned(), source },
+            LockError::Io(source) => OpenError::File { path: path.to_owned(), source },
+        })?;
+        let log = CacheLog { file, path: path.to_owned(), created: !exists };
+        // A log allocated up front cannot meet a full file system in the middle of a commit,
+        // where the only choices would be to hang or to fail writes already promised.
+        if let Err(source) = log.file.reserve() {
+            log.abandon();
+            return Err(OpenError::LogSpace { log: path.to_owned(), kept: exists, source });
+        }
+        if exists {
+            return Ok(log);
+        }
+        // A new log is written out once, so that its first round of synchronous appends
+        // overwrites blocks instead of converting fallocate's unwritten extents one by one.
+        let CacheLog { file, path, created } = log;
+        let filled = tokio::task::spawn_blocking(move || file.prefill().map(|()| file))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        match filled {
+            Ok(file) => Ok(CacheLog { file, path, created }),
+            Err(source) => {
+                let _ = std::fs::remove_file(&path);
+                Err(OpenError::File { path, source })
+            }
+        }
+    }
+
+    /// Whether opening made the file.
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// Gives the log up because its cache could not be opened: a log made for it is removed
+    /// again (nothing was ever acknowledged from it), one that existed is left as it was.
+    pub fn abandon(self) {
+        if self.created {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+
+    /// The log's device, for `Cache::open`.
+    pub fn into_dev(self) -> FileDev {
+        self.file
+    }
 }
 
 /// `pool/image[@snap]`, for messages.
@@ -515,7 +562,6 @@ mod tests {
         assert!(dev.volatile_cache(), "immediate mode advertises a volatile cache");
         dev.write(3, bytes::Bytes::from(vec![7u8; 1024]), false).await.unwrap();
         assert_eq!(&dev.read(3, 2).await.unwrap()[..], &[7u8; 1024][..]);
-        assert_eq!(ctx.cache_devices().len(), 1);
         ctx.close().await;
         let small = format!("cache(mem:4MiB, log={}:8MiB)", dir.path().join("small").display());
         let e = open(&small.parse().unwrap(), &ctx).await.err().unwrap().to_string();
@@ -548,7 +594,6 @@ mod tests {
         let holder = format!("the log {} is in use by this process, {}", log.display(), std::process::id());
         assert!(text.starts_with(&holder) && text.ends_with("each cache needs a log of its own"), "{text}");
         assert!(ctx.remote_luns().is_empty(), "no login was tried");
-        assert_eq!(ctx.cache_devices().len(), 1);
         // The same log inside its own cache's remote, too.
         let nested = format!("cache(cache(mem:4MiB, log={0}, ram=4MiB), log={0}, ram=4MiB)", log.display());
         let e = open(&nested.parse().unwrap(), &ctx).await.err().unwrap();

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use rand::Rng;
-use stics_scsi::{Command, Device, Direction, Nexus};
+use stics_scsi::{Command, Device, Direction, Nexus, Response};
 use stics_wire::frame::{self, Batch, Digests, FrameError};
 use stics_wire::pdu::{login_status, Header, Pdu};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -29,7 +29,8 @@ use crate::datain::Shape;
 use crate::dataout::Burst;
 use crate::login::{Login, Outcome, Step};
 use crate::registry::{RegistryError, SessionCtl};
-use crate::server::{Shared, Target, OUTPUT_UNIT};
+use crate::server::{Exported, Shared, OUTPUT_UNIT};
+use crate::stats::{Kind, TargetStats};
 use crate::textreq::Listing;
 
 /// Largest data segment accepted during login: RFC 7143's 8192 default, with slack for
@@ -236,6 +237,7 @@ async fn login_phase(
                 stream.write_all(&encode_one(&p, none)).await.ok()?;
             }
             Step::Fail(p) => {
+                shared.stats.login_refused();
                 if let Header::LoginResponse(h) = p.header {
                     if let Some(suppressed) = shared.may_warn(peer, "login refused") {
                         tracing::info!(%peer, class = h.status_class, detail = h.status_detail, suppressed, "login refused");
@@ -247,6 +249,7 @@ async fn login_phase(
             Step::Ready(mut p, outcome) => {
                 let fail = |machine: &mut Login, status| machine.fail(&req, status);
                 if outcome.tsih != 0 {
+                    shared.stats.login_refused();
                     // MaxConnections is 1: a login that names an existing session adds nothing.
                     let f = fail(&mut machine, login_status::SESSION_DOES_NOT_EXIST);
                     let _ = stream.write_all(&encode_one(&f, none)).await;
@@ -256,6 +259,7 @@ async fn login_phase(
                 let reg = match reg {
                     Ok(r) => r,
                     Err(RegistryError::Full) => {
+                        shared.stats.login_refused();
                         if let Some(suppressed) = shared.may_warn(peer, "session limit") {
                             tracing::warn!(%peer, suppressed, "session limit reached; login refused");
                         }
@@ -363,6 +367,8 @@ struct Session {
     ctl: Arc<SessionCtl>,
     nexus: Arc<Nexus>,
     device: Option<Arc<Device>>,
+    /// The target's counts (none in a discovery session).
+    stats: Option<Arc<TargetStats>>,
     handle: Arc<SessionHandle>,
     /// The session's output budget in [`OUTPUT_UNIT`]s (reads reserve their data here).
     output: Arc<Semaphore>,
@@ -389,9 +395,14 @@ async fn full_feature(
         target_name: target_name.clone(),
         tpgt: shared.policy.tpgt,
     });
-    let device = o.target.and_then(|i| shared.targets.get(i)).map(|t: &Target| Arc::clone(&t.device));
+    let device = o.target.and_then(|i| shared.targets.get(i)).map(|t: &Exported| Arc::clone(&t.device));
     if let Some(d) = &device {
         d.nexus_added(&nexus);
+    }
+    let stats = o.target.and_then(|i| shared.targets.get(i)).map(|t| Arc::clone(&t.stats));
+    match &stats {
+        Some(s) => s.session_started(),
+        None => shared.stats.discovery_started(),
     }
     tracing::info!(
         initiator = %o.initiator_name, target = %target_name, tsih = li.tsih, %peer,
@@ -456,6 +467,7 @@ async fn full_feature(
         ctl: Arc::clone(&li.ctl),
         nexus: Arc::clone(&nexus),
         device: device.clone(),
+        stats: stats.clone(),
         handle: Arc::clone(&handle),
         output: Arc::new(Semaphore::new(output_units as usize)),
         output_units,
@@ -479,6 +491,10 @@ async fn full_feature(
     }
     if let Some(d) = &device {
         d.nexus_removed(&nexus);
+    }
+    match &stats {
+        Some(s) => s.session_ended(),
+        None => shared.stats.discovery_ended(),
     }
     tracing::info!(initiator = %li.outcome.initiator_name, target = %target_name, tsih = li.tsih, %peer, reason, "session ended");
 }
@@ -743,19 +759,23 @@ impl Session {
         let Some(device) = &self.device else { return };
         let device = Arc::clone(device);
         let nexus = Arc::clone(&self.nexus);
+        let timed = Timed::new(&command);
         let mut fut = Box::pin(async move { device.execute(&nexus, command).await });
         // Most commands (memory, page-cached files) finish on the first poll: answer at once
         // and spare a task. The rest continue in their own task.
         if let Poll::Ready(resp) = fut.as_mut().poll(&mut Context::from_waker(&self.noop)) {
+            timed.done(self.stats.as_deref(), &resp);
             self.handle.run_elsewhere(|l| l.core.on_command_done(itt, task, &resp));
             self.handle.out.push(Out::Release(reservation));
             return;
         }
         let handle = Arc::clone(&self.handle);
+        let stats = self.stats.clone();
         // Held across the spawn so that the task's completion finds its handle registered.
         let mut live = lock(&self.handle.live);
         let join = tokio::spawn(async move {
             let resp = fut.await;
+            timed.done(stats.as_deref(), &resp);
             handle.run_elsewhere(|l| {
                 // A new command may have taken the ITT since this one was aborted.
                 if l.handles.get(&itt).is_some_and(|(t, _)| *t == task) {
@@ -770,6 +790,32 @@ impl Session {
         } else {
             // Aborted by another session's reset before it could be registered.
             join.abort();
+        }
+    }
+}
+
+/// One command as the statistics see it: its kind, LUN, write data and when it started.
+struct Timed {
+    kind: Kind,
+    lun: u64,
+    data_in: usize,
+    started: std::time::Instant,
+}
+
+impl Timed {
+    fn new(command: &Command) -> Timed {
+        Timed {
+            kind: Kind::of(command.cdb.first().copied().unwrap_or_default()),
+            lun: command.lun,
+            data_in: command.data_out.len(),
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// Counts the command as done with `resp` (on a LUN the target has).
+    fn done(&self, stats: Option<&TargetStats>, resp: &Response) {
+        if let Some(lun) = stats.and_then(|s| s.lun(self.lun)) {
+            lun.record(self.kind, self.started.elapsed(), self.data_in, resp.data_in.len(), resp.status);
         }
     }
 }

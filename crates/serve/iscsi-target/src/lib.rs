@@ -1,4 +1,6 @@
-//! The stics iSCSI target (RFC 7143, error recovery level 0) over tokio.
+//! The stics iSCSI target (RFC 7143, error recovery level 0) over tokio. It serves block
+//! devices its caller opened, described by typed values ([`ServerConfig`], [`Target`]): it reads
+//! no file, parses no device spec and opens no device.
 //!
 //! Protocol decisions live in pure state machines that take inputs and return actions:
 //! [`login`] (security and operational negotiation, CHAP), [`core`] (the full-feature
@@ -25,11 +27,13 @@ pub mod login;
 pub mod order;
 pub mod registry;
 mod server;
+pub mod stats;
 pub mod textreq;
 pub mod warn;
 
-pub use config::{Config, ConfigError, Credentials, DiscoveryConfig, Limits, RbdConfig, TargetConfig};
-pub use server::Server;
+pub use config::{ConfigError, Credentials, DiscoveryAuth, Limits};
+pub use server::{Server, ServerConfig, Target};
+pub use stats::Stats;
 
 impl From<ConfigError> for TargetError {
     fn from(e: ConfigError) -> Self {
@@ -43,9 +47,6 @@ pub enum TargetError {
     /// The configuration is unusable.
     #[error("{0}")]
     Config(ConfigError),
-    /// A LUN's backing device could not be opened.
-    #[error("target {iqn} LUN {lun}: {error}")]
-    Device { iqn: String, lun: usize, error: stics_stack::OpenError },
     /// A listen address could not be bound.
     #[error("cannot listen on {addr}: {error}")]
     Bind { addr: std::net::SocketAddr, error: std::io::Error },

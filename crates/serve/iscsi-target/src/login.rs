@@ -13,7 +13,7 @@ use stics_wire::keys::{self, Kind, Params, SessionType};
 use stics_wire::pdu::{login_status, stage, LoginRequest, LoginResponse, Pdu};
 use stics_wire::{chap, text};
 
-use crate::config::{Credentials, DiscoveryConfig, Limits};
+use crate::config::{Credentials, DiscoveryAuth, Limits};
 
 /// Largest login text (all continuation PDUs of one request together) the target accepts.
 pub const MAX_LOGIN_TEXT: usize = 64 * 1024;
@@ -40,7 +40,7 @@ impl TargetAuth {
 
     /// True if a session of `initiator` may learn this target's name from SendTargets: its
     /// name is allowed and, for a target with CHAP, the session `authenticated` with CHAP (the
-    /// rule documented on [`DiscoveryConfig`]).
+    /// rule documented on [`DiscoveryAuth`]).
     pub fn listed_to(&self, initiator: &str, authenticated: bool) -> bool {
         self.allows(initiator) && (self.chap.is_none() || authenticated)
     }
@@ -51,7 +51,7 @@ impl TargetAuth {
 pub struct Policy {
     pub targets: Vec<TargetAuth>,
     /// CHAP that discovery sessions must pass.
-    pub discovery: DiscoveryConfig,
+    pub discovery: DiscoveryAuth,
     pub limits: Limits,
     /// TargetPortalGroupTag of every portal (one portal group).
     pub tpgt: u16,
@@ -617,7 +617,7 @@ mod tests {
                 initiators: vec![],
                 link: false,
             }],
-            discovery: DiscoveryConfig::default(),
+            discovery: DiscoveryAuth::default(),
             limits: Limits::default(),
             tpgt: 1,
         })
@@ -627,7 +627,7 @@ mod tests {
     /// `portal`), in front of one target with CHAP as `alice`.
     fn discovery_policy() -> Arc<Policy> {
         let mut p = (*policy(true, false)).clone();
-        p.discovery = DiscoveryConfig {
+        p.discovery = DiscoveryAuth {
             chap: Some(Credentials { user: "seeker".into(), secret: "discovery-secret-3".into() }),
             mutual_chap: Some(Credentials { user: "portal".into(), secret: "portal-secret-4".into() }),
         };
@@ -987,7 +987,7 @@ mod tests {
                 target("chap", true, &[]),
                 target("chap-acl", true, &["iqn.2024-01.org.test:friend"]),
             ],
-            discovery: DiscoveryConfig::default(),
+            discovery: DiscoveryAuth::default(),
             limits: Limits::default(),
             tpgt: 1,
         };

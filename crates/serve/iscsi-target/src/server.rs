@@ -1,5 +1,6 @@
-//! The listener side: opens the LUNs, binds the portals, admits connections within the limits
-//! and shuts everything down on request.
+//! The listener side: puts SCSI logical units over the devices it is given, binds the portals,
+//! admits connections within the limits and shuts everything down on request. It opens no
+//! device and closes none: whoever opened them does both.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -10,22 +11,96 @@ use std::time::Duration;
 
 use stics_block::BlockDev;
 use stics_scsi::{Device, LogicalUnit, LuConfig};
-use stics_stack::{DeviceSpec, OpenContext};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::config::{Config, ConfigError, Limits, RbdConfig};
+use crate::config::{check_distinct, check_target, ConfigError, Credentials, DiscoveryAuth, Limits};
 use crate::conn::SessionHandle;
 use crate::login::{Policy, TargetAuth};
 use crate::registry::{Registry, SessionCtl};
+use crate::stats::{Stats, TargetStats};
 use crate::warn::{Limiter, Verdict};
 use crate::TargetError;
 
+/// One iSCSI target to serve: its name, its LUNs and who may log in to it.
+#[derive(Clone)]
+pub struct Target {
+    /// iSCSI name (iqn., eui. or naa. form).
+    pub iqn: String,
+    /// TargetAlias sent at login.
+    pub alias: Option<String>,
+    /// LUN n is the n-th device; each keeps its own block size and geometry.
+    pub luns: Vec<Arc<dyn BlockDev>>,
+    /// One-way CHAP: the initiator must prove it knows this user's secret.
+    pub chap: Option<Credentials>,
+    /// Mutual CHAP: what the target answers when the initiator challenges it.
+    pub mutual_chap: Option<Credentials>,
+    /// Initiator names allowed to log in and to see this target in discovery; empty allows all.
+    pub initiators: Vec<String>,
+}
+
+impl Target {
+    /// A target anyone may log in to, without CHAP or alias.
+    pub fn new(iqn: impl Into<String>, luns: Vec<Arc<dyn BlockDev>>) -> Target {
+        Target { iqn: iqn.into(), alias: None, luns, chap: None, mutual_chap: None, initiators: Vec::new() }
+    }
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("iqn", &self.iqn)
+            .field("alias", &self.alias)
+            .field("luns", &self.luns.len())
+            .field("chap", &self.chap)
+            .field("mutual_chap", &self.mutual_chap)
+            .field("initiators", &self.initiators)
+            .finish()
+    }
+}
+
+/// Everything a [`Server`] serves: its portals, limits, discovery's authentication and targets.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Addresses to listen on (port 0 for a free one; [`Server::local_addrs`] tells which).
+    pub listen: Vec<SocketAddr>,
+    /// Resource limits and the values the target offers in negotiation.
+    pub limits: Limits,
+    /// Who may open a discovery session; what discovery lists follows [`DiscoveryAuth`]'s rule.
+    pub discovery: DiscoveryAuth,
+    /// The targets, each with its own LUNs.
+    pub targets: Vec<Target>,
+}
+
+impl ServerConfig {
+    /// `targets` on `listen` with the default limits and open discovery.
+    pub fn new(listen: Vec<SocketAddr>, targets: Vec<Target>) -> ServerConfig {
+        ServerConfig { listen, limits: Limits::default(), discovery: DiscoveryAuth::default(), targets }
+    }
+
+    /// Checks every rule a running target relies on.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.listen.is_empty() {
+            return Err(ConfigError("no listen address".into()));
+        }
+        if self.targets.is_empty() {
+            return Err(ConfigError("no target".into()));
+        }
+        self.limits.validate()?;
+        self.discovery.validate()?;
+        for t in &self.targets {
+            check_target(&t.iqn, t.luns.len(), t.chap.as_ref(), t.mutual_chap.as_ref())?;
+        }
+        check_distinct(self.targets.iter().map(|t| t.iqn.as_str()))
+    }
+}
+
 /// One target at run time.
-pub(crate) struct Target {
+pub(crate) struct Exported {
     pub iqn: String,
     pub device: Arc<Device>,
+    pub stats: Arc<TargetStats>,
 }
 
 /// The output budgets count memory in units of this many bytes (semaphores take `u32` counts).
@@ -34,7 +109,8 @@ pub(crate) const OUTPUT_UNIT: u64 = 4096;
 /// State every connection shares.
 pub(crate) struct Shared {
     pub policy: Arc<Policy>,
-    pub targets: Vec<Target>,
+    pub targets: Vec<Exported>,
+    pub stats: Arc<Stats>,
     pub limits: Limits,
     registry: Mutex<Registry>,
     pub logins: Arc<Semaphore>,
@@ -73,8 +149,6 @@ impl Shared {
 pub struct Server {
     listeners: Vec<TcpListener>,
     shared: Arc<Shared>,
-    /// What opened the LUNs; closed (remote LUNs logged out of) after the last session ends.
-    devices: OpenContext,
 }
 
 /// A stable 64-bit identifier per (target, LUN), for NAA and serial numbers.
@@ -89,66 +163,23 @@ fn lun_id(iqn: &str, lun: usize) -> u64 {
 }
 
 impl Server {
-    /// Validates `config`, opens every LUN and binds every listen address.
-    pub async fn bind(config: &Config) -> Result<Server, TargetError> {
-        Server::bind_with(config, OpenContext::default()).await
-    }
-
-    /// [`Server::bind`] with LUNs opened in `devices` (how `iscsi://` LUNs log in).
-    pub async fn bind_with(config: &Config, mut devices: OpenContext) -> Result<Server, TargetError> {
+    /// Validates `config`, puts a logical unit over every LUN and binds every listen address.
+    pub async fn bind(config: ServerConfig) -> Result<Server, TargetError> {
         config.validate()?;
-        if config.rbd != RbdConfig::default() {
-            devices.rbd = config.rbd.defaults();
-        }
-        let mut opened = Vec::new();
-        for t in &config.targets {
-            let mut luns = Vec::new();
-            for (i, spec) in t.luns.iter().enumerate() {
-                let parsed: DeviceSpec =
-                    spec.parse().map_err(|e| ConfigError::Invalid(format!("target {}: {e}", t.iqn)))?;
-                let dev = stics_stack::open(&parsed, &devices).await.map_err(|error| TargetError::Device {
-                    iqn: t.iqn.clone(),
-                    lun: i,
-                    error,
-                })?;
-                luns.push(dev);
-            }
-            opened.push(luns);
-        }
-        Server::assemble(config, devices, opened).await
-    }
-
-    /// [`Server::bind`] over devices already open (a test's fault-injecting device, say):
-    /// `luns[i]` are the LUNs of `config.targets[i]` in order, one for each of its `luns`,
-    /// which then only name them.
-    pub async fn bind_devices(config: &Config, luns: Vec<Vec<Arc<dyn BlockDev>>>) -> Result<Server, TargetError> {
-        config.validate_for_devices()?;
-        let given: Vec<usize> = luns.iter().map(Vec::len).collect();
-        let named: Vec<usize> = config.targets.iter().map(|t| t.luns.len()).collect();
-        if given != named {
-            let e = format!("devices for {given:?} LUNs given to targets that name {named:?} LUNs");
-            return Err(ConfigError::Invalid(e).into());
-        }
-        Server::assemble(config, OpenContext::default(), luns).await
-    }
-
-    /// Puts SCSI logical units over the opened devices and binds every listen address.
-    async fn assemble(
-        config: &Config,
-        devices: OpenContext,
-        opened: Vec<Vec<Arc<dyn BlockDev>>>,
-    ) -> Result<Server, TargetError> {
+        let ServerConfig { listen, limits, discovery, targets: given } = config;
         let mut targets = Vec::new();
         let mut auths = Vec::new();
-        for (t, devs) in config.targets.iter().zip(opened) {
+        for t in given {
             let mut luns = Vec::new();
-            let link = devs.iter().any(|d| d.group_sink().is_some());
-            for (i, dev) in devs.into_iter().enumerate() {
+            let lun_count = t.luns.len();
+            // A LUN that takes groups of epochs makes the target answer the link's login key.
+            let link = t.luns.iter().any(|d| d.group_sink().is_some());
+            for (i, dev) in t.luns.into_iter().enumerate() {
                 let block = dev.geometry().block_size;
-                if config.limits.max_command_bytes < block {
-                    return Err(ConfigError::Invalid(format!(
+                if limits.max_command_bytes < block {
+                    return Err(ConfigError(format!(
                         "target {} LUN {i}: limits.max_command_bytes = {} is less than one {block}-byte block",
-                        t.iqn, config.limits.max_command_bytes
+                        t.iqn, limits.max_command_bytes
                     ))
                     .into());
                 }
@@ -158,39 +189,35 @@ impl Server {
                     // NAA 6 (registered extended) with the IEEE company id field left as our hash.
                     naa_id: (0x6u64 << 60) | (id >> 4),
                     // The Block Limits VPD page reports exactly the command size the target takes.
-                    max_transfer_bytes: u64::from(config.limits.max_command_bytes),
+                    max_transfer_bytes: u64::from(limits.max_command_bytes),
                     read_only: dev.read_only(),
                     ..LuConfig::default()
                 };
                 luns.push(Arc::new(LogicalUnit::new(dev, cfg)));
             }
-            targets.push(Target { iqn: t.iqn.clone(), device: Arc::new(Device::new(luns)) });
+            let stats = Arc::new(TargetStats::new(t.iqn.clone(), lun_count));
+            targets.push(Exported { iqn: t.iqn.clone(), device: Arc::new(Device::new(luns)), stats });
             auths.push(TargetAuth {
-                iqn: t.iqn.clone(),
-                alias: t.alias.clone(),
-                chap: t.chap.clone(),
-                mutual_chap: t.mutual_chap.clone(),
-                initiators: t.initiators.clone(),
+                iqn: t.iqn,
+                alias: t.alias,
+                chap: t.chap,
+                mutual_chap: t.mutual_chap,
+                initiators: t.initiators,
                 link,
             });
         }
         let mut listeners = Vec::new();
-        for addr in config.listen_addrs()? {
+        for addr in listen {
             let l = TcpListener::bind(addr).await.map_err(|error| TargetError::Bind { addr, error })?;
             listeners.push(l);
         }
-        let limits = config.limits.clone();
         let output_units = u32::try_from(limits.target_output_buffer_bytes / OUTPUT_UNIT).unwrap_or(u32::MAX).max(1);
         let shared = Arc::new(Shared {
             output: Arc::new(Semaphore::new(output_units as usize)),
             output_units,
             warnings: Mutex::new(Limiter::new(Duration::from_secs(limits.warning_interval_secs))),
-            policy: Arc::new(Policy {
-                targets: auths,
-                discovery: config.discovery.clone(),
-                limits: limits.clone(),
-                tpgt: 1,
-            }),
+            policy: Arc::new(Policy { targets: auths, discovery, limits: limits.clone(), tpgt: 1 }),
+            stats: Arc::new(Stats::new(targets.iter().map(|t| Arc::clone(&t.stats)).collect())),
             targets,
             registry: Mutex::new(Registry::new(limits.max_sessions)),
             logins: Arc::new(Semaphore::new(limits.max_logins)),
@@ -199,12 +226,13 @@ impl Server {
             task_sets: Mutex::new(HashMap::new()),
             limits,
         });
-        Ok(Server { listeners, shared, devices })
+        Ok(Server { listeners, shared })
     }
 
-    /// The devices opened for the LUNs (remote LUNs, caches): for status and maintenance.
-    pub fn devices(&self) -> &OpenContext {
-        &self.devices
+    /// What the server counts (sessions, commands, latency, bytes), live for as long as anyone
+    /// holds it.
+    pub fn stats(&self) -> Arc<Stats> {
+        Arc::clone(&self.shared.stats)
     }
 
     /// The addresses actually bound (useful with port 0).
@@ -214,7 +242,7 @@ impl Server {
 
     /// Serves until `shutdown` resolves, then ends every session and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), TargetError> {
-        let Server { listeners, shared, devices } = self;
+        let Server { listeners, shared } = self;
         let connections = Arc::new(Semaphore::new(shared.limits.max_connections));
         let mut conns = JoinSet::new();
         let mut accepts = JoinSet::new();
@@ -268,7 +296,6 @@ impl Server {
         if tokio::time::timeout(Duration::from_secs(5), drain).await.is_err() {
             conns.abort_all();
         }
-        devices.close().await;
         Ok(())
     }
 }

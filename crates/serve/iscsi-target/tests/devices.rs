@@ -1,51 +1,48 @@
-//! A target over devices its caller opened (`Server::bind_devices`): it serves them as the LUNs
-//! its configuration names, and refuses a count of devices that differs from those names.
+//! A target over devices its caller opened: it serves them as its LUNs, each with its own
+//! geometry, writes reach the caller's device, and a configuration that breaks a rule is
+//! refused before anything listens.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use stics_block::{BlockDev, MemDev};
-use stics_target::{Config, Server, TargetConfig};
-use stics_testkit::peers::InProcess;
+use stics_initiator::{IscsiUrl, Lun, LunOptions};
+use stics_target::{Credentials, Server, ServerConfig, Target};
+use stics_testkit::peers::{loopback, InProcess};
 
 const IQN: &str = "iqn.2024-01.org.stics.test:devices";
 
-fn config(luns: &[&str]) -> Config {
-    Config {
-        listen: vec!["127.0.0.1:0".into()],
-        targets: vec![TargetConfig {
-            iqn: IQN.into(),
-            alias: None,
-            luns: luns.iter().map(ToString::to_string).collect(),
-            chap: None,
-            mutual_chap: None,
-            initiators: vec![],
-        }],
-        ..Config::default()
-    }
-}
-
 #[tokio::test]
-async fn devices_opened_by_the_caller_are_served_as_the_named_luns() {
+async fn devices_opened_by_the_caller_are_served_as_its_luns() {
     let a: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 2048));
     let b: Arc<dyn BlockDev> = Arc::new(MemDev::new(4096, 256));
-    let server = Server::bind_devices(&config(&["the first", "the second"]), vec![vec![a.clone(), b]]).await.unwrap();
-    let target = InProcess::serve(server);
-    let ctx = stics_stack::OpenContext::default();
-    let url = |lun: u32| format!("iscsi://{}/{IQN}/{lun}", target.addr).parse().unwrap();
-    let lun0 = stics_stack::open(&url(0), &ctx).await.unwrap();
-    let lun1 = stics_stack::open(&url(1), &ctx).await.unwrap();
+    let target = InProcess::over(IQN, vec![a.clone(), b]).await;
+    let url = |lun: u32| IscsiUrl::parse(&format!("iscsi://{}/{IQN}/{lun}", target.addr)).unwrap();
+    let lun0 = Lun::open(&url(0), &LunOptions::default()).await.unwrap();
+    let lun1 = Lun::open(&url(1), &LunOptions::default()).await.unwrap();
     assert_eq!((lun0.geometry().block_size, lun0.geometry().num_blocks), (512, 2048));
     assert_eq!(lun1.geometry().block_size, 4096);
     lun0.write(3, Bytes::from(vec![0x3c; 1024]), true).await.unwrap();
     assert_eq!(&a.read(3, 2).await.unwrap()[..], &[0x3c; 1024][..], "the caller's device took the write");
-    ctx.close().await;
+    lun0.close().await;
+    lun1.close().await;
     target.stop().await;
 }
 
 #[tokio::test]
-async fn a_count_of_devices_unlike_the_named_luns_is_refused() {
-    let a: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 64));
-    let e = Server::bind_devices(&config(&["one", "two"]), vec![vec![a]]).await.err().unwrap().to_string();
-    assert!(e.contains("[1]") && e.contains("[2]"), "{e}");
+async fn a_configuration_that_breaks_a_rule_is_refused_naming_it() {
+    let dev = || -> Arc<dyn BlockDev> { Arc::new(MemDev::new(512, 64)) };
+    let refused = |c: ServerConfig, want: &'static str| async move {
+        let e = Server::bind(c).await.err().expect("refused").to_string();
+        assert!(e.contains(want), "{want}: {e}");
+    };
+    refused(ServerConfig::new(vec![loopback()], vec![Target::new(IQN, vec![])]), "has no LUNs").await;
+    refused(ServerConfig::new(vec![loopback()], vec![Target::new("disk0", vec![dev()])]), "not an iqn").await;
+    refused(ServerConfig::new(vec![], vec![Target::new(IQN, vec![dev()])]), "no listen address").await;
+    refused(ServerConfig::new(vec![loopback()], vec![]), "no target").await;
+    let twice = vec![Target::new(IQN, vec![dev()]), Target::new(IQN.replace("devices", "DEVICES"), vec![dev()])];
+    refused(ServerConfig::new(vec![loopback()], twice), "configured twice").await;
+    let same = Credentials { user: "u".into(), secret: "same-secret-1".into() };
+    let t = Target { chap: Some(same.clone()), mutual_chap: Some(same), ..Target::new(IQN, vec![dev()]) };
+    refused(ServerConfig::new(vec![loopback()], vec![t]), "must differ").await;
 }

@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use stics_target::{Config, Credentials, Limits, TargetConfig};
+use stics_target::{Credentials, Limits, ServerConfig, Target};
 use stics_testkit::client::{encode, get, Client};
 use stics_testkit::pattern::ramp;
-use stics_testkit::peers::InProcess;
+use stics_testkit::peers::{loopback, mem, InProcess};
 use stics_testkit::{INITIATOR, IQN};
 use stics_wire::frame;
 use stics_wire::pdu::*;
@@ -16,25 +16,14 @@ use stics_wire::{chap, text};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-fn config(chap: Option<(&str, &str)>, mutual: Option<(&str, &str)>, limits: Limits) -> Config {
+fn config(chap: Option<(&str, &str)>, mutual: Option<(&str, &str)>, limits: Limits) -> ServerConfig {
     let cred = |c: Option<(&str, &str)>| c.map(|(u, s)| Credentials { user: u.into(), secret: s.into() });
-    Config {
-        listen: vec!["127.0.0.1:0".into()],
-        limits,
-        targets: vec![TargetConfig {
-            iqn: IQN.into(),
-            alias: None,
-            luns: vec!["mem:16M".into()],
-            chap: cred(chap),
-            mutual_chap: cred(mutual),
-            initiators: vec![],
-        }],
-        ..Config::default()
-    }
+    let target = Target { chap: cred(chap), mutual_chap: cred(mutual), ..Target::new(IQN, vec![mem(16 << 20, 512)]) };
+    ServerConfig { limits, ..ServerConfig::new(vec![loopback()], vec![target]) }
 }
 
-async fn start(c: Config) -> InProcess {
-    InProcess::start(&c).await
+async fn start(c: ServerConfig) -> InProcess {
+    InProcess::start(c).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -450,7 +439,7 @@ async fn idle_connection_is_pinged_and_dropped_when_it_stops_answering() {
 async fn a_command_limit_below_one_block_is_refused_at_startup() {
     let limits = Limits { max_command_bytes: 2048, ..Limits::default() };
     let mut c = config(None, None, limits);
-    c.targets[0].luns = vec!["mem:16M:4096".into()];
-    let e = stics_target::Server::bind(&c).await.err().expect("refused").to_string();
+    c.targets[0].luns = vec![mem(16 << 20, 4096)];
+    let e = stics_target::Server::bind(c).await.err().expect("refused").to_string();
     assert!(e.contains("max_command_bytes = 2048 is less than one 4096-byte block"), "{e}");
 }

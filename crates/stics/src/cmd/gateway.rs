@@ -1,29 +1,45 @@
-//! `stics gateway`: the STICS box, `target(cache(initiator(url)))`: a remote LUN served on the
-//! local network through a crash-safe write-back cache, with status and metrics over HTTP.
+//! `stics gateway`: the STICS box, `target(cache(initiator(url)))`: remote LUNs served on the
+//! local network through crash-safe write-back caches, with status and metrics over HTTP.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use stics_cache::Cache;
-use stics_target::{Config, Server, TargetConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use stics_block::{BlockDev, MemDev};
+use stics_service::config::SizeText;
+use stics_service::{CachedLunConfig, Config, LunConfig, Service, TargetConfig};
+use stics_stack::OpenContext;
+use stics_target::{Server, ServerConfig, Target};
 
-/// Serve a remote LUN through the STICS cache (seed 004): writes are acknowledged from a local
+/// The flags that describe the one cached LUN of a gateway started without --config.
+const LUN_FLAGS: [&str; 10] =
+    ["iqn", "remote", "log", "mode", "ram", "read_cache", "policy", "full_timeout", "index_memory", "max_lag"];
+
+/// Serve remote LUNs through the STICS cache (seed 004): writes are acknowledged from a local
 /// write log and destaged to the remote in the background, in an order that keeps the remote
 /// image crash-consistent; reads come from RAM, the log or a read cache before the remote.
 ///
 /// With no options: an in-process `stics target` over mem:1GiB on a loopback port is the remote,
-/// the log is a temporary file, and the cached LUN is served on 127.0.0.1:3260.
+/// the log is a temporary file, and the cached LUN is served on 127.0.0.1:3260. With --config,
+/// the file's targets and cached LUNs are served (see examples/gateway.toml).
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Address to serve the cached LUN on.
-    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:3260")]
-    pub listen: String,
+    /// Address to serve on. Default 127.0.0.1:3260 (or the config file's).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: Option<String>,
 
-    /// Target name of the cached LUN (LUN 0, with the remote's geometry).
-    #[arg(long, value_name = "IQN", default_value = "iqn.2024-01.org.stics:gateway0")]
-    pub iqn: String,
+    /// TOML configuration: targets with CHAP, mutual CHAP and initiator lists, discovery CHAP,
+    /// limits, and several cached LUNs, each with its own remote, log and cache options (see
+    /// examples/gateway.toml). The flags of a single LUN (--remote, --log, --mode, ...) do not
+    /// go with it.
+    #[arg(long, value_name = "FILE", conflicts_with_all = LUN_FLAGS)]
+    pub config: Option<PathBuf>,
+
+    /// Target name of the cached LUN (LUN 0, with the remote's geometry). Default
+    /// iqn.2024-01.org.stics:gateway0.
+    #[arg(long, value_name = "IQN")]
+    pub iqn: Option<String>,
 
     /// The remote LUN: iscsi://[user[%secret]@]host[:port]/IQN/LUN, or any device spec.
     /// Default: an in-process target over mem:1GiB.
@@ -73,17 +89,22 @@ pub struct Args {
     #[arg(long, value_name = "SECS")]
     pub max_lag: Option<u64>,
 
-    /// Serve Prometheus metrics at http://HOST:PORT/metrics, JSON at /status; POST /drain
-    /// destages everything and answers when the remote holds it all.
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (every series labelled with its
+    /// target and LUN), JSON at /status; POST /drain destages everything and answers when the
+    /// remotes hold it all.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics: Option<String>,
 
     /// Runtime worker threads.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
+
+    /// Print the effective configuration as TOML (secrets redacted) and exit.
+    #[arg(long)]
+    pub print_config: bool,
 }
 
-/// Where the default remote and log live while the gateway runs.
+/// Where the default log lives while the gateway runs.
 struct Embedded {
     dir: PathBuf,
 }
@@ -94,100 +115,150 @@ impl Drop for Embedded {
     }
 }
 
+/// The name of the in-process remote's target.
+const EMBEDDED_IQN: &str = "iqn.2024-01.org.stics:remote0";
+
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.print_config {
+        let (config, _) = build_config(&args, "iscsi://127.0.0.1:0/embedded/0")?;
+        print!("{}", config.to_toml_redacted());
+        return Ok(());
+    }
     let rt = super::server_runtime(args.threads)?;
     rt.block_on(serve(args))
 }
 
+/// `PATH[:SIZE]`: a trailing `:SIZE` is a size when it reads as one, as in `cache(log=…)`.
+fn split_log(text: &str) -> (PathBuf, Option<SizeText>) {
+    match text.rsplit_once(':') {
+        Some((path, size)) if !path.is_empty() && stics_units::parse_size(size).is_ok() => {
+            (PathBuf::from(path), Some(SizeText(size.to_owned())))
+        }
+        _ => (PathBuf::from(text), None),
+    }
+}
+
+/// The configuration the gateway serves, from --config or from the flags of its one LUN (with
+/// `remote` standing for a missing --remote); and the temporary log's directory when the flags
+/// named no log.
+fn build_config(args: &Args, remote: &str) -> anyhow::Result<(Config, Option<Embedded>)> {
+    let mut embedded = None;
+    let mut config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+            let config = Config::from_toml(&text).with_context(|| format!("in {}", path.display()))?;
+            for t in &config.targets {
+                for (i, lun) in t.luns.iter().enumerate() {
+                    if let LunConfig::Spec(_) = lun {
+                        anyhow::bail!(
+                            "in {}: target {} LUN {i} is a device spec; stics gateway serves cached LUNs, each a table \
+                             with `remote` and `log` (a device spec is for stics target)",
+                            path.display(),
+                            t.iqn
+                        );
+                    }
+                }
+            }
+            config
+        }
+        None => {
+            let (log, log_size) = match &args.log {
+                Some(l) => split_log(l),
+                None => {
+                    let dir = std::env::temp_dir().join(format!("stics-gateway-{}", std::process::id()));
+                    let log = dir.join("log");
+                    embedded = Some(Embedded { dir });
+                    (log, Some(SizeText("1GiB".into())))
+                }
+            };
+            let lun = CachedLunConfig {
+                log_size,
+                mode: Some(args.mode.clone()),
+                ram: Some(SizeText(args.ram.clone())),
+                read_cache: Some(SizeText(args.read_cache.clone())),
+                policy: Some(args.policy.clone()),
+                full_timeout_secs: Some(args.full_timeout),
+                index_memory: Some(SizeText(args.index_memory.clone())),
+                max_lag_secs: args.max_lag,
+                ..CachedLunConfig::new(args.remote.as_deref().unwrap_or(remote), log)
+            };
+            let iqn = args.iqn.clone().unwrap_or_else(|| "iqn.2024-01.org.stics:gateway0".into());
+            let target = TargetConfig {
+                alias: Some("stics gateway".into()),
+                ..TargetConfig::new(iqn, vec![LunConfig::Cached(lun)])
+            };
+            Config { listen: vec!["127.0.0.1:3260".into()], targets: vec![target], ..Config::default() }
+        }
+    };
+    if let Some(l) = &args.listen {
+        config.listen = vec![l.clone()];
+    }
+    config.validate()?;
+    Ok((config, embedded))
+}
+
+/// The embedded default remote: a target in this process over mem:1GiB on a free loopback port.
+/// Returns its URL, and how to stop it.
+async fn embedded_remote() -> anyhow::Result<(String, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>)> {
+    let lun: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, (1 << 30) / 512));
+    let config =
+        ServerConfig::new(vec![SocketAddr::from(([127, 0, 0, 1], 0))], vec![Target::new(EMBEDDED_IQN, vec![lun])]);
+    let server = Server::bind(config).await.context("starting the embedded remote target")?;
+    let addr = server.local_addrs().first().copied().context("the embedded target has no address")?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        if let Err(e) = server.run(async { drop(rx.await) }).await {
+            tracing::error!("the embedded remote target: {e}");
+        }
+    });
+    Ok((format!("iscsi://{addr}/{EMBEDDED_IQN}/0"), tx, task))
+}
+
 async fn serve(args: Args) -> anyhow::Result<()> {
     // The embedded default: a remote target in this process and a log in a temporary directory.
-    let mut embedded = None;
-    let mut remote_server = None;
-    let remote = match &args.remote {
-        Some(r) => r.clone(),
-        None => {
-            let config = Config {
-                listen: vec!["127.0.0.1:0".into()],
-                targets: vec![TargetConfig {
-                    iqn: "iqn.2024-01.org.stics:remote0".into(),
-                    alias: None,
-                    luns: vec!["mem:1GiB".into()],
-                    chap: None,
-                    mutual_chap: None,
-                    initiators: Vec::new(),
-                }],
-                ..Config::default()
-            };
-            let server = Server::bind(&config).await.context("starting the embedded remote target")?;
-            let addr = server.local_addrs().first().copied().context("the embedded target has no address")?;
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            let task = tokio::spawn(server.run(async {
-                let _ = rx.await;
-            }));
-            remote_server = Some((tx, task));
-            let url = format!("iscsi://{addr}/iqn.2024-01.org.stics:remote0/0");
-            tracing::info!("no --remote: serving an in-process target over mem:1GiB at {url} as the remote");
-            url
-        }
+    let remote = if args.config.is_none() && args.remote.is_none() {
+        let (url, tx, task) = embedded_remote().await?;
+        tracing::info!("no --remote: serving an in-process target over mem:1GiB at {url} as the remote");
+        Some((url, tx, task))
+    } else {
+        None
     };
-    let log = match &args.log {
-        Some(l) => l.clone(),
-        None => {
-            let dir = std::env::temp_dir().join(format!("stics-gateway-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            let path = dir.join("log");
-            tracing::info!("no --log: the write log is {} (1 GiB, removed at exit)", path.display());
-            embedded = Some(Embedded { dir });
-            format!("{}:1GiB", path.display())
-        }
-    };
-    let mut spec = format!(
-        "cache({remote}, log={log}, mode={}, ram={}, read-cache={}, policy={}, full-timeout={}, index-memory={}",
-        args.mode, args.ram, args.read_cache, args.policy, args.full_timeout, args.index_memory
-    );
-    if let Some(secs) = args.max_lag {
-        spec += &format!(", max-lag={secs}");
+    let (config, embedded) = build_config(&args, remote.as_ref().map_or("", |(url, _, _)| url.as_str()))?;
+    if let Some(e) = &embedded {
+        std::fs::create_dir_all(&e.dir).with_context(|| format!("cannot create {}", e.dir.display()))?;
+        tracing::info!("no --log: the write log is {} (1 GiB, removed at exit)", e.dir.join("log").display());
     }
-    spec.push(')');
-    let config = Config {
-        listen: vec![args.listen.clone()],
-        targets: vec![TargetConfig {
-            iqn: args.iqn.clone(),
-            alias: Some("stics gateway".into()),
-            luns: vec![spec],
-            chap: None,
-            mutual_chap: None,
-            initiators: Vec::new(),
-        }],
-        ..Config::default()
-    };
-    let server = Server::bind(&config).await.context("starting the gateway")?;
-    let caches = server.devices().cache_devices();
-    let cache = caches.first().cloned().context("the gateway's LUN has no cache")?;
-    for a in server.local_addrs() {
-        tracing::info!("serving {} LUN 0 on {a}: {remote} through the cache (mode {})", args.iqn, args.mode);
-    }
-    if let Some(m) = &args.metrics {
-        let listener =
-            tokio::net::TcpListener::bind(m).await.with_context(|| format!("cannot listen for metrics on {m}"))?;
-        tracing::info!("metrics at http://{m}/metrics, status at /status, POST /drain to destage everything");
-        tokio::spawn(metrics(listener, Arc::clone(&cache)));
-    }
-    // On SIGTERM or Ctrl-C: sessions end, then the cache closes (what is dirty stays in the log,
-    // destaged at the next start); the embedded remote and its log live only as long as this.
-    // Acknowledged writes still in RAM are written to the log first, however long that takes
-    // (a full log empties only through destage); a second signal gives up on them, saying so.
-    server.run(super::target::shutdown_signal()).await?;
-    tokio::select! {
-        () = cache.close() => {}
-        () = super::target::shutdown_signal() => {
-            let left = cache.acknowledged_in_ram();
-            if left > 0 {
-                tracing::error!("stopped before {left} bytes of acknowledged writes in RAM reached the log: they are lost");
+    let service = Service::open(&config, OpenContext::default()).await.context("starting the gateway")?;
+    let addrs: Vec<String> = service.local_addrs().iter().map(ToString::to_string).collect();
+    for t in &config.targets {
+        for (i, lun) in t.luns.iter().enumerate() {
+            if let LunConfig::Cached(c) = lun {
+                let remote = c.remote.parse::<stics_stack::DeviceSpec>().map(|s| s.redacted().to_string());
+                tracing::info!(
+                    "serving {} LUN {i} on {}: {} through the cache (mode {}, log {})",
+                    t.iqn,
+                    addrs.join(", "),
+                    remote.as_deref().unwrap_or("the remote"),
+                    c.mode.as_deref().unwrap_or("log"),
+                    c.log.display()
+                );
             }
         }
     }
-    if let Some((tx, task)) = remote_server {
+    if let Some(m) = &args.metrics {
+        super::target::serve_metrics(
+            &service,
+            m,
+            "metrics at http://{addr}/metrics, status at /status, POST /drain to destage everything",
+        )
+        .await?;
+    }
+    // On SIGTERM or Ctrl-C: sessions end, then the caches close (what is dirty stays in the log,
+    // destaged at the next start); the embedded remote and its log live only as long as this.
+    // Acknowledged writes still in RAM are written to the log first, however long that takes
+    // (a full log empties only through destage); a second signal gives up on them, saying so.
+    service.run(super::target::shutdown_signal(), super::target::shutdown_signal()).await?;
+    if let Some((_, tx, task)) = remote {
         let _ = tx.send(());
         let _ = task.await;
     }
@@ -196,173 +267,16 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The status as Prometheus text exposition, every series labelled with the ack mode.
-fn prometheus(s: &stics_cache::Status) -> String {
-    use prometheus_client::metrics::counter::Counter;
-    use prometheus_client::metrics::gauge::Gauge;
-    use std::sync::atomic::AtomicU64;
-
-    let labels = [("mode".into(), s.mode.clone().into())];
-    let mut reg = prometheus_client::registry::Registry::with_prefix_and_labels("stics_cache", labels.into_iter());
-    let mut gauge = |name: &str, help: &str, v: f64| {
-        let g = Gauge::<f64, AtomicU64>::default();
-        g.set(v);
-        reg.register(name, help, g);
-    };
-    gauge("dirty_bytes", "Bytes not yet on the remote", s.dirty_bytes as f64);
-    gauge("log_fill_ratio", "Fraction of the write log in use", s.log_fill);
-    gauge("log_bytes", "Bytes of the write log's ring", s.log_bytes as f64);
-    gauge("ram_bytes", "Host write bytes in RAM waiting for the log", s.ram_bytes as f64);
-    gauge("epoch", "The open epoch", s.epoch as f64);
-    gauge("destaged_epoch", "The newest epoch fully on the remote", s.destaged_epoch as f64);
-    gauge("destage_rate_bytes_per_second", "Destage throughput over the last seconds", s.destage_bytes_per_sec);
-    gauge("destage_lag_seconds", "Age of the oldest write not yet on the remote", s.destage_lag_secs);
-    gauge("remote_write_seconds", "Moving average of a remote write's service time", s.remote_write_secs);
-    gauge(
-        "remote_rtt_seconds",
-        "Moving average of a remote SYNCHRONIZE CACHE (about one round trip)",
-        s.remote_sync_secs,
-    );
-    let reads = s.read_blocks_cache + s.read_blocks_remote;
-    let ratio = |hit: u64, all: u64| if all == 0 { 0.0 } else { hit as f64 / all as f64 };
-    gauge(
-        "read_hit_ratio",
-        "Fraction of read blocks served from RAM, the log or the read cache",
-        ratio(s.read_blocks_cache, reads),
-    );
-    gauge(
-        "read_cache_hit_ratio",
-        "Fraction of read cache lookups that hit",
-        ratio(s.read_cache_hits, s.read_cache_hits + s.read_cache_misses),
-    );
-    let state = match s.health.state {
-        stics_cache::core::State::Healthy => 0.0,
-        stics_cache::core::State::Degraded => 1.0,
-        stics_cache::core::State::Stalled => 2.0,
-    };
-    gauge("health_state", "0 healthy, 1 degraded (retrying with backoff), 2 stalled (a lasting failure)", state);
-    gauge("failing_seconds", "How long the failure in force has lasted", s.health.since_secs);
-    gauge("index_extents", "Runs of blocks in the dirty index", s.index_extents as f64);
-    let mut counter = |name: &str, help: &str, v: u64| {
-        let c = Counter::<u64>::default();
-        c.inc_by(v);
-        reg.register(name, help, c);
-    };
-    counter("host_write_bytes", "Bytes the host wrote", s.host_write_bytes);
-    counter("remote_write_bytes", "Bytes written to the remote", s.remote_write_bytes);
-    counter("absorbed_blocks", "Host write blocks absorbed before destage", s.blocks_absorbed);
-    counter("destaged_blocks", "Blocks written to the remote by destage", s.blocks_destaged);
-    counter("records", "Log records written (group commits)", s.records);
-    counter("read_cache_blocks", "Read blocks served from RAM or the log", s.read_blocks_cache);
-    counter("read_remote_blocks", "Read blocks fetched from the remote", s.read_blocks_remote);
-    counter("read_cache_hits", "Read cache lookups that hit", s.read_cache_hits);
-    counter("read_cache_misses", "Read cache lookups that missed", s.read_cache_misses);
-    counter("destage_retries", "Remote writes or flushes retried", s.destage_retries);
-    counter("throttled_writes", "Host writes slowed by a filling log", s.throttled_writes);
-    counter("refused_writes", "Host writes ended because the log was full past the full timeout", s.refused_writes);
-    counter("resent_epochs", "Epochs sent again whole after a failure or a reset of the remote", s.epochs_resent);
-    let errors = prometheus_client::metrics::family::Family::<Vec<(String, String)>, Counter>::default();
-    for (kind, n) in &s.errors_by_kind {
-        errors.get_or_create(&vec![("kind".to_owned(), (*kind).to_owned())]).inc_by(*n);
-    }
-    reg.register("errors", "Failures of the remote or the log, by kind", errors);
-    if let Some(g) = &s.groups {
-        let mut counter = |name: &str, help: &str, v: u64| {
-            let c = Counter::<u64>::default();
-            c.inc_by(v);
-            reg.register(name, help, c);
-        };
-        counter("sg_groups", "Groups of epochs the stics SG took", g.groups);
-        counter("sg_group_epochs", "Epochs in those groups", g.epochs);
-        counter("sg_bytes_before_merge", "Bytes of the groups' epochs before merging", g.bytes_before_merge);
-        counter("sg_bytes_merged", "Bytes of the groups' data after merging", g.bytes_merged);
-        counter("sg_bytes_shipped", "Bytes of the groups as shipped (compressed, with tables)", g.bytes_shipped);
-        counter("sg_groups_resent", "Groups sent again after a failure", g.resent);
-        counter("sg_plain_epochs", "Epochs too large for a group, sent as plain writes", g.plain_epochs);
-        let rate = Gauge::<f64, AtomicU64>::default();
-        rate.set(g.ship_bytes_per_sec);
-        reg.register("sg_ship_rate_bytes_per_second", "Rate groups were shipped at, smoothed", rate);
-    }
-    let mut out = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &reg) {
-        out = format!("# cannot encode metrics: {e}\n");
-    }
-    out
-}
-
-/// A small HTTP/1.0 endpoint: GET /metrics, GET /status, POST /drain.
-async fn metrics(listener: tokio::net::TcpListener, cache: Arc<Cache>) {
-    loop {
-        let Ok((mut conn, _)) = listener.accept().await else { continue };
-        let cache = Arc::clone(&cache);
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 2048];
-            let Ok(Ok(n)) = tokio::time::timeout(std::time::Duration::from_secs(5), conn.read(&mut buf)).await else {
-                return;
-            };
-            let req = String::from_utf8_lossy(&buf[..n]);
-            let line = req.lines().next().unwrap_or("");
-            let (status, kind, body) = match line.split_whitespace().take(2).collect::<Vec<_>>().as_slice() {
-                ["GET", "/metrics"] => (
-                    "200 OK",
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    prometheus(&cache.status()),
-                ),
-                ["GET", "/status"] => {
-                    ("200 OK", "application/json", serde_json::to_string_pretty(&cache.status()).unwrap_or_default())
-                }
-                ["POST", "/drain"] => match cache.drain().await {
-                    Ok(()) => (
-                        "200 OK",
-                        "application/json",
-                        serde_json::to_string_pretty(&cache.status()).unwrap_or_default(),
-                    ),
-                    Err(e) => {
-                        let body = serde_json::json!({ "error": e.to_string(), "status": cache.status() });
-                        (
-                            "503 Service Unavailable",
-                            "application/json",
-                            serde_json::to_string_pretty(&body).unwrap_or_default(),
-                        )
-                    }
-                },
-                _ => ("404 Not Found", "text/plain", "GET /metrics, GET /status or POST /drain\n".to_owned()),
-            };
-            let head = format!(
-                "HTTP/1.0 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = conn.write_all(head.as_bytes()).await;
-            let _ = conn.write_all(body.as_bytes()).await;
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::prometheus;
+    use super::split_log;
+    use std::path::PathBuf;
 
     #[test]
-    fn metrics_are_openmetrics_text_labelled_with_the_mode() {
-        let s = stics_cache::Status {
-            mode: "log".into(),
-            dirty_bytes: 4096,
-            host_write_bytes: 1 << 20,
-            read_blocks_cache: 3,
-            read_blocks_remote: 1,
-            destage_lag_secs: 0.5,
-            ..Default::default()
-        };
-        let text = prometheus(&s);
-        for want in [
-            "stics_cache_dirty_bytes{mode=\"log\"} 4096",
-            "# TYPE stics_cache_host_write_bytes counter",
-            "stics_cache_host_write_bytes_total{mode=\"log\"} 1048576",
-            "stics_cache_read_hit_ratio{mode=\"log\"} 0.75",
-            "stics_cache_destage_lag_seconds{mode=\"log\"} 0.5",
-            "# EOF",
-        ] {
-            assert!(text.contains(want), "{want:?} missing from:\n{text}");
-        }
+    fn a_log_flag_may_end_in_a_size() {
+        assert_eq!(split_log("/var/log.img:4GiB").0, PathBuf::from("/var/log.img"));
+        assert_eq!(split_log("/var/log.img:4GiB").1.map(|s| s.0), Some("4GiB".to_owned()));
+        assert_eq!(split_log("/var/a:b").0, PathBuf::from("/var/a:b"));
+        assert!(split_log("/var/log.img").1.is_none());
     }
 }

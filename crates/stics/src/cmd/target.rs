@@ -3,8 +3,10 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use stics_service::{Config, LunConfig, Service, TargetConfig};
+use stics_stack::OpenContext;
 use stics_target::config::DEFAULT_IQN;
-use stics_target::{Config, Credentials, Server, TargetConfig};
+use stics_target::Credentials;
 
 /// Serve block devices over iSCSI (RFC 7143).
 ///
@@ -96,6 +98,11 @@ pub struct Args {
     #[arg(long, value_name = "SECS")]
     pub nop_timeout: Option<u64>,
 
+    /// Serve Prometheus metrics (OpenMetrics text) at http://HOST:PORT/metrics: sessions,
+    /// commands by kind, data bytes in and out and command latency, per target and LUN.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<String>,
+
     /// Runtime worker threads. Default 2.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -131,7 +138,7 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
         config.targets.push(TargetConfig {
             iqn: args.iqn.clone().unwrap_or_else(|| DEFAULT_IQN.to_string()),
             alias: args.alias.clone(),
-            luns,
+            luns: luns.into_iter().map(LunConfig::Spec).collect(),
             chap: cred(&args.chap_user, &args.chap_secret),
             mutual_chap: cred(&args.mutual_user, &args.mutual_secret),
             initiators: Vec::new(),
@@ -151,6 +158,22 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
     }
     config.validate()?;
     Ok(config)
+}
+
+/// Starts the service's HTTP endpoint on `addr` in a task, saying where with `what` (in which
+/// `{addr}` is replaced).
+pub(crate) async fn serve_metrics(service: &Service, addr: &str, what: &str) -> anyhow::Result<()> {
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen for metrics on {addr}"))?;
+    let bound = listener.local_addr().map_or_else(|_| addr.to_owned(), |a| a.to_string());
+    tracing::info!("{}", what.replace("{addr}", &bound));
+    let endpoint = service.endpoint();
+    tokio::spawn(async move {
+        if let Err(e) = endpoint.serve(listener).await {
+            tracing::error!("the metrics endpoint stopped: {e}");
+        }
+    });
+    Ok(())
 }
 
 pub(crate) async fn shutdown_signal() {
@@ -176,13 +199,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let rt = super::server_runtime(args.threads)?;
     rt.block_on(async {
-        let server = Server::bind(&config).await?;
-        for a in server.local_addrs() {
+        let service = Service::open(&config, OpenContext::default()).await?;
+        for a in service.local_addrs() {
             for t in &config.targets {
                 tracing::info!("serving {} ({} LUNs) on {a}", t.iqn, t.luns.len());
             }
         }
-        server.run(shutdown_signal()).await?;
+        if let Some(addr) = &args.metrics {
+            serve_metrics(&service, addr, "metrics at http://{addr}/metrics").await?;
+        }
+        // A second signal while caches close gives up on what they still hold in RAM.
+        service.run(shutdown_signal(), shutdown_signal()).await?;
         anyhow::Ok(())
     })?;
     tracing::info!("stopped");

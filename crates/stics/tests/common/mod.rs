@@ -345,3 +345,34 @@ pub fn wait_status(metrics: u16, limit: Duration, what: &str, ready: impl Fn(&se
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// `stics gateway --config FILE` on a free port (the file's `listen` overridden), plus `extra`
+/// arguments: the process and its iSCSI port. Each cached LUN's new log is written out before
+/// the gateway listens, hence the longer wait.
+pub fn gateway_config(config: &Path, stderr: &Path, extra: &[&str]) -> (Guard, u16) {
+    let port = free_port();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["gateway", "--listen", &format!("127.0.0.1:{port}"), "--config"]).arg(config).args(extra);
+    let g = spawn(&mut cmd, Some(stderr));
+    assert!(wait_port(port, Duration::from_secs(60)), "the gateway did not listen; see {}", stderr.display());
+    (g, port)
+}
+
+/// The body of `GET /metrics` at `port`, checked by `promtool check metrics` (Debian's
+/// prometheus package): fails on any problem it reports.
+pub fn scrape_checked(port: u16) -> String {
+    use std::io::Write;
+    let text = http(port, "GET /metrics");
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus)");
+    child.stdin.take().expect("promtool's stdin").write_all(text.as_bytes()).expect("feed promtool");
+    let out = child.wait_with_output().expect("promtool");
+    let said = String::from_utf8_lossy(&[out.stdout, out.stderr].concat()).into_owned();
+    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {said}\n{text}");
+    text
+}

@@ -28,7 +28,7 @@ mod destager;
 mod log_writer;
 pub mod status;
 
-pub use status::{HealthStatus, Status};
+pub use status::{GroupStatus, HealthStatus, Status};
 
 /// Why a cache could not open.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,58 @@
+//! A cached LUN as a typed value, and opening it: the log first, for this cache alone, then the
+//! remote, then the STICS cache over both, as `stics gateway` serves each of its LUNs.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use stics_cache::Cache;
+use stics_stack::{CacheLog, DeviceSpec, OpenContext, OpenError};
+
+/// A remote served through the STICS cache.
+#[derive(Debug, Clone)]
+pub struct CachedLun {
+    /// The remote device (an `iscsi://` LUN, usually).
+    pub remote: DeviceSpec,
+    /// The write log: a file or a block-device node.
+    pub log: PathBuf,
+    /// Size to create a missing log file at (`stics_stack::DEFAULT_LOG_BYTES` if `None`).
+    pub log_size: Option<u64>,
+    /// How the cache runs.
+    pub cache: stics_cache::Config,
+}
+
+/// Why a cached LUN could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum CachedError {
+    /// The log or the remote could not be opened (the device stack's error).
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// The cache refused the log or the remote (recovery failed, another writer holds the
+    /// remote, the log is too small...).
+    #[error("cache log {log}: {source}")]
+    Cache {
+        log: PathBuf,
+        #[source]
+        source: stics_cache::CacheError,
+    },
+}
+
+impl CachedLun {
+    /// Opens the log (refused while another cache has it), then the remote through `ctx`
+    /// (which logs out of it at `close`), then the cache over both. A log this made is removed
+    /// again when the remote cannot be opened.
+    pub async fn open(&self, ctx: &OpenContext) -> Result<Arc<Cache>, CachedError> {
+        let log = CacheLog::open(&self.log, self.log_size).await?;
+        let remote = match stics_stack::open_remote(&self.remote, ctx).await {
+            Ok(r) => r,
+            Err(e) => {
+                log.abandon();
+                return Err(e.into());
+            }
+        };
+        let id = stics_stack::log_binding(&self.remote, remote.as_ref());
+        let cache = Cache::open(Arc::new(log.into_dev()), remote, id.as_bytes(), self.cache.clone())
+            .await
+            .map_err(|source| CachedError::Cache { log: self.log.clone(), source })?;
+        Ok(Arc::new(cache))
+    }
+}

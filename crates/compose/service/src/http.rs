@@ -1,0 +1,172 @@
+//! The HTTP endpoint of a running service: `GET /metrics` (OpenMetrics text when asked for,
+//! else the classic text format), and for its cached
+//! LUNs `GET /status` (JSON) and `POST /drain` (destage everything, answer once the remotes hold
+//! it all). Served by axum over hyper.
+//!
+//! `/status` is `{"luns": [STATUS, ...]}`, one `stics_cache::Status` per cached LUN with its
+//! `target` and `lun` added. With exactly one cached LUN (a gateway started from flags), that
+//! LUN's fields are also at the top level, where clients of a single-LUN gateway read them.
+//! `POST /drain` answers 200 with the same JSON once every cache is drained, and 503 with
+//! `{"error", "status"}` when any drain ends with an error (each error names its LUN).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use prometheus_client::registry::Registry;
+use serde_json::Value;
+use stics_target::Stats;
+use tokio::net::TcpListener;
+
+use crate::service::ServedCache;
+
+/// What the handlers share: the registry, registered once, and the caches.
+struct Shared {
+    registry: Registry,
+    caches: Vec<ServedCache>,
+}
+
+/// The endpoint over one service; [`Endpoint::serve`] runs it.
+#[derive(Clone)]
+pub struct Endpoint {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint").field("caches", &self.shared.caches).finish_non_exhaustive()
+    }
+}
+
+impl Endpoint {
+    /// The endpoint over a target's `stats` and its cached LUNs.
+    pub fn new(stats: Arc<Stats>, caches: Vec<ServedCache>) -> Endpoint {
+        let registry = crate::metrics::registry(stats, caches.clone());
+        Endpoint { shared: Arc::new(Shared { registry, caches }) }
+    }
+
+    /// The routes, for a caller that serves them itself.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/metrics", get(metrics))
+            .route("/status", get(status))
+            .route("/drain", post(drain))
+            .fallback(not_found)
+            .with_state(Arc::clone(&self.shared))
+    }
+
+    /// The metrics as OpenMetrics text, as `GET /metrics` answers.
+    pub fn metrics_text(&self) -> String {
+        crate::metrics::encode(&self.shared.registry)
+    }
+
+    /// The caches' status as `GET /status` answers.
+    pub fn status_json(&self) -> Value {
+        status_json(&self.shared.caches)
+    }
+
+    /// Serves the routes on `listener` until the process ends or the listener fails.
+    pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
+        axum::serve(listener, self.router()).await
+    }
+}
+
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+const CLASSIC: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// OpenMetrics text to a scraper that asks for it (Prometheus does), the classic text format
+/// to any other (curl, promtool), as Prometheus' own client libraries negotiate.
+async fn metrics(State(s): State<Arc<Shared>>, headers: axum::http::HeaderMap) -> Response {
+    let text = crate::metrics::encode(&s.registry);
+    let wants_openmetrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    if wants_openmetrics {
+        ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response()
+    } else {
+        ([(header::CONTENT_TYPE, CLASSIC)], crate::metrics::classic(&text)).into_response()
+    }
+}
+
+fn json(code: StatusCode, v: &Value) -> Response {
+    let body = serde_json::to_string_pretty(v).unwrap_or_default();
+    (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn no_caches() -> Response {
+    (StatusCode::NOT_FOUND, "no cached LUN here: /status and /drain are a gateway's\n").into_response()
+}
+
+/// One cache's status with its target and LUN.
+fn lun_status(c: &ServedCache) -> Value {
+    let mut v = serde_json::to_value(c.cache.status()).unwrap_or(Value::Null);
+    if let Some(o) = v.as_object_mut() {
+        o.insert("target".into(), Value::from(c.target.clone()));
+        o.insert("lun".into(), Value::from(c.lun));
+    }
+    v
+}
+
+fn status_json(caches: &[ServedCache]) -> Value {
+    let luns: Vec<Value> = caches.iter().map(lun_status).collect();
+    match luns.as_slice() {
+        [one] => {
+            let mut top = one.clone();
+            if let Some(o) = top.as_object_mut() {
+                o.insert("luns".into(), Value::Array(luns));
+            }
+            top
+        }
+        _ => serde_json::json!({ "luns": luns }),
+    }
+}
+
+async fn status(State(s): State<Arc<Shared>>) -> Response {
+    if s.caches.is_empty() {
+        return no_caches();
+    }
+    json(StatusCode::OK, &status_json(&s.caches))
+}
+
+async fn drain(State(s): State<Arc<Shared>>) -> Response {
+    if s.caches.is_empty() {
+        return no_caches();
+    }
+    let mut drains = tokio::task::JoinSet::new();
+    for c in &s.caches {
+        let c = c.clone();
+        drains
+            .spawn(async move { c.cache.drain().await.map_err(|e| format!("target {} LUN {}: {e}", c.target, c.lun)) });
+    }
+    let mut errors = Vec::new();
+    while let Some(done) = drains.join_next().await {
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => errors.push(e),
+            Err(e) => errors.push(format!("drain task: {e}")),
+        }
+    }
+    let status = status_json(&s.caches);
+    // With one LUN the cache's own message, as before; with several, each names its LUN.
+    if errors.is_empty() {
+        json(StatusCode::OK, &status)
+    } else {
+        errors.sort();
+        let error = if s.caches.len() == 1 {
+            errors.iter().map(|e| e.split_once(": ").map_or(e.as_str(), |(_, m)| m)).collect::<Vec<_>>().join("; ")
+        } else {
+            errors.join("; ")
+        };
+        json(StatusCode::SERVICE_UNAVAILABLE, &serde_json::json!({ "error": error, "status": status }))
+    }
+}
+
+async fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, "GET /metrics, GET /status or POST /drain\n").into_response()
+}

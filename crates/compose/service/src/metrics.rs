@@ -1,0 +1,359 @@
+//! The metrics of a running service in OpenMetrics text: the target's counts (sessions, commands
+//! by kind, their latency, data bytes in and out; per target and LUN) and, for each cached LUN,
+//! its cache's status, labelled with the target and LUN that serve it.
+//!
+//! Both are prometheus-client collectors registered once; a scrape reads the live atomics and
+//! statuses and encodes them, so nothing is kept twice and nothing registered per scrape. The
+//! gateway's host-visible read, write and flush latency is the target's command latency of its
+//! LUNs: measured around the device's execution of each command, the cache's included.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use stics_cache::{GroupStatus, Status};
+use stics_target::stats::{HistogramSnapshot, Kind};
+use stics_target::Stats;
+
+use crate::service::ServedCache;
+
+/// A registry with the target's and the caches' collectors.
+pub fn registry(stats: Arc<Stats>, caches: Vec<ServedCache>) -> Registry {
+    let mut r = Registry::default();
+    r.register_collector(Box::new(TargetCollector(stats)));
+    if !caches.is_empty() {
+        r.register_collector(Box::new(CacheCollector(caches)));
+    }
+    r
+}
+
+/// Encodes `registry` as OpenMetrics text.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {
+        out = format!("# cannot encode metrics: {e}\n");
+    }
+    out
+}
+
+/// OpenMetrics text in Prometheus' classic text format (version 0.0.4): a counter's family is
+/// named as its samples are (`_total`), `unknown` is `untyped`, and `# UNIT` and `# EOF` go.
+pub fn classic(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    // A family's HELP comes before its TYPE, which decides the family's name.
+    let mut help: Option<&str> = None;
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            if let Some(h) = help.replace(rest) {
+                out.push_str(&format!("# HELP {h}\n"));
+            }
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.rsplit_once(' ').unwrap_or((rest, "untyped"));
+            let (name, kind) = match kind {
+                "counter" => (format!("{name}_total"), kind),
+                "unknown" => (name.to_owned(), "untyped"),
+                _ => (name.to_owned(), kind),
+            };
+            if let Some(h) = help.take() {
+                let text = h.split_once(' ').map_or("", |(_, t)| t);
+                out.push_str(&format!("# HELP {name} {text}\n"));
+            }
+            out.push_str(&format!("# TYPE {name} {kind}\n"));
+            continue;
+        }
+        if let Some(h) = help.take() {
+            out.push_str(&format!("# HELP {h}\n"));
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+type Labels<'a> = [(&'static str, &'a str)];
+
+/// A counter family, one value per label set; left out when it has none.
+fn counter(enc: &mut DescriptorEncoder<'_>, name: &str, help: &str, rows: &[(&Labels<'_>, u64)]) -> std::fmt::Result {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut family = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in rows {
+        if labels.is_empty() {
+            family.encode_counter::<NoLabelSet, _, u64>(v, None)?;
+        } else {
+            family.encode_family(labels)?.encode_counter::<NoLabelSet, _, u64>(v, None)?;
+        }
+    }
+    Ok(())
+}
+
+/// A gauge family, one value per label set; left out when it has none.
+fn gauge(enc: &mut DescriptorEncoder<'_>, name: &str, help: &str, rows: &[(&Labels<'_>, f64)]) -> std::fmt::Result {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut family = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in rows {
+        if labels.is_empty() {
+            family.encode_gauge(v)?;
+        } else {
+            family.encode_family(labels)?.encode_gauge(v)?;
+        }
+    }
+    Ok(())
+}
+
+/// The target's counts.
+#[derive(Debug)]
+struct TargetCollector(Arc<Stats>);
+
+impl prometheus_client::collector::Collector for TargetCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let stats = &self.0;
+        let targets = stats.targets();
+        let names: Vec<[(&'static str, &str); 1]> = targets.iter().map(|t| [("target", t.iqn())]).collect();
+        let rows: Vec<(&Labels<'_>, f64)> =
+            targets.iter().zip(&names).map(|(t, l)| (&l[..], t.sessions() as f64)).collect();
+        gauge(&mut enc, "stics_target_sessions", "Sessions in full feature phase", &rows)?;
+        let rows: Vec<(&Labels<'_>, u64)> = targets.iter().zip(&names).map(|(t, l)| (&l[..], t.logins())).collect();
+        counter(&mut enc, "stics_target_logins", "Sessions that logged in", &rows)?;
+        gauge(
+            &mut enc,
+            "stics_target_discovery_sessions",
+            "Discovery sessions",
+            &[(&[], stats.discovery_sessions() as f64)],
+        )?;
+        counter(
+            &mut enc,
+            "stics_target_refused_logins",
+            "Logins refused (authentication, initiator not allowed, unknown target, no session slot)",
+            &[(&[], stats.refused_logins())],
+        )?;
+
+        // Per LUN: the numbers as text once, then one label set per LUN and per LUN and kind.
+        let luns: Vec<(&str, String, &stics_target::stats::LunStats)> = targets
+            .iter()
+            .flat_map(|t| t.luns().iter().enumerate().map(move |(i, l)| (t.iqn(), i.to_string(), l)))
+            .collect();
+        let per_lun: Vec<[(&'static str, &str); 2]> =
+            luns.iter().map(|(iqn, lun, _)| [("target", *iqn), ("lun", lun.as_str())]).collect();
+        let rows: Vec<(&Labels<'_>, u64)> =
+            luns.iter().zip(&per_lun).map(|((_, _, l), labels)| (&labels[..], l.bytes_in())).collect();
+        counter(&mut enc, "stics_target_received_bytes", "Write data bytes received from initiators", &rows)?;
+        let rows: Vec<(&Labels<'_>, u64)> =
+            luns.iter().zip(&per_lun).map(|((_, _, l), labels)| (&labels[..], l.bytes_out())).collect();
+        counter(&mut enc, "stics_target_sent_bytes", "Read data bytes sent to initiators", &rows)?;
+
+        // Kinds a LUN never saw are left out: a target with many idle LUNs stays a short page.
+        let mut per_kind = Vec::new();
+        for (iqn, lun, l) in &luns {
+            for kind in Kind::ALL {
+                if l.commands(kind) > 0 {
+                    per_kind.push(([("target", *iqn), ("lun", lun.as_str()), ("kind", kind.name())], kind, *l));
+                }
+            }
+        }
+        let rows: Vec<(&Labels<'_>, u64)> =
+            per_kind.iter().map(|(labels, kind, l)| (&labels[..], l.commands(*kind))).collect();
+        counter(&mut enc, "stics_target_commands", "SCSI commands by kind", &rows)?;
+        let rows: Vec<(&Labels<'_>, u64)> =
+            per_kind.iter().map(|(labels, kind, l)| (&labels[..], l.failed(*kind))).collect();
+        counter(
+            &mut enc,
+            "stics_target_failed_commands",
+            "SCSI commands that ended with a status other than GOOD",
+            &rows,
+        )?;
+        if per_kind.is_empty() {
+            return Ok(());
+        }
+        let mut family = enc.encode_descriptor(
+            "stics_target_command_latency_seconds",
+            "From a command's start on its LUN (all its data in) to its response",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (labels, kind, l) in &per_kind {
+            let HistogramSnapshot { sum, count, buckets } = l.latency(*kind);
+            family.encode_family(&&labels[..])?.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+        }
+        Ok(())
+    }
+}
+
+/// The caches' statuses.
+#[derive(Debug)]
+struct CacheCollector(Vec<ServedCache>);
+
+/// A gauge or a counter of the cache's status.
+enum Value {
+    Gauge(fn(&Status) -> f64),
+    Counter(fn(&Status) -> u64),
+}
+
+/// The cache's series: name (after `stics_cache_`), help and how to read it from a status.
+const CACHE_SERIES: &[(&str, &str, Value)] = &[
+    ("dirty_bytes", "Bytes not yet on the remote", Value::Gauge(|s| s.dirty_bytes as f64)),
+    ("log_fill_ratio", "Fraction of the write log in use", Value::Gauge(|s| s.log_fill)),
+    ("log_bytes", "Bytes of the write log's ring", Value::Gauge(|s| s.log_bytes as f64)),
+    ("ram_bytes", "Host write bytes in RAM waiting for the log", Value::Gauge(|s| s.ram_bytes as f64)),
+    ("epoch", "The open epoch", Value::Gauge(|s| s.epoch as f64)),
+    ("destaged_epoch", "The newest epoch fully on the remote", Value::Gauge(|s| s.destaged_epoch as f64)),
+    (
+        "destage_rate_bytes_per_second",
+        "Destage throughput over the last seconds",
+        Value::Gauge(|s| s.destage_bytes_per_sec),
+    ),
+    ("destage_lag_seconds", "Age of the oldest write not yet on the remote", Value::Gauge(|s| s.destage_lag_secs)),
+    ("remote_write_seconds", "Moving average of a remote write's service time", Value::Gauge(|s| s.remote_write_secs)),
+    (
+        "remote_rtt_seconds",
+        "Moving average of a remote SYNCHRONIZE CACHE (about one round trip)",
+        Value::Gauge(|s| s.remote_sync_secs),
+    ),
+    (
+        "read_hit_ratio",
+        "Fraction of read blocks served from RAM, the log or the read cache",
+        Value::Gauge(|s| ratio(s.read_blocks_cache, s.read_blocks_cache + s.read_blocks_remote)),
+    ),
+    (
+        "read_cache_hit_ratio",
+        "Fraction of read cache lookups that hit",
+        Value::Gauge(|s| ratio(s.read_cache_hits, s.read_cache_hits + s.read_cache_misses)),
+    ),
+    (
+        "health_state",
+        "0 healthy, 1 degraded (retrying with backoff), 2 stalled (a lasting failure)",
+        Value::Gauge(|s| match s.health.state {
+            stics_cache::core::State::Healthy => 0.0,
+            stics_cache::core::State::Degraded => 1.0,
+            stics_cache::core::State::Stalled => 2.0,
+        }),
+    ),
+    ("failing_seconds", "How long the failure in force has lasted", Value::Gauge(|s| s.health.since_secs)),
+    ("index_extents", "Runs of blocks in the dirty index", Value::Gauge(|s| s.index_extents as f64)),
+    ("host_write_bytes", "Bytes the host wrote", Value::Counter(|s| s.host_write_bytes)),
+    ("remote_write_bytes", "Bytes written to the remote", Value::Counter(|s| s.remote_write_bytes)),
+    ("absorbed_blocks", "Host write blocks absorbed before destage", Value::Counter(|s| s.blocks_absorbed)),
+    ("destaged_blocks", "Blocks written to the remote by destage", Value::Counter(|s| s.blocks_destaged)),
+    ("records", "Log records written (group commits)", Value::Counter(|s| s.records)),
+    ("read_cache_blocks", "Read blocks served from RAM or the log", Value::Counter(|s| s.read_blocks_cache)),
+    ("read_remote_blocks", "Read blocks fetched from the remote", Value::Counter(|s| s.read_blocks_remote)),
+    ("read_cache_hits", "Read cache lookups that hit", Value::Counter(|s| s.read_cache_hits)),
+    ("read_cache_misses", "Read cache lookups that missed", Value::Counter(|s| s.read_cache_misses)),
+    ("destage_retries", "Remote writes or flushes retried", Value::Counter(|s| s.destage_retries)),
+    ("throttled_writes", "Host writes slowed by a filling log", Value::Counter(|s| s.throttled_writes)),
+    (
+        "refused_writes",
+        "Host writes ended because the log was full past the full timeout",
+        Value::Counter(|s| s.refused_writes),
+    ),
+    (
+        "resent_epochs",
+        "Epochs sent again whole after a failure or a reset of the remote",
+        Value::Counter(|s| s.epochs_resent),
+    ),
+];
+
+/// How a counter of [`GROUP_SERIES`] is read from a cache's group status.
+type GroupCount = fn(&GroupStatus) -> u64;
+
+/// The counters of what a cache shipped to a stics SG, as [`CACHE_SERIES`].
+const GROUP_SERIES: &[(&str, &str, GroupCount)] = &[
+    ("sg_groups", "Groups of epochs the stics SG took", |g| g.groups),
+    ("sg_group_epochs", "Epochs in those groups", |g| g.epochs),
+    ("sg_bytes_before_merge", "Bytes of the groups' epochs before merging", |g| g.bytes_before_merge),
+    ("sg_bytes_merged", "Bytes of the groups' data after merging", |g| g.bytes_merged),
+    ("sg_bytes_shipped", "Bytes of the groups as shipped (compressed, with tables)", |g| g.bytes_shipped),
+    ("sg_groups_resent", "Groups sent again after a failure", |g| g.resent),
+    ("sg_plain_epochs", "Epochs too large for a group, sent as plain writes", |g| g.plain_epochs),
+];
+
+fn ratio(hit: u64, all: u64) -> f64 {
+    if all == 0 {
+        0.0
+    } else {
+        hit as f64 / all as f64
+    }
+}
+
+impl prometheus_client::collector::Collector for CacheCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let statuses: Vec<(String, Status)> = self.0.iter().map(|c| (c.lun.to_string(), c.cache.status())).collect();
+        let labels: Vec<[(&'static str, &str); 3]> = self
+            .0
+            .iter()
+            .zip(&statuses)
+            .map(|(c, (lun, s))| [("target", c.target.as_str()), ("lun", lun.as_str()), ("mode", s.mode.as_str())])
+            .collect();
+        for (name, help, value) in CACHE_SERIES {
+            let name = format!("stics_cache_{name}");
+            match value {
+                Value::Gauge(read) => {
+                    let rows: Vec<(&Labels<'_>, f64)> =
+                        labels.iter().zip(&statuses).map(|(l, (_, s))| (&l[..], read(s))).collect();
+                    gauge(&mut enc, &name, help, &rows)?;
+                }
+                Value::Counter(read) => {
+                    let rows: Vec<(&Labels<'_>, u64)> =
+                        labels.iter().zip(&statuses).map(|(l, (_, s))| (&l[..], read(s))).collect();
+                    counter(&mut enc, &name, help, &rows)?;
+                }
+            }
+        }
+        let errors: Vec<([(&'static str, &str); 4], u64)> = labels
+            .iter()
+            .zip(&statuses)
+            .flat_map(|(l, (_, s))| {
+                s.errors_by_kind.iter().map(move |(kind, n)| ([l[0], l[1], l[2], ("kind", *kind)], *n))
+            })
+            .collect();
+        let rows: Vec<(&Labels<'_>, u64)> = errors.iter().map(|(l, n)| (&l[..], *n)).collect();
+        counter(&mut enc, "stics_cache_errors", "Failures of the remote or the log, by kind", &rows)?;
+        // What the caches in front of a stics SG shipped: only those LUNs have the series.
+        let groups: Vec<(&Labels<'_>, &GroupStatus)> =
+            labels.iter().zip(&statuses).filter_map(|(l, (_, s))| s.groups.as_ref().map(|g| (&l[..], g))).collect();
+        for (name, help, read) in GROUP_SERIES {
+            let rows: Vec<(&Labels<'_>, u64)> = groups.iter().map(|(l, g)| (*l, read(g))).collect();
+            counter(&mut enc, &format!("stics_cache_{name}"), help, &rows)?;
+        }
+        let rows: Vec<(&Labels<'_>, f64)> = groups.iter().map(|(l, g)| (*l, g.ship_bytes_per_sec)).collect();
+        gauge(&mut enc, "stics_cache_sg_ship_rate_bytes_per_second", "Rate groups were shipped at, smoothed", &rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_classic_format_names_counter_families_as_their_samples() {
+        let open = "# HELP a_bytes Bytes.\n# TYPE a_bytes counter\na_bytes_total{lun=\"0\"} 3\n\
+                    # HELP b Gauge.\n# TYPE b gauge\nb 1\n# EOF\n";
+        let want = "# HELP a_bytes_total Bytes.\n# TYPE a_bytes_total counter\na_bytes_total{lun=\"0\"} 3\n\
+                    # HELP b Gauge.\n# TYPE b gauge\nb 1\n";
+        assert_eq!(classic(open), want);
+    }
+
+    #[test]
+    fn ratios_of_nothing_are_zero() {
+        assert!(ratio(0, 0).abs() < f64::EPSILON);
+        assert!((ratio(3, 4) - 0.75).abs() < f64::EPSILON);
+    }
+
+    #[test]
+    fn counter_names_leave_the_total_suffix_to_the_encoder() {
+        for (name, _, value) in CACHE_SERIES {
+            if matches!(value, Value::Counter(_)) {
+                assert!(!name.ends_with("_total"), "{name}");
+            }
+        }
+    }
+}
