@@ -22,15 +22,20 @@ fn layer(manifest: &Path) -> usize {
     LAYERS.iter().position(|l| *l == first).unwrap_or(LAYERS.len())
 }
 
-#[test]
-fn each_crate_depends_only_on_its_own_layer_or_those_beneath_and_the_test_kit_only_in_tests() {
+/// The workspace's packages as `cargo metadata` lists them.
+fn metadata() -> serde_json::Value {
     let out = Command::new(env!("CARGO"))
         .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
         .current_dir(root())
         .output()
         .unwrap();
     assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
-    let m: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn each_crate_depends_only_on_its_own_layer_or_those_beneath_and_the_test_kit_only_in_tests() {
+    let m = metadata();
     let packages = m["packages"].as_array().unwrap();
     let manifest_of = |name: &str| -> PathBuf {
         let p = packages.iter().find(|p| p["name"] == name).unwrap();
@@ -61,13 +66,7 @@ fn each_crate_depends_only_on_its_own_layer_or_those_beneath_and_the_test_kit_on
 
 #[test]
 fn no_crate_under_serve_or_initiator_depends_on_compose() {
-    let out = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
-        .current_dir(root())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
-    let m: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let m = metadata();
     let packages = m["packages"].as_array().unwrap();
     let folder = |name: &str| -> Option<usize> {
         let p = packages.iter().find(|p| p["name"] == name)?;

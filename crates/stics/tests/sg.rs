@@ -63,21 +63,26 @@ fn flushing_writer(
     writer(port, ledger, seed, pace, Arc::clone(stop))
 }
 
+/// Writes through the gateway (log mode) for `secs`, then drains it: the ledger and the groups.
+fn write_then_drain(port: u16, metrics: u16, blocks: u64, seed: u64, secs: Duration) -> (Ledger, serde_json::Value) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = flushing_writer(port, "log", blocks, seed, &stop);
+    std::thread::sleep(secs);
+    stop.store(true, Ordering::Relaxed);
+    let (ledger, err) = w.join().unwrap();
+    assert!(err.is_none(), "a write through the gateway failed: {err:?}");
+    let drained: serde_json::Value = serde_json::from_str(&http(metrics, "POST /drain")).unwrap();
+    assert_eq!(drained["dirty_bytes"], 0, "{drained}");
+    (ledger, groups(metrics))
+}
+
 #[test]
 fn the_gateway_ships_groups_to_an_sg_and_the_sg_alone_holds_every_acknowledged_write() {
     let dir = tempfile::tempdir().unwrap();
     let sg = sg(dir.path(), 64);
     let (mut gw, port, metrics) =
         gateway_with_metrics(&sg.url(0), &dir.path().join("log"), "log", &dir.path().join("gw.log"));
-    let stop = Arc::new(AtomicBool::new(false));
-    let w = flushing_writer(port, "log", 4096, 3, &stop);
-    std::thread::sleep(Duration::from_secs(3));
-    stop.store(true, Ordering::Relaxed);
-    let (mut ledger, err) = w.join().unwrap();
-    assert!(err.is_none(), "a write through the gateway failed: {err:?}");
-    let drained: serde_json::Value = serde_json::from_str(&http(metrics, "POST /drain")).unwrap();
-    assert_eq!(drained["dirty_bytes"], 0, "{drained}");
-    let g = groups(metrics);
+    let (mut ledger, g) = write_then_drain(port, metrics, 4096, 3, Duration::from_secs(3));
     assert!(g["groups"].as_u64().unwrap() > 0, "groups went to the SG: {g}");
     assert!(g["bytes_shipped"].as_u64().unwrap() > 0, "{g}");
     assert!(
@@ -188,15 +193,7 @@ fn the_link_authenticates_both_ends_with_mutual_chap() {
         "log",
         &dir.path().join("gw.log"),
     );
-    let stop = Arc::new(AtomicBool::new(false));
-    let w = flushing_writer(port, "log", 2048, 5, &stop);
-    std::thread::sleep(Duration::from_secs(1));
-    stop.store(true, Ordering::Relaxed);
-    let (mut ledger, err) = w.join().unwrap();
-    assert!(err.is_none(), "a write through the gateway failed: {err:?}");
-    let drained: serde_json::Value = serde_json::from_str(&http(metrics, "POST /drain")).unwrap();
-    assert_eq!(drained["dirty_bytes"], 0, "{drained}");
-    let g = groups(metrics);
+    let (mut ledger, g) = write_then_drain(port, metrics, 2048, 5, Duration::from_secs(1));
     assert!(g["groups"].as_u64().unwrap() > 0, "groups went over the authenticated link: {g}");
     gw.kill();
     let (rt, lun) = open_url(&with("gateway-secret-1", "storage-secret-2"));
