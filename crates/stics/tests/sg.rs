@@ -142,6 +142,41 @@ fn sg_kills(mode: &str, seed: u64, rounds: u32) {
     drop(rt);
 }
 
+#[test]
+fn the_sg_serves_its_journal_s_groups_fill_and_apply_lag_as_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk.img");
+    std::fs::File::create(&disk).unwrap().set_len(16 << 20).unwrap();
+    let lun = format!("journal(file:{}, journal={}:64MiB)", disk.display(), dir.path().join("journal").display());
+    let sg_metrics = stics_testkit::net::free_port();
+    let sg = SticsTarget::start(
+        Path::new(BIN),
+        SticsOptions {
+            iqn: Some(SG_IQN.into()),
+            args: vec!["--lun".into(), lun, "--metrics".into(), format!("127.0.0.1:{sg_metrics}")],
+            env: vec![("RUST_LOG".into(), "info".into())],
+            stderr: Some(dir.path().join("sg.log")),
+        },
+    );
+    assert!(stics_testkit::proc::wait_port(sg_metrics, Duration::from_secs(20)), "no metrics endpoint on the SG");
+    let (mut gw, port, metrics) =
+        gateway_with_metrics(&sg.url(0), &dir.path().join("log"), "log", &dir.path().join("gw.log"));
+    let (_, g) = write_then_drain(port, metrics, 2048, 9, Duration::from_secs(1));
+    gw.kill();
+    let text = http(sg_metrics, "GET /metrics");
+    let value = |name: &str| -> f64 {
+        let line = text.lines().find(|l| l.starts_with(name) && !l.starts_with('#'));
+        line.and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {text}"))
+    };
+    let committed = value("stics_sg_groups_committed_total");
+    assert!(committed >= 1.0, "the SG counts the groups it took ({g}): {text}");
+    assert!(value("stics_sg_journal_bytes") > f64::from(60u32 << 20), "the 64 MiB journal: {text}");
+    assert!(value("stics_sg_journal_used_bytes") >= 0.0, "{text}");
+    assert!(value("stics_sg_apply_lag_seconds") >= 0.0, "{text}");
+}
+
 /// The SG with CHAP both ways: the gateway proves itself with its secret and checks the SG's.
 fn sg_with_chap(dir: &Path) -> SticsTarget {
     let disk = dir.join("disk.img");

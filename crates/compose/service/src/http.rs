@@ -42,9 +42,9 @@ impl std::fmt::Debug for Endpoint {
 }
 
 impl Endpoint {
-    /// The endpoint over a target's `stats` and its cached LUNs.
-    pub fn new(stats: Arc<Stats>, caches: Vec<ServedCache>) -> Endpoint {
-        let registry = crate::metrics::registry(stats, caches.clone());
+    /// The endpoint over a target's `stats`, its cached LUNs and the SG journals it serves.
+    pub fn new(stats: Arc<Stats>, caches: Vec<ServedCache>, journals: Vec<Arc<stics_journal::JournalDev>>) -> Endpoint {
+        let registry = crate::metrics::registry(stats, caches.clone(), journals);
         Endpoint { shared: Arc::new(Shared { registry, caches }) }
     }
 

@@ -1,6 +1,7 @@
 //! The metrics of a running service in OpenMetrics text: the target's counts (sessions, commands
 //! by kind, their latency, data bytes in and out; per target and LUN) and, for each cached LUN,
-//! its cache's status, labelled with the target and LUN that serve it.
+//! its cache's status, labelled with the target and LUN that serve it; for each SG journal (a
+//! `journal(...)` LUN), its groups, fill and apply lag.
 //!
 //! Both are prometheus-client collectors registered once; a scrape reads the live atomics and
 //! statuses and encodes them, so nothing is kept twice and nothing registered per scrape. The
@@ -13,19 +14,64 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use stics_cache::{GroupStatus, Status};
+use stics_journal::{JournalDev, JournalStatus};
 use stics_target::stats::{HistogramSnapshot, Kind};
 use stics_target::Stats;
 
 use crate::service::ServedCache;
 
-/// A registry with the target's and the caches' collectors.
-pub fn registry(stats: Arc<Stats>, caches: Vec<ServedCache>) -> Registry {
+/// A registry with the target's, the caches' and the SG journals' collectors.
+pub fn registry(stats: Arc<Stats>, caches: Vec<ServedCache>, journals: Vec<Arc<JournalDev>>) -> Registry {
     let mut r = Registry::default();
     r.register_collector(Box::new(TargetCollector(stats)));
     if !caches.is_empty() {
         r.register_collector(Box::new(CacheCollector(caches)));
     }
+    if !journals.is_empty() {
+        r.register_collector(Box::new(JournalCollector(journals)));
+    }
     r
+}
+
+/// The SG journals served, in the order they were opened (the `journal` label).
+#[derive(Debug)]
+struct JournalCollector(Vec<Arc<JournalDev>>);
+
+type JournalRead = fn(&JournalStatus) -> u64;
+type JournalGauge = (&'static str, &'static str, fn(&JournalStatus) -> f64);
+
+const JOURNAL_COUNTERS: [(&str, &str, JournalRead); 6] = [
+    ("groups_committed", "Groups the journal took, durable before the answer", |s| s.groups_committed),
+    ("group_bytes", "Bytes of those groups as shipped", |s| s.group_bytes),
+    ("group_raw_bytes", "Bytes of data those groups carry", |s| s.group_raw_bytes),
+    ("groups_again", "Groups sent again after a lost answer, taken without effect", |s| s.groups_again),
+    ("groups_applied", "Groups applied to the medium", |s| s.groups_applied),
+    ("apply_failures", "Times applying a group to the medium failed (it is tried again)", |s| s.apply_failures),
+];
+
+impl prometheus_client::collector::Collector for JournalCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let statuses: Vec<(String, JournalStatus)> =
+            self.0.iter().enumerate().map(|(i, j)| (i.to_string(), j.status())).collect();
+        let labels: Vec<[(&'static str, &str); 1]> = statuses.iter().map(|(i, _)| [("journal", i.as_str())]).collect();
+        for (name, help, read) in JOURNAL_COUNTERS {
+            let rows: Vec<(&Labels<'_>, u64)> =
+                labels.iter().zip(&statuses).map(|(l, (_, s))| (&l[..], read(s))).collect();
+            counter(&mut enc, &format!("stics_sg_{name}"), help, &rows)?;
+        }
+        let gauges: [JournalGauge; 4] = [
+            ("groups_unapplied", "Groups committed and not on the medium yet", |s| s.groups_unapplied as f64),
+            ("journal_used_bytes", "Journal bytes in use", |s| s.journal_used as f64),
+            ("journal_bytes", "The journal's size", |s| s.journal_bytes as f64),
+            ("apply_lag_seconds", "Age of the oldest group not on the medium yet", |s| s.apply_lag_secs),
+        ];
+        for (name, help, read) in gauges {
+            let rows: Vec<(&Labels<'_>, f64)> =
+                labels.iter().zip(&statuses).map(|(l, (_, s))| (&l[..], read(s))).collect();
+            gauge(&mut enc, &format!("stics_sg_{name}"), help, &rows)?;
+        }
+        Ok(())
+    }
 }
 
 /// Encodes `registry` as OpenMetrics text.

@@ -122,7 +122,7 @@ impl Service {
     /// The HTTP endpoint over this service: `/metrics`, and `/status` and `POST /drain` of its
     /// cached LUNs.
     pub fn endpoint(&self) -> Endpoint {
-        Endpoint::new(self.stats(), self.caches.clone())
+        Endpoint::new(self.stats(), self.caches.clone(), self.devices.journal_devices())
     }
 
     /// Serves until `shutdown` resolves; then every session ends, each cache closes (what is
