@@ -46,6 +46,27 @@ pub struct Config {
     /// How `rbd:` LUNs reach their Ceph cluster when their spec does not say.
     #[serde(default, skip_serializing_if = "RbdConfig::is_default")]
     pub rbd: RbdConfig,
+    /// TLS 1.3 on every listen address: connections that do not complete a handshake are closed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+}
+
+/// The `[tls]` table: the target's certificate chain and key in PEM, and for mutual TLS the CA
+/// whose certificates clients must present.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_ca: Option<std::path::PathBuf>,
+}
+
+impl TlsConfig {
+    /// As the TLS layer takes it.
+    pub fn options(&self) -> stics_tls::ServerOptions {
+        stics_tls::ServerOptions { cert: self.cert.clone(), key: self.key.clone(), client_ca: self.client_ca.clone() }
+    }
 }
 
 /// The `[rbd]` table: the Ceph cluster of every `rbd:` LUN whose spec names none.
@@ -245,6 +266,7 @@ impl Default for Config {
                 initiators: Vec::new(),
             }],
             rbd: RbdConfig::default(),
+            tls: None,
         }
     }
 }

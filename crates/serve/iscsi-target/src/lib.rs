@@ -28,7 +28,7 @@ mod server;
 pub mod textreq;
 pub mod warn;
 
-pub use config::{Config, ConfigError, Credentials, DiscoveryConfig, Limits, RbdConfig, TargetConfig};
+pub use config::{Config, ConfigError, Credentials, DiscoveryConfig, Limits, RbdConfig, TargetConfig, TlsConfig};
 pub use server::Server;
 
 impl From<ConfigError> for TargetError {
@@ -49,4 +49,7 @@ pub enum TargetError {
     /// A listen address could not be bound.
     #[error("cannot listen on {addr}: {error}")]
     Bind { addr: std::net::SocketAddr, error: std::io::Error },
+    /// The TLS certificate, key or client CA cannot be used.
+    #[error("TLS: {0}")]
+    Tls(#[from] stics_tls::TlsError),
 }

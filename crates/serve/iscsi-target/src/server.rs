@@ -47,6 +47,8 @@ pub(crate) struct Shared {
     pub output: Arc<Semaphore>,
     pub output_units: u32,
     warnings: Mutex<Limiter>,
+    /// Set when every connection must begin with a TLS handshake.
+    pub tls: Option<stics_tls::Acceptor>,
 }
 
 impl Shared {
@@ -174,6 +176,8 @@ impl Server {
                 link,
             });
         }
+        // Bad PEM files are reported before any port is bound.
+        let tls = config.tls.as_ref().map(|t| stics_tls::Acceptor::new(&t.options())).transpose()?;
         let mut listeners = Vec::new();
         for addr in config.listen_addrs()? {
             let l = TcpListener::bind(addr).await.map_err(|error| TargetError::Bind { addr, error })?;
@@ -198,6 +202,7 @@ impl Server {
             stopping: SessionCtl::default(),
             task_sets: Mutex::new(HashMap::new()),
             limits,
+            tls,
         });
         Ok(Server { listeners, shared, devices })
     }
