@@ -55,7 +55,7 @@ pub async fn discover(url: &IscsiUrl, cfg: &Config, counters: Arc<Counters>) -> 
         mutual_challenge: (rand::random(), rand::random()),
         offer: cfg.offer.clone(),
     };
-    let (mut c, outcome) = conn::open(&portal, lcfg, counters.clone(), cfg.login_timeout).await?;
+    let (mut c, outcome) = conn::open(&portal, lcfg, counters.clone(), cfg.login_timeout, cfg.tls.as_ref()).await?;
     let digests = Digests { header: outcome.params.header_digest, data: outcome.params.data_digest };
     let mut cmd_sn = outcome.exp_cmd_sn;
     let mut exp_stat_sn = outcome.exp_stat_sn;

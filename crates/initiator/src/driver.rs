@@ -28,6 +28,8 @@ pub struct Config {
     pub timers: Timers,
     /// Limit for TCP connect and for the whole login exchange.
     pub login_timeout: Duration,
+    /// TLS 1.3 under every connection when set (the CA to trust, the name to expect).
+    pub tls: Option<stics_tls::Connector>,
 }
 
 impl Default for Config {
@@ -37,6 +39,7 @@ impl Default for Config {
             offer: Offer::default(),
             timers: Timers::default(),
             login_timeout: Duration::from_secs(5),
+            tls: None,
         }
     }
 }
@@ -115,7 +118,7 @@ impl Session {
         let portal = url.portal();
         let counters = Arc::new(Counters::default());
         let lcfg = login_config(cfg, &target, url.chap.clone(), isid);
-        let (conn, outcome) = conn::open(&portal, lcfg, counters.clone(), cfg.login_timeout).await?;
+        let (conn, outcome) = conn::open(&portal, lcfg, counters.clone(), cfg.login_timeout, cfg.tls.as_ref()).await?;
         let info = Arc::new(SessionInfo {
             target,
             portal,
@@ -217,7 +220,7 @@ impl Session {
 struct Link {
     gen: u64,
     reader: conn::PduReader,
-    writer: tokio::net::tcp::OwnedWriteHalf,
+    writer: conn::Writer,
     /// Encoded PDUs not yet accepted by the socket.
     out: bytes::BytesMut,
 }
@@ -253,11 +256,9 @@ async fn next_pdu(r: Option<&mut conn::PduReader>) -> Result<Pdu, Error> {
     }
 }
 
-async fn writable(w: Option<&tokio::net::tcp::OwnedWriteHalf>) {
+async fn writable(w: Option<&conn::Writer>) {
     match w {
-        Some(w) => {
-            let _ = w.writable().await;
-        }
+        Some(w) => w.writable().await,
         None => std::future::pending().await,
     }
 }
@@ -281,9 +282,10 @@ impl Driver {
         let portal = self.info.portal.clone();
         let counters = self.counters.clone();
         let timeout = self.cfg.login_timeout;
+        let tls = self.cfg.tls.clone();
         let ev = self.events.clone();
         tokio::spawn(async move {
-            let msg = match conn::open(&portal, lcfg, counters, timeout).await {
+            let msg = match conn::open(&portal, lcfg, counters, timeout, tls.as_ref()).await {
                 Ok(pair) => Event::LoginOk(gen, Box::new(pair)),
                 Err(e) => {
                     let permanent = e.is_permanent();
@@ -339,20 +341,14 @@ impl Driver {
     /// Writes as much queued output as the socket takes now; an error closes the link.
     fn push_out(&mut self) -> Option<(u64, String)> {
         let l = self.link.as_mut()?;
-        while !l.out.is_empty() {
-            match l.writer.try_write(&l.out) {
-                Ok(n) => {
-                    let _ = l.out.split_to(n);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    let gen = l.gen;
-                    self.link = None;
-                    return Some((gen, format!("write failed: {e}")));
-                }
+        match l.writer.push(&mut l.out) {
+            Ok(()) => None,
+            Err(e) => {
+                let gen = l.gen;
+                self.link = None;
+                Some((gen, format!("write failed: {e}")))
             }
         }
-        None
     }
 
     async fn run(

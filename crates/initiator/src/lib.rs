@@ -54,6 +54,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// TLS could not be set up or its handshake failed.
+    #[error(transparent)]
+    Tls(#[from] stics_tls::TlsError),
     /// The connection failed after it was open.
     #[error("connection to {addr} failed: {source}")]
     Io {

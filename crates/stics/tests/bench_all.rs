@@ -13,12 +13,13 @@ use std::process::{Command, Stdio};
 use serde_json::Value;
 
 /// What `stics bench all` runs, in its order.
-const EXPERIMENTS: [&str; 15] = [
+const EXPERIMENTS: [&str; 16] = [
     "wan",
     "conformance",
     "interop",
     "initiator",
     "target",
+    "tls",
     "micro",
     "delay",
     "disk",
@@ -41,6 +42,8 @@ const KEYS: &[(&str, usize, &[&str])] = &[
     ("initiator", 3, &["target", "depth"]),
     ("target", 1, &["target", "workload"]),
     ("target", 2, &["workload"]),
+    ("tls", 1, &["op", "transport"]),
+    ("tls", 2, &["op"]),
     ("micro", 1, &["size"]),
     ("micro", 2, &["size"]),
     ("delay", 1, &["op", "device", "at"]),

@@ -11,9 +11,10 @@ fn root() -> PathBuf {
 }
 
 /// The layers of ARCHITECTURE.md, lowest first; the binary and the test kit sit on top.
+/// `transport` (TLS under both protocol peers) knows no block device.
 /// The peers that speak iSCSI (`initiator`, `serve`) know only block devices and sit beneath
 /// `compose`, which builds devices from text and serves configuration files over them.
-const LAYERS: [&str; 6] = ["codec", "device", "initiator", "serve", "compose", "tools"];
+const LAYERS: [&str; 7] = ["codec", "transport", "device", "initiator", "serve", "compose", "tools"];
 
 /// The layer of a crate from its manifest's folder under `crates/`.
 fn layer(manifest: &Path) -> usize {

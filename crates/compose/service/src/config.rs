@@ -54,6 +54,31 @@ pub struct Config {
     /// How `rbd:` LUNs reach their Ceph cluster when their spec does not say.
     #[serde(default, skip_serializing_if = "RbdConfig::is_default")]
     pub rbd: RbdConfig,
+    /// TLS 1.3 on every listen address: connections that do not complete a handshake are closed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+}
+
+/// The `[tls]` table: the target's certificate chain and key in PEM, and for mutual TLS the CA
+/// whose certificates clients must present.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_ca: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    /// Reads the PEM files into the acceptor the target runs its handshakes with.
+    pub fn acceptor(&self) -> Result<stics_tls::Acceptor, stics_tls::TlsError> {
+        stics_tls::Acceptor::new(&stics_tls::ServerOptions {
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            client_ca: self.client_ca.clone(),
+        })
+    }
 }
 
 /// The `[rbd]` table: the Ceph cluster of every `rbd:` LUN whose spec names none.
@@ -324,6 +349,7 @@ impl Default for Config {
             discovery: DiscoveryAuth::default(),
             targets: vec![TargetConfig::new(DEFAULT_IQN, vec![LunConfig::Spec("mem:1GiB".into())])],
             rbd: RbdConfig::default(),
+            tls: None,
         }
     }
 }
@@ -435,6 +461,7 @@ impl Config {
 #[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn spec(text: &str) -> LunConfig {
         LunConfig::Spec(text.into())
@@ -474,6 +501,24 @@ mod tests {
         assert!(!printed.contains("secretsecret"));
         assert!(printed.contains("<redacted>"));
         assert!(!format!("{c:?}").contains("secretsecret"));
+    }
+
+    #[test]
+    fn a_tls_table_parses_prints_back_and_refuses_unknown_keys() {
+        let base = "[[target]]\niqn = \"iqn.2024-01.org.example:a\"\nluns = [\"mem:1M\"]\n";
+        let c =
+            Config::from_toml(&format!("{base}[tls]\ncert = \"/c.pem\"\nkey = \"/k.pem\"\nclient_ca = \"/ca.pem\"\n"))
+                .unwrap();
+        let tls = c.tls.clone().unwrap();
+        assert_eq!(
+            (tls.cert.to_str(), tls.key.to_str(), tls.client_ca.as_deref()),
+            (Some("/c.pem"), Some("/k.pem"), Some(Path::new("/ca.pem")))
+        );
+        assert_eq!(Config::from_toml(&c.to_toml_redacted()).unwrap().tls, c.tls);
+        assert!(Config::from_toml(&format!("{base}[tls]\ncert = \"/c.pem\"\n")).is_err(), "a key is required");
+        assert!(Config::from_toml(&format!("{base}[tls]\ncert = \"/c\"\nkey = \"/k\"\nca = \"/x\"\n")).is_err());
+        let missing = c.tls.unwrap().acceptor().unwrap_err().to_string();
+        assert!(missing.contains("/c.pem"), "{missing}");
     }
 
     #[test]

@@ -17,6 +17,6 @@ pub mod metrics;
 pub mod service;
 
 pub use cached::{CachedError, CachedLun};
-pub use config::{CachedLunConfig, Config, ConfigError, LunConfig, RbdConfig, TargetConfig};
+pub use config::{CachedLunConfig, Config, ConfigError, LunConfig, RbdConfig, TargetConfig, TlsConfig};
 pub use http::Endpoint;
 pub use service::{ServedCache, Service, ServiceError};

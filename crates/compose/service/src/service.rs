@@ -40,6 +40,9 @@ pub enum ServiceError {
     /// The target refused the devices or could not listen.
     #[error(transparent)]
     Target(#[from] TargetError),
+    /// The TLS certificate, key or client CA cannot be used.
+    #[error("TLS: {0}")]
+    Tls(#[from] stics_tls::TlsError),
     /// The metrics endpoint could not listen.
     #[error("cannot listen for metrics on {addr}: {source}")]
     Metrics {
@@ -81,6 +84,8 @@ impl Service {
         if config.rbd != RbdConfig::default() {
             devices.rbd = config.rbd.defaults();
         }
+        // Bad PEM files are reported before any device is opened or port bound.
+        let tls = config.tls.as_ref().map(crate::config::TlsConfig::acceptor).transpose()?;
         let mut caches = Vec::new();
         let opened = match open_targets(config, &devices, &mut caches).await {
             Ok(targets) => {
@@ -89,6 +94,7 @@ impl Service {
                     limits: config.limits.clone(),
                     discovery: config.discovery.clone(),
                     targets,
+                    tls,
                 };
                 Server::bind(server).await.map_err(ServiceError::from)
             }

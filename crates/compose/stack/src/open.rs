@@ -216,7 +216,12 @@ async fn open_in(spec: &DeviceSpec, ctx: &OpenContext, place: Place) -> Result<A
             Arc::new(file)
         }
         DeviceSpec::Iscsi { url, options } => {
-            let opts = lun_options(&ctx.initiator, options, place);
+            let mut opts = lun_options(&ctx.initiator, options, place);
+            if let Some(t) = &options.tls {
+                let c = stics_tls::Connector::new(t)
+                    .map_err(|e| OpenError::Iscsi { url: url.to_string(), source: e.into() })?;
+                opts.config.tls = Some(c);
+            }
             let lun =
                 Lun::open(url, &opts).await.map_err(|source| OpenError::Iscsi { url: url.to_string(), source })?;
             let lun = Arc::new(lun);
@@ -429,7 +434,7 @@ async fn open_rbd(r: &RbdSpec, _defaults: &RbdDefaults) -> Result<Arc<dyn BlockD
 /// The context's initiator settings with a spec's own options in force; a LUN under a cache reads
 /// on a session of its own unless its spec says otherwise.
 fn lun_options(base: &LunOptions, options: &IscsiOptions, place: Place) -> LunOptions {
-    let IscsiOptions { sessions, digests, first_burst, max_burst, max_r2t, max_transfer, read_session, link } =
+    let IscsiOptions { sessions, digests, first_burst, max_burst, max_r2t, max_transfer, read_session, link, tls: _ } =
         *options;
     let mut opts = base.clone();
     opts.read_session = read_session.unwrap_or(base.read_session || place == Place::UnderCache);

@@ -78,6 +78,10 @@ pub struct IscsiOptions {
     /// Offer the link to a stics SG at login (`link=on|off`); when not given, on for the remote
     /// of a cache, which then ships groups of epochs to an SG that takes them, and off elsewhere.
     pub link: Option<bool>,
+    /// TLS 1.3 under the connections (`tls=on&tls_ca=PATH[&tls_name=NAME][&tls_cert=PATH&tls_key=PATH]`):
+    /// the CA to trust, the name the target's certificate carries (the URL's host if not given)
+    /// and a client certificate for targets that ask for one. Plain TCP when not given.
+    pub tls: Option<stics_tls::ClientOptions>,
 }
 
 /// `rbd:POOL/IMAGE[@SNAP]` and its query: which image, and how to reach its cluster. What is
@@ -355,6 +359,8 @@ fn iscsi(text: &str) -> Result<DeviceSpec, SpecError> {
         None => IscsiUrl::parse(text)?,
         Some((base, query)) => {
             let mut rest = Vec::new();
+            let (mut tls, mut tls_args) = (None, stics_tls::ClientOptions::default());
+            let mut tls_named = None;
             for kv in query.split('&').filter(|kv| !kv.is_empty()) {
                 let bad = |reason| SpecError::IscsiOption { piece: kv.to_owned(), reason };
                 match kv.split_once('=') {
@@ -383,6 +389,25 @@ fn iscsi(text: &str) -> Result<DeviceSpec, SpecError> {
                             _ => return Err(bad("link is on or off")),
                         });
                     }
+                    Some(("tls", v)) => {
+                        tls = Some(match v {
+                            "on" => true,
+                            "off" => false,
+                            _ => return Err(bad("tls is on or off")),
+                        });
+                    }
+                    Some((k @ ("tls_ca" | "tls_name" | "tls_cert" | "tls_key"), v)) => {
+                        if v.is_empty() {
+                            return Err(bad("tls_ca, tls_name, tls_cert and tls_key take a value"));
+                        }
+                        tls_named.get_or_insert(kv.to_owned());
+                        match k {
+                            "tls_ca" => tls_args.ca = v.into(),
+                            "tls_name" => tls_args.name = Some(v.to_owned()),
+                            "tls_cert" => tls_args.cert = Some(v.into()),
+                            _ => tls_args.key = Some(v.into()),
+                        }
+                    }
                     Some(("first_burst", v)) => {
                         let why = "first_burst is a size from 512 B to 16 MiB - 1 B, e.g. 64KiB";
                         options.first_burst = Some(query_size(v, MAX_BURST).ok_or_else(|| bad(why))?);
@@ -401,6 +426,18 @@ fn iscsi(text: &str) -> Result<DeviceSpec, SpecError> {
                     }
                     _ => rest.push(kv),
                 }
+            }
+            if tls == Some(true) {
+                let bad = |reason| SpecError::IscsiOption { piece: "tls=on".into(), reason };
+                if tls_args.ca.as_os_str().is_empty() {
+                    return Err(bad("tls=on needs tls_ca=PATH, the CA that signed the target's certificate"));
+                }
+                if tls_args.cert.is_some() != tls_args.key.is_some() {
+                    return Err(bad("tls_cert and tls_key go together"));
+                }
+                options.tls = Some(tls_args);
+            } else if let Some(piece) = tls_named {
+                return Err(SpecError::IscsiOption { piece, reason: "TLS options need tls=on" });
             }
             if let (Some(first), Some(max)) = (options.first_burst, options.max_burst) {
                 if first > max {
@@ -871,6 +908,7 @@ impl DeviceSpec {
                     max_transfer,
                     read_session,
                     link,
+                    tls,
                 } = options;
                 let size = |key: &str, n: Option<u32>| n.map(|n| format!("{key}={}", size_text(n.into())));
                 let on_off = |key: &str, b: Option<bool>| b.map(|b| format!("{key}={}", if b { "on" } else { "off" }));
@@ -883,7 +921,17 @@ impl DeviceSpec {
                     .chain(max_r2t.map(|n| format!("max_r2t={n}")))
                     .chain(size("max_transfer", *max_transfer))
                     .chain(on_off("read_session", *read_session))
-                    .chain(on_off("link", *link));
+                    .chain(on_off("link", *link))
+                    .chain(tls.iter().flat_map(|t| {
+                        let path = |key: &str, p: &Option<std::path::PathBuf>| {
+                            p.as_ref().map(|p| format!("{key}={}", p.display()))
+                        };
+                        [Some("tls=on".to_owned()), path("tls_ca", &Some(t.ca.clone()))]
+                            .into_iter()
+                            .chain([t.name.as_ref().map(|n| format!("tls_name={n}")), path("tls_cert", &t.cert)])
+                            .chain([path("tls_key", &t.key)])
+                            .flatten()
+                    }));
                 for a in args {
                     out.push(if out.contains('?') { '&' } else { '?' });
                     *out += &a;
@@ -1134,6 +1182,12 @@ mod tests {
             ("cache(mem:1G, log=/l, speed=9)", "known keys: log, mode, ram, read-cache, policy"),
             ("cache(mem:1G, log=/l, ram=1Q)", "bad size \"1Q\""),
             ("cache(iscsi://u%hush@h/iqn.x/0", "iscsi://u%***@h/iqn.x/0"),
+            ("iscsi://h/iqn.x/0?tls=on", "tls=on needs tls_ca=PATH"),
+            ("iscsi://h/iqn.x/0?tls=yes", "tls is on or off"),
+            ("iscsi://h/iqn.x/0?tls_ca=/ca.pem", "TLS options need tls=on"),
+            ("iscsi://h/iqn.x/0?tls=off&tls_name=sg", "TLS options need tls=on"),
+            ("iscsi://h/iqn.x/0?tls=on&tls_ca=/ca.pem&tls_cert=/c.pem", "tls_cert and tls_key go together"),
+            ("iscsi://h/iqn.x/0?tls=on&tls_ca=", "take a value"),
         ];
         for (text, want) in cases {
             let e = parse(text).unwrap_err().to_string();
@@ -1164,6 +1218,8 @@ mod tests {
             "journal(rbd:p/img, journal=rbd:p/img-journal, max-group=16MiB)",
             "journal(mem:1GiB, journal=/j)",
             "cache(iscsi://h:3260/iqn.2024-01.org.x:y/0?link=off, log=/l)",
+            "cache(iscsi://h:3260/iqn.2024-01.org.x:y/0?link=on&tls=on&tls_ca=/pki/ca.pem&tls_name=sg, log=/l)",
+            "iscsi://h:3260/iqn.2024-01.org.x:y/0?tls=on&tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/c.key",
         ] {
             let spec: DeviceSpec = text.parse().unwrap();
             assert_eq!(spec.to_string(), text);
@@ -1290,6 +1346,16 @@ mod tests {
         (block_size(), blocks).prop_map(|(bs, n)| (n * u64::from(bs), bs))
     }
 
+    fn tls_options() -> impl Strategy<Value = stics_tls::ClientOptions> {
+        let path = "/[a-z0-9._/-]{1,20}";
+        (path, proptest::option::of("[a-z0-9.-]{1,12}"), proptest::option::of((path, path))).prop_map(
+            |(ca, name, pair)| {
+                let (cert, key) = pair.map_or((None, None), |(c, k)| (Some(c.into()), Some(k.into())));
+                stics_tls::ClientOptions { ca: ca.into(), name, cert, key }
+            },
+        )
+    }
+
     fn spec() -> impl Strategy<Value = DeviceSpec> {
         // Paths without ':' (see the module docs for paths that hold one).
         let path = "[a-zA-Z0-9_./ (),-]{1,30}";
@@ -1317,11 +1383,12 @@ mod tests {
                     proptest::option::of(any::<bool>()),
                     proptest::option::of(any::<bool>()),
                     proptest::option::of(any::<bool>()),
+                    proptest::option::of(tls_options()),
                 ),
                 burst_options(),
             )
                 .prop_map(
-                    |(host, chap, mutual, port, target, lun, sessions, (digests, read_session, link), bursts)| {
+                    |(host, chap, mutual, port, target, lun, sessions, (digests, read_session, link, tls), bursts)| {
                         let chap = chap.map(|(user, secret)| stics_initiator::Chap {
                             user,
                             secret,
@@ -1339,6 +1406,7 @@ mod tests {
                             max_transfer,
                             read_session,
                             link,
+                            tls,
                         };
                         DeviceSpec::Iscsi { url, options }
                     }

@@ -15,10 +15,10 @@ use std::time::Duration;
 use bytes::{Buf, Bytes, BytesMut};
 use rand::Rng;
 use stics_scsi::{Command, Device, Direction, Nexus, Response};
+use stics_tls::{ReadHalf, Stream, WriteHalf};
 use stics_wire::frame::{self, Batch, Digests, FrameError};
 use stics_wire::pdu::{login_status, Header, Pdu};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::AbortHandle;
@@ -162,15 +162,32 @@ struct LoggedIn {
     ctl: Arc<SessionCtl>,
 }
 
-/// Serves one TCP connection from login to close.
-pub(crate) async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+/// Serves one TCP connection from login (after a TLS handshake where the target asks for one)
+/// to close.
+pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     let _ = stream.set_nodelay(true);
     let local = stream.local_addr().ok();
     let mut buf = BytesMut::with_capacity(8192);
     let timeout = Duration::from_secs(shared.limits.login_timeout_secs);
-    let login = login_phase(&mut stream, &mut buf, &shared, peer);
-    let logged_in = tokio::select! {
-        r = tokio::time::timeout(timeout, login) => match r {
+    // The handshake counts against the login timeout: a peer that stalls in it is cut off too.
+    let start = async {
+        let mut stream = match &shared.tls {
+            Some(tls) => match tls.accept(stream, &peer.to_string()).await {
+                Ok(s) => s,
+                Err(e) => {
+                    if let Some(suppressed) = shared.may_warn(peer, "tls handshake") {
+                        tracing::warn!(%peer, suppressed, "{e}; closing");
+                    }
+                    return None;
+                }
+            },
+            None => Stream::Plain(stream),
+        };
+        let logged_in = login_phase(&mut stream, &mut buf, &shared, peer).await?;
+        Some((stream, logged_in))
+    };
+    let (stream, logged_in) = tokio::select! {
+        r = tokio::time::timeout(timeout, start) => match r {
             Ok(Some(l)) => l,
             Ok(None) => return,
             Err(_) => {
@@ -185,8 +202,14 @@ pub(crate) async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: Arc<S
     full_feature(stream, buf, peer, local, shared, logged_in).await;
 }
 
+/// Writes one PDU and flushes it: over TLS, written bytes may wait in the session until then.
+async fn send_now(stream: &mut Stream, bytes: &[u8]) -> std::io::Result<()> {
+    stream.write_all(bytes).await?;
+    stream.flush().await
+}
+
 async fn login_phase(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     buf: &mut BytesMut,
     shared: &Arc<Shared>,
     peer: SocketAddr,
@@ -234,7 +257,7 @@ async fn login_phase(
         };
         match machine.step(&req, &pdu.data) {
             Step::Continue(p) => {
-                stream.write_all(&encode_one(&p, none)).await.ok()?;
+                send_now(stream, &encode_one(&p, none)).await.ok()?;
             }
             Step::Fail(p) => {
                 shared.stats.login_refused();
@@ -243,7 +266,7 @@ async fn login_phase(
                         tracing::info!(%peer, class = h.status_class, detail = h.status_detail, suppressed, "login refused");
                     }
                 }
-                let _ = stream.write_all(&encode_one(&p, none)).await;
+                let _ = send_now(stream, &encode_one(&p, none)).await;
                 return None;
             }
             Step::Ready(mut p, outcome) => {
@@ -252,7 +275,7 @@ async fn login_phase(
                     shared.stats.login_refused();
                     // MaxConnections is 1: a login that names an existing session adds nothing.
                     let f = fail(&mut machine, login_status::SESSION_DOES_NOT_EXIST);
-                    let _ = stream.write_all(&encode_one(&f, none)).await;
+                    let _ = send_now(stream, &encode_one(&f, none)).await;
                     return None;
                 }
                 let reg = shared.registry().register(&outcome.initiator_name, outcome.isid, outcome.target);
@@ -264,7 +287,7 @@ async fn login_phase(
                             tracing::warn!(%peer, suppressed, "session limit reached; login refused");
                         }
                         let f = fail(&mut machine, login_status::OUT_OF_RESOURCES);
-                        let _ = stream.write_all(&encode_one(&f, none)).await;
+                        let _ = send_now(stream, &encode_one(&f, none)).await;
                         return None;
                     }
                 };
@@ -274,7 +297,7 @@ async fn login_phase(
                 if let Header::LoginResponse(h) = &mut p.header {
                     h.tsih = reg.tsih;
                 }
-                if stream.write_all(&encode_one(&p, none)).await.is_err() {
+                if send_now(stream, &encode_one(&p, none)).await.is_err() {
                     shared.registry().unregister(reg.tsih, &reg.ctl);
                     return None;
                 }
@@ -377,7 +400,7 @@ struct Session {
 }
 
 async fn full_feature(
-    stream: TcpStream,
+    stream: Stream,
     mut buf: BytesMut,
     peer: SocketAddr,
     local: Option<SocketAddr>,
@@ -502,7 +525,7 @@ async fn full_feature(
 impl Session {
     async fn read_loop(
         &mut self,
-        mut rd: tokio::net::tcp::OwnedReadHalf,
+        mut rd: ReadHalf,
         buf: &mut BytesMut,
         digests: Digests,
         max_recv: u32,
@@ -820,7 +843,7 @@ impl Timed {
     }
 }
 
-async fn write_all_chunks(wr: &mut OwnedWriteHalf, mut chunks: Vec<Bytes>) -> std::io::Result<()> {
+async fn write_all_chunks(wr: &mut WriteHalf, mut chunks: Vec<Bytes>) -> std::io::Result<()> {
     let mut i = 0;
     while i < chunks.len() {
         let slices: Vec<IoSlice<'_>> = chunks[i..].iter().take(MAX_IOV).map(|b| IoSlice::new(b)).collect();
@@ -845,7 +868,7 @@ async fn write_all_chunks(wr: &mut OwnedWriteHalf, mut chunks: Vec<Bytes>) -> st
 
 /// The writer task: takes whatever is ready, stamps and encodes it, writes it in one go.
 async fn writer(
-    mut wr: OwnedWriteHalf,
+    mut wr: WriteHalf,
     mut rx: mpsc::UnboundedReceiver<Out>,
     seq: Arc<SeqNums>,
     mut stat_sn: u32,
@@ -876,7 +899,8 @@ async fn writer(
         }
         let chunks = batch.finish();
         let bytes: usize = chunks.iter().map(Bytes::len).sum();
-        if write_all_chunks(&mut wr, chunks).await.is_err() {
+        // The flush costs nothing on plain TCP; over TLS it sends what the session still holds.
+        if write_all_chunks(&mut wr, chunks).await.is_err() || wr.flush().await.is_err() {
             seq.writer_gone.kill();
             return;
         }

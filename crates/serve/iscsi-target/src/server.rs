@@ -71,12 +71,14 @@ pub struct ServerConfig {
     pub discovery: DiscoveryAuth,
     /// The targets, each with its own LUNs.
     pub targets: Vec<Target>,
+    /// Set when every connection must begin with a TLS 1.3 handshake.
+    pub tls: Option<stics_tls::Acceptor>,
 }
 
 impl ServerConfig {
     /// `targets` on `listen` with the default limits and open discovery.
     pub fn new(listen: Vec<SocketAddr>, targets: Vec<Target>) -> ServerConfig {
-        ServerConfig { listen, limits: Limits::default(), discovery: DiscoveryAuth::default(), targets }
+        ServerConfig { listen, limits: Limits::default(), discovery: DiscoveryAuth::default(), targets, tls: None }
     }
 
     /// Checks every rule a running target relies on.
@@ -123,6 +125,8 @@ pub(crate) struct Shared {
     pub output: Arc<Semaphore>,
     pub output_units: u32,
     warnings: Mutex<Limiter>,
+    /// Set when every connection must begin with a TLS handshake.
+    pub tls: Option<stics_tls::Acceptor>,
 }
 
 impl Shared {
@@ -166,7 +170,7 @@ impl Server {
     /// Validates `config`, puts a logical unit over every LUN and binds every listen address.
     pub async fn bind(config: ServerConfig) -> Result<Server, TargetError> {
         config.validate()?;
-        let ServerConfig { listen, limits, discovery, targets: given } = config;
+        let ServerConfig { listen, limits, discovery, targets: given, tls } = config;
         let mut targets = Vec::new();
         let mut auths = Vec::new();
         for t in given {
@@ -225,6 +229,7 @@ impl Server {
             stopping: SessionCtl::default(),
             task_sets: Mutex::new(HashMap::new()),
             limits,
+            tls,
         });
         Ok(Server { listeners, shared })
     }

@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use clap::Subcommand;
 use stics_bench::exp::{
     cache_location, conformance, congestion, delay, disk, gateway, initiator, interop, micro, packets, postmark, rbd,
-    target, trace, wan, write_model,
+    target, tls, trace, wan, write_model,
 };
 use stics_bench::load::{self, Op, Pattern};
 use stics_bench::machine::Machine;
@@ -70,6 +70,8 @@ enum Cmd {
     Disk(disk::Args),
     /// stics target against tgt on a page-cached file LUN with qemu-img bench: IOPS, latency, loopback share, CPU per GiB.
     Target(target::Args),
+    /// TLS 1.3 against plain TCP on loopback: the same stics target over a null LUN, large sequential writes and reads, throughput and CPU per GiB of target and client.
+    Tls(tls::Args),
     /// libiscsi's iscsi-test-cu --test=ALL against stics target and tgt, counted strictly; fails if stics fails a test.
     Conformance(conformance::Args),
     /// Seed 004 Figs. 8-9: an EMC-tel-like trace (or --trace FILE) replayed open loop across stics wan at 8 ms one way, plain iSCSI against the gateway in log and immediate mode: every response time.
@@ -179,6 +181,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Cmd::Disk(x) => vec![with_commands(b, || disk::run(b, x))?],
         Cmd::WriteModel(w) => vec![with_commands(b, || write_model::run(b, w))?],
         Cmd::Target(t) => vec![with_commands(b, || target::run(b, t))?],
+        Cmd::Tls(t) => vec![with_commands(b, || tls::run(b, t))?],
         Cmd::Conformance(x) => vec![with_commands(b, || conformance::run(b, x))?],
         Cmd::Trace(t) => vec![with_commands(b, || trace::run(b, t))?],
         Cmd::Postmark(p) => vec![with_commands(b, || postmark::run(b, p))?],
@@ -249,6 +252,7 @@ fn run_all(b: &Bench, errors: &mut Vec<String>) -> Vec<Report> {
         ("interop", Box::new(|| with_commands(b, || interop::run(b, &defaults()?)))),
         ("initiator", Box::new(|| with_commands(b, || initiator::run(b, &defaults()?)))),
         ("target", Box::new(|| with_commands(b, || target::run(b, &defaults()?)))),
+        ("tls", Box::new(|| with_commands(b, || tls::run(b, &defaults()?)))),
         ("micro", Box::new(|| with_commands(b, || micro::run(b, &defaults()?)))),
         ("delay", Box::new(|| with_commands(b, || delay::run(b, &defaults()?)))),
         ("disk", Box::new(|| with_commands(b, || disk::run(b, &defaults()?)))),

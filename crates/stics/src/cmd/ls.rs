@@ -1,6 +1,7 @@
 //! `stics ls URL`: lists the targets behind a portal and their LUNs with size and block size,
 //! like libiscsi's iscsi-ls.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -25,6 +26,18 @@ pub struct Args {
     /// Seconds allowed for connect and login.
     #[arg(long, default_value_t = 5)]
     pub timeout: u64,
+    /// Connect over TLS 1.3, trusting the CA certificates in this PEM file.
+    #[arg(long, value_name = "PEM")]
+    pub tls_ca: Option<PathBuf>,
+    /// The name the target's certificate must carry [default: the URL's host].
+    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    pub tls_name: Option<String>,
+    /// A client certificate (PEM) for a target that verifies its clients (with --tls-key).
+    #[arg(long, value_name = "PEM", requires_all = ["tls_ca", "tls_key"])]
+    pub tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -37,6 +50,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     cfg.offer.header_digest = args.digests;
     cfg.offer.data_digest = args.digests;
     cfg.login_timeout = Duration::from_secs(args.timeout.max(1));
+    if let Some(ca) = args.tls_ca {
+        let o = stics_tls::ClientOptions { ca, name: args.tls_name, cert: args.tls_cert, key: args.tls_key };
+        cfg.tls = Some(stics_tls::Connector::new(&o)?);
+    }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let (targets, counters) = rt.block_on(probe(&url, &cfg)).with_context(|| format!("listing {url}"))?;
     for t in &targets {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use stics_service::{Config, LunConfig, Service, TargetConfig};
+use stics_service::{Config, LunConfig, Service, TargetConfig, TlsConfig};
 use stics_stack::OpenContext;
 use stics_target::config::DEFAULT_IQN;
 use stics_target::Credentials;
@@ -107,6 +107,21 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
 
+    /// Serve TLS 1.3 on every listen address with this certificate chain (PEM, the target's
+    /// certificate first; with --tls-key). Plain iSCSI initiators are then refused at the
+    /// handshake; stics initiators connect with `?tls=on&tls_ca=PEM` on their iscsi:// URL
+    /// (`stics ls --tls-ca PEM`). Replaces the config file's [tls].
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Mutual TLS: admit only clients whose certificate this CA (PEM) signed.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
     /// Print the effective configuration as TOML (secrets redacted) and exit.
     #[arg(long)]
     pub print_config: bool,
@@ -156,6 +171,9 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
     if let Some(n) = args.queue_depth {
         config.limits.queue_depth = n;
     }
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        config.tls = Some(TlsConfig { cert: cert.clone(), key: key.clone(), client_ca: args.tls_client_ca.clone() });
+    }
     config.validate()?;
     Ok(config)
 }
@@ -200,9 +218,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let rt = super::server_runtime(args.threads)?;
     rt.block_on(async {
         let service = Service::open(&config, OpenContext::default()).await?;
+        let transport = match &config.tls {
+            Some(t) if t.client_ca.is_some() => "TLS, client certificates required",
+            Some(_) => "TLS",
+            None => "plain TCP",
+        };
         for a in service.local_addrs() {
             for t in &config.targets {
-                tracing::info!("serving {} ({} LUNs) on {a}", t.iqn, t.luns.len());
+                tracing::info!("serving {} ({} LUNs) on {a} ({transport})", t.iqn, t.luns.len());
             }
         }
         if let Some(addr) = &args.metrics {

@@ -55,9 +55,14 @@ impl Drop for Target {
 
 /// `stics target` serving `luns` (device specs) on 127.0.0.1, LUN 0 in the URL.
 pub fn stics_target(b: &Bench, name: &str, luns: &[&str]) -> Result<Target> {
+    stics_target_with(b, name, luns, &[])
+}
+
+/// [`stics_target`] with more arguments (`--tls-cert`, ...).
+pub fn stics_target_with(b: &Bench, name: &str, luns: &[&str], extra: &[&str]) -> Result<Target> {
     let port = free_port()?;
     let addr = format!("127.0.0.1:{port}");
-    let mut proc = b.spawn(name, target_args(&mut b.stics_cmd(), &addr, luns))?;
+    let mut proc = b.spawn(name, target_args(&mut b.stics_cmd(), &addr, luns).args(extra))?;
     proc.wait_until(Duration::from_secs(20), || accepts(&addr))?;
     Ok(Target { proc, url: format!("iscsi://{addr}/{STICS_IQN}/0"), ctl: None })
 }

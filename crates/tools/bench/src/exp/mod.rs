@@ -16,6 +16,7 @@ pub mod packets;
 pub mod postmark;
 pub mod rbd;
 pub mod target;
+pub mod tls;
 pub mod trace;
 pub mod wan;
 pub mod write_model;
