@@ -52,7 +52,7 @@ impl Core {
         let full = !self.ram_has_room(bytes)
             || fill >= FULL
             || self.index_extents() >= self.cfg.max_extents()
-            || self.over_lag(now);
+            || self.over_lag(bytes, now);
         if full {
             if let Some(f) = self.health.past(self.cfg.full_timeout, now) {
                 return Admit::Refuse(f.host_error(now));

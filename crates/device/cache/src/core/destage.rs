@@ -639,7 +639,10 @@ impl Core {
             self.epoch_extents -= m.len();
             for (s, e, v) in m.iter() {
                 let seq = v.write_seq;
-                self.newest.remove_where(s, e, |n| n.write_seq == seq);
+                let gone = self.newest.remove_where(s, e, |n| n.write_seq == seq);
+                let gone = super::data_blocks(&gone);
+                debug_assert!(self.newest_data >= gone);
+                self.newest_data = self.newest_data.saturating_sub(gone);
                 // Remote data read before this may predate the write now on the remote.
                 self.invalidate(s, e);
             }

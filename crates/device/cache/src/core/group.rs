@@ -3,8 +3,9 @@
 //! one unit that the SG makes durable before it answers and applies whole. One group is in
 //! flight at a time; while it travels the next one grows, so groups are large exactly when the
 //! link is the bottleneck, bounded by the SG's largest group, by the `max_lag` budget (a group
-//! should take at most a quarter of it to ship at the rate measured) and by the log: destage
-//! never waits for more.
+//! should take at most a quarter of it to ship at the rate measured, and host writes wait while
+//! the data not on the SG would take more than half of it) and by the log: destage never waits
+//! for more.
 //!
 //! What the SG holds is what its status says: at start, and after a group it refused, the
 //! gateway reads it and retires every epoch up to the newest the SG committed, instead of
@@ -75,6 +76,8 @@ pub(crate) struct Groups {
     recovery_probe: bool,
     /// Shipping rate measured (encoded bytes per second, smoothed).
     rate: Option<f64>,
+    /// The same in the blocks' own bytes (before compression): what the backlog drains at.
+    raw_rate: Option<f64>,
     /// When each epoch not yet on the SG got its first write (for the lag).
     pub(crate) born: std::collections::BTreeMap<u64, Instant>,
     /// The clock last seen.
@@ -126,9 +129,29 @@ impl Core {
         oldest.map_or(Duration::ZERO, |(_, t)| now.saturating_duration_since(*t))
     }
 
-    /// Over the lag the configuration allows: host writes wait.
-    pub(crate) fn over_lag(&self, now: Instant) -> bool {
-        self.cfg.max_lag.is_some_and(|m| self.groups_on() && self.lag(now) > m)
+    /// Over the lag the configuration allows, or a write of `bytes` would be: host writes wait.
+    ///
+    /// The age of the oldest write alone comes too late: by the time it passes the bound, the
+    /// host has written as much as the log takes while the link ships a fraction of it, and the
+    /// lag goes on growing for as long as that backlog takes to ship. So the backlog itself is
+    /// bounded: a write comes in only while what is not on the SG yet ships in half the budget at
+    /// the rate measured (before the first group, while it is under two of the smallest groups);
+    /// its own group takes at most a quarter more ([`Core::group_cap`]).
+    pub(crate) fn over_lag(&self, bytes: u64, now: Instant) -> bool {
+        let Some(max) = self.cfg.max_lag.filter(|_| self.groups_on()) else { return false };
+        if self.lag(now) > max {
+            return true;
+        }
+        let backlog = self.newest_data * u64::from(self.layout.block_size);
+        backlog > 0 && backlog + bytes > self.backlog_budget(max)
+    }
+
+    /// Bytes of data not on the SG that ship within half of `max_lag`.
+    pub(crate) fn backlog_budget(&self, max_lag: Duration) -> u64 {
+        match self.destage.groups.raw_rate {
+            Some(r) => ((r * max_lag.as_secs_f64() / 2.0) as u64).max(MIN_GROUP_BYTES),
+            None => 2 * MIN_GROUP_BYTES,
+        }
     }
 
     /// Group destage's metrics.
@@ -162,12 +185,15 @@ impl Core {
         Some(super::DestageIo::Group(plan))
     }
 
-    /// The largest group to form now.
+    /// The largest group to form now: under a lag bound, one that ships in a quarter of it at
+    /// the rate measured (the smallest until a group was measured).
     fn group_cap(&self) -> u64 {
         let max = u64::from(self.layout.max_group.unwrap_or(0));
+        let least = MIN_GROUP_BYTES.min(max);
         match (self.cfg.max_lag, self.destage.groups.rate) {
-            (Some(lag), Some(rate)) => ((rate * lag.as_secs_f64() / 4.0) as u64).clamp(MIN_GROUP_BYTES.min(max), max),
-            _ => max,
+            (Some(lag), Some(rate)) => ((rate * lag.as_secs_f64() / 4.0) as u64).clamp(least, max),
+            (Some(_), None) => least,
+            (None, _) => max,
         }
     }
 
@@ -287,8 +313,9 @@ impl Core {
         g.refusals = 0;
         g.next_seq = Some(seq + 1);
         if took > Duration::ZERO {
-            let r = encoded as f64 / took.as_secs_f64();
-            g.rate = Some(g.rate.map_or(r, |old| 0.7 * old + 0.3 * r));
+            let smooth = |old: Option<f64>, r: f64| Some(old.map_or(r, |old| 0.7 * old + 0.3 * r));
+            g.rate = smooth(g.rate, encoded as f64 / took.as_secs_f64());
+            g.raw_rate = smooth(g.raw_rate, plan.raw_bytes.max(encoded) as f64 / took.as_secs_f64());
         }
         let bs = u64::from(self.layout.block_size);
         let s = &mut self.group_stats;

@@ -56,6 +56,11 @@ pub enum Loc {
     Zero,
 }
 
+/// Blocks of `runs` that hold data (not zeros).
+pub(crate) fn data_blocks(runs: &[(u64, u64, Version)]) -> u64 {
+    runs.iter().filter(|(_, _, v)| !matches!(v.loc, Loc::Zero)).map(|(s, e, _)| e - s).sum()
+}
+
 /// One version of a run of blocks: which write made it, in which epoch, where it is.
 #[derive(Debug, Clone)]
 pub(crate) struct Version {
@@ -133,6 +138,8 @@ pub struct Core {
     pub(crate) log: log::LogState,
     /// The newest version of every dirty block.
     pub(crate) newest: ExtentMap<Version>,
+    /// Blocks of `newest` that hold data (not zeros): what destage still has to ship.
+    pub(crate) newest_data: u64,
     /// Each epoch's versions, until the epoch is on the remote.
     pub(crate) epochs: BTreeMap<u64, ExtentMap<Version>>,
     /// Runs held by all of `epochs` together (the index's other half).
@@ -158,6 +165,7 @@ impl Core {
         Core {
             log: log::LogState::new(checkpoint),
             newest: ExtentMap::new(bs),
+            newest_data: 0,
             epochs: BTreeMap::new(),
             epoch_extents: 0,
             destaged_epoch: checkpoint.destaged_epoch,
@@ -227,7 +235,12 @@ impl Core {
         let end = lba + blocks;
         self.read.cache.remove_range(lba, end);
         self.epoch_born(v.epoch);
-        self.newest.insert(lba, end, v.clone());
+        let replaced_data: u64 = data_blocks(&self.newest.insert(lba, end, v.clone()));
+        if !matches!(v.loc, Loc::Zero) {
+            self.newest_data += blocks;
+        }
+        debug_assert!(self.newest_data >= replaced_data);
+        self.newest_data = self.newest_data.saturating_sub(replaced_data);
         let bs = self.layout.block_size;
         let per_epoch = self.epochs.entry(v.epoch).or_insert_with(|| ExtentMap::new(bs));
         let before = per_epoch.len();
