@@ -1,7 +1,8 @@
 //! TLS 1.3 as the transport of `stics target` and of the initiator, as processes: reads and
 //! writes over TLS; a client that does not trust the CA, a plain client on the TLS port and a
 //! TLS client on a plain port are refused with a clear message while the target keeps serving;
-//! mutual TLS refuses a client without a certificate; a gateway ships groups to an SG over TLS.
+//! mutual TLS refuses a client without a certificate; a gateway ships groups to an SG over TLS,
+//! and one whose configuration file has a [tls] table serves its cached LUN over TLS only.
 
 mod common;
 
@@ -217,4 +218,33 @@ fn the_gateway_ships_groups_to_an_sg_over_tls() {
     let spec: DeviceSpec = remote.parse().unwrap();
     let dev = rt.block_on(stics_stack::open(&spec, &OpenContext::default())).unwrap();
     rt.block_on(ledger.verify(dev.as_ref(), "the SG alone, read over TLS, after the drain"));
+}
+
+#[test]
+fn a_gateway_config_with_a_tls_table_serves_its_cached_lun_over_tls_only() {
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path());
+    let remote = SticsTarget::with_file_lun(Path::new(BIN), 16, &[]);
+    let toml = format!(
+        "[tls]\ncert = \"{}\"\nkey = \"{}\"\n[[target]]\niqn = \"{GATEWAY_IQN}\"\n[[target.luns]]\nremote = \"{}\"\n\
+         log = \"{}\"\nlog_size = \"256MiB\"\nmode = \"log\"\nram = \"8MiB\"\n",
+        p(dir.path(), "server.pem"),
+        p(dir.path(), "server.key"),
+        remote.url(0),
+        dir.path().join("log").display()
+    );
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(&config, toml).unwrap();
+    let (_gw, port) = gateway_config(&config, &dir.path().join("gw.log"), &[]);
+    let url = format!("iscsi://127.0.0.1:{port}/{GATEWAY_IQN}/0");
+    let plain = ls(&url, &[]);
+    assert!(!plain.status.success(), "a plain client is refused: {}", said(&plain));
+    let spec: DeviceSpec = format!("{url}?tls=on&tls_ca={}", p(dir.path(), "ca.pem")).parse().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let dev = stics_stack::open(&spec, &OpenContext::default()).await.unwrap();
+        dev.write(64, Bytes::from(vec![0x5a; 8 * 512]), true).await.unwrap();
+        dev.flush().await.unwrap();
+        assert!(dev.read(64, 8).await.unwrap().iter().all(|&b| b == 0x5a), "read back through the gateway over TLS");
+    });
 }

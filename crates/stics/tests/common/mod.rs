@@ -354,7 +354,11 @@ pub fn gateway_config(config: &Path, stderr: &Path, extra: &[&str]) -> (Guard, u
     let mut cmd = Command::new(BIN);
     cmd.args(["gateway", "--listen", &format!("127.0.0.1:{port}"), "--config"]).arg(config).args(extra);
     let g = spawn(&mut cmd, Some(stderr));
-    assert!(wait_port(port, Duration::from_secs(60)), "the gateway did not listen; see {}", stderr.display());
+    assert!(
+        wait_port(port, Duration::from_secs(60)),
+        "the gateway did not listen: {}",
+        std::fs::read_to_string(stderr).unwrap_or_default()
+    );
     (g, port)
 }
 
