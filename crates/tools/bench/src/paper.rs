@@ -42,6 +42,8 @@ impl PaperValue {
 pub fn unit_scale(unit: &str) -> Option<f64> {
     Some(match unit {
         "s" | "bytes" | "B/s" | "bit/s" | "count" | "ratio" | "IOPS" | "ops/s" | "packets" | "messages" => 1.0,
+        "ops/min" => 1.0 / 60.0,
+        "ops/h" => 1.0 / 3600.0,
         "ms" => 1e-3,
         "us" => 1e-6,
         "KB" | "kB" | "KB/s" | "kB/s" | "kbit/s" => 1e3,
