@@ -242,6 +242,7 @@ fn report(slices: &[Slice], caption: String) -> Result<Report> {
         Some(c) => c.1.push(pt),
         None => curves.push((label, vec![pt])),
     };
+    let mut paper: Vec<(String, f64, f64, f64)> = Vec::new();
     let range = |l: f64, h: f64| if l.is_nan() { String::new() } else { format!("{l:.2}–{h:.2}") };
     for s in slices {
         let (ll, lh) = paper_range(&s.rate, "log");
@@ -266,7 +267,31 @@ fn report(slices: &[Slice], caption: String) -> Result<Report> {
         if let Some(link) = s.link {
             point(format!("log + link, {}, {}", s.pool, s.rate), (at(s.block), s.plain / link));
         }
+        // The paper's range at every block size, so that the axis takes it in.
+        for (mode, lo, hi) in [("log", ll, lh), ("immediate", il, ih)] {
+            if !lo.is_nan() {
+                paper.push((format!("paper: {mode}, {} (low, high)", s.rate), at(s.block), lo, hi));
+            }
+        }
     }
+    let mut paper_series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for (label, x, lo, hi) in paper {
+        let pts = match paper_series.iter_mut().find(|c| c.0 == label) {
+            Some(c) => &mut c.1,
+            None => {
+                paper_series.push((label, Vec::new()));
+                &mut paper_series.last_mut().expect("just pushed").1
+            }
+        };
+        if !pts.iter().any(|p| p.0 == x) {
+            pts.extend([(x, lo), (x, hi)]);
+        }
+    }
+    let series = curves
+        .into_iter()
+        .map(|(l, p)| Series::line(l, p))
+        .chain(paper_series.into_iter().map(|(l, p)| Series::scatter(l, p)))
+        .collect();
     let fig = Figure {
         title: "PostMark speedup of the gateway over plain iSCSI".into(),
         x_label: "PostMark block size [B]".into(),
@@ -274,7 +299,7 @@ fn report(slices: &[Slice], caption: String) -> Result<Report> {
         log_x: false,
         log_y: false,
         categories: blocks.iter().map(ToString::to_string).collect(),
-        series: curves.into_iter().map(|(l, p)| Series::line(l, p)).collect(),
+        series,
     };
     let mut r = Report::new(
         "postmark",
@@ -391,9 +416,15 @@ mod tests {
                 "log, large, 100mbit",
                 "immediate, large, 100mbit",
                 "log, small, 1gbit",
-                "immediate, small, 1gbit"
+                "immediate, small, 1gbit",
+                "paper: log, 100mbit (low, high)",
+                "paper: immediate, 100mbit (low, high)",
+                "paper: log, 1gbit (low, high)",
+                "paper: immediate, 1gbit (low, high)"
             ]
         );
+        let (lo, hi) = paper_range("1gbit", "log");
+        assert_eq!(fig.series[9].points, [(1.0, lo), (1.0, hi), (2.0, lo), (2.0, hi)], "the paper at every block size");
         assert_eq!(fig.categories, ["512", "4096", "8192"]);
         assert_eq!(fig.series[5].points, [(1.0, 150.0 / 160.0), (2.0, 150.0 / 160.0)]);
         assert_eq!(fig.series[0].points, [(3.0, 150.0 / 160.0)]);
