@@ -83,7 +83,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         log_x: false,
         log_y: false,
         categories: Vec::new(),
-        series: vias.iter().zip(curves).map(|((l, _), p)| Series::line(*l, p)).collect(),
+        series: vias.iter().zip(curves).map(|((l, _), p)| Series::line(*l, p)).chain(paper_curves()).collect(),
     };
     let mut r = Report::new(
         "congestion",
@@ -109,4 +109,34 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     );
     r.note("Every gateway run also has its 256 MiB write log, which absorbs the writes whatever the cache size.");
     Ok(r)
+}
+
+/// Seed 000 Table 3's PostMark columns (no cache) at every load it prints.
+fn paper_curves() -> Vec<Series> {
+    [("postmark bsd ffs", "paper: FreeBSD FFS"), ("postmark bsd softupd", "paper: FreeBSD Soft Updates")]
+        .into_iter()
+        .map(|(column, label)| {
+            let points = paper::values()
+                .iter()
+                .filter(|v| v.seed == "000" && v.place == "Table 3" && v.column == column)
+                .filter_map(|v| {
+                    let load = v.row.strip_prefix("load ")?.strip_suffix('%')?.parse::<f64>().ok()?;
+                    Some((load, v.value))
+                })
+                .collect();
+            Series::scatter(label, points)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_figure_carries_the_papers_postmark_columns() {
+        let c = super::paper_curves();
+        assert_eq!(c.len(), 2);
+        assert_eq!(c[0].points.len(), 9, "FFS at 0–70 %: {:?}", c[0].points);
+        assert!(c[0].points.contains(&(0.0, 64.0)) && c[0].points.contains(&(70.0, 26.0)), "{:?}", c[0].points);
+        assert!(c[1].points.contains(&(0.0, 80.0)), "{:?}", c[1].points);
+    }
 }
