@@ -56,6 +56,10 @@ struct Common {
     /// Keep the scratch files (LUN images, process logs) in DIR instead of a temporary folder.
     #[arg(long, global = true, value_name = "DIR")]
     keep: Option<PathBuf>,
+    /// Bound the host's memory (PostMark, the ext4 it mounts and their page cache) with a v1
+    /// memory cgroup, as the papers' hosts had little (seed 004: 128 MB); default unbounded.
+    #[arg(long, global = true, value_name = "SIZE", value_parser = stics_units::parse_size)]
+    host_memory: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -172,6 +176,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         reps: c.reps,
         keep: c.keep.clone(),
         progress: std::io::stderr().is_terminal(),
+        host_memory: c.host_memory,
     })?;
     let b = &bench;
     let mut errors = Vec::new();

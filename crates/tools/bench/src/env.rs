@@ -26,6 +26,9 @@ pub struct Options {
     pub keep: Option<PathBuf>,
     /// Draw progress bars (on a terminal).
     pub progress: bool,
+    /// Bound the host's memory (the workload, the file system it mounts and their page cache)
+    /// to this many bytes with a memory cgroup, as the papers' hosts had little of it.
+    pub host_memory: Option<u64>,
 }
 
 /// The run's context, shared by the experiments.
@@ -36,6 +39,56 @@ pub struct Bench {
     _tmp: Option<tempfile::TempDir>,
     commands: Mutex<Vec<String>>,
     bars: MultiProgress,
+    /// The memory cgroup of the host's commands, when [`Options::host_memory`] is set.
+    memcg: Option<MemCgroup>,
+}
+
+/// Where memory cgroups (v1) live.
+const MEMCG_ROOT: &str = "/sys/fs/cgroup/memory";
+
+/// A memory cgroup this run made; removed when dropped (it is empty by then: every command
+/// put in it has ended).
+#[derive(Debug)]
+struct MemCgroup {
+    dir: PathBuf,
+}
+
+impl MemCgroup {
+    fn new(limit: u64) -> Result<MemCgroup> {
+        let root = Path::new(MEMCG_ROOT);
+        if !root.join("memory.limit_in_bytes").exists() {
+            return Err(Error::Invalid(format!(
+                "--host-memory needs the v1 memory cgroup controller mounted at {MEMCG_ROOT} (and root)"
+            )));
+        }
+        let dir = root.join(format!("stics-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::Invalid(format!("cannot make the memory cgroup {}: {e}", dir.display())))?;
+        let cg = MemCgroup { dir };
+        std::fs::write(cg.dir.join("memory.limit_in_bytes"), limit.to_string())
+            .map_err(|e| Error::Invalid(format!("cannot bound {} to {limit} bytes: {e}", cg.dir.display())))?;
+        Ok(cg)
+    }
+
+    /// `cmd`, run from a shell that first moves itself into this cgroup.
+    fn wrap(&self, cmd: &Command) -> Command {
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(format!("echo $$ > {}/cgroup.procs && exec \"$@\"", self.dir.display()))
+            .arg("sh")
+            .arg(cmd.get_program())
+            .args(cmd.get_args());
+        if let Some(d) = cmd.get_current_dir() {
+            c.current_dir(d);
+        }
+        c
+    }
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
 }
 
 impl Bench {
@@ -55,7 +108,21 @@ impl Bench {
         if !opts.progress {
             bars.set_draw_target(ProgressDrawTarget::hidden());
         }
-        Ok(Bench { opts, work, _tmp: tmp, commands: Mutex::new(Vec::new()), bars })
+        let memcg = opts.host_memory.map(MemCgroup::new).transpose()?;
+        Ok(Bench { opts, work, _tmp: tmp, commands: Mutex::new(Vec::new()), bars, memcg })
+    }
+
+    /// The host's memory bound, if any (see [`Options::host_memory`]).
+    pub fn host_memory(&self) -> Option<u64> {
+        self.opts.host_memory
+    }
+
+    /// `cmd` as the host runs it: in the memory cgroup that bounds the host, when there is one.
+    pub fn host(&self, cmd: Command) -> Command {
+        match &self.memcg {
+            Some(cg) => cg.wrap(&cmd),
+            None => cmd,
+        }
     }
 
     pub fn quick(&self) -> bool {
@@ -474,8 +541,15 @@ mod tests {
 
     #[test]
     fn commands_are_recorded_quoted_and_failures_carry_stderr() {
-        let b =
-            Bench::new(Options { stics: "stics".into(), quick: true, reps: 1, keep: None, progress: false }).unwrap();
+        let b = Bench::new(Options {
+            stics: "stics".into(),
+            quick: true,
+            reps: 1,
+            keep: None,
+            progress: false,
+            host_memory: None,
+        })
+        .unwrap();
         let out = b.run(Command::new("sh").args(["-c", "echo hi"])).unwrap();
         assert_eq!(out.stdout, "hi\n");
         let e = b.run(Command::new("sh").args(["-c", "echo broken >&2; exit 3"])).unwrap_err().to_string();
@@ -486,9 +560,39 @@ mod tests {
     }
 
     #[test]
+    fn host_commands_run_in_a_memory_cgroup_bounded_as_asked_and_removed_after() {
+        let o = Options {
+            stics: "stics".into(),
+            quick: true,
+            reps: 1,
+            keep: None,
+            progress: false,
+            host_memory: Some(64 << 20),
+        };
+        let b = Bench::new(o).unwrap();
+        let dir = b.memcg.as_ref().unwrap().dir.clone();
+        let limit = std::fs::read_to_string(dir.join("memory.limit_in_bytes")).unwrap();
+        assert_eq!(limit.trim(), (64u64 << 20).to_string());
+        let mut cat = Command::new("cat");
+        cat.arg("/proc/self/cgroup");
+        let out = b.run(&mut b.host(cat)).unwrap();
+        let name = dir.file_name().unwrap().to_str().unwrap();
+        assert!(out.stdout.lines().any(|l| l.contains(":memory:") && l.ends_with(name)), "{}", out.stdout);
+        drop(b);
+        assert!(!dir.exists(), "the cgroup is removed with the run");
+    }
+
+    #[test]
     fn a_spawned_process_is_watched_and_killed_on_drop() {
-        let b =
-            Bench::new(Options { stics: "stics".into(), quick: true, reps: 1, keep: None, progress: false }).unwrap();
+        let b = Bench::new(Options {
+            stics: "stics".into(),
+            quick: true,
+            reps: 1,
+            keep: None,
+            progress: false,
+            host_memory: None,
+        })
+        .unwrap();
         let mut p = b.spawn("sleeper", Command::new("sleep").arg("30")).unwrap();
         let pid = p.pid();
         assert!(p.check().is_ok());

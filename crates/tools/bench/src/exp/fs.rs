@@ -134,7 +134,9 @@ impl Export {
     /// mounted `-o sync` and unmounted afterwards: PostMark's seconds.
     pub fn postmark(&self, b: &Bench, mib: u64, files: u64, transactions: u64) -> Result<f64> {
         self.mkfs(b, mib)?;
-        b.run(Command::new("mount").args(["-o", "loop,sync"]).arg(&self.lun).arg(&self.fs))?;
+        let mut mount = Command::new("mount");
+        mount.args(["-o", "loop,sync"]).arg(&self.lun).arg(&self.fs);
+        b.run(&mut b.host(mount))?;
         let cfg = b.work().join("pm.cfg");
         std::fs::write(
             &cfg,
@@ -143,7 +145,9 @@ impl Export {
                 self.fs.display()
             ),
         )?;
-        let run = b.run(Command::new("postmark").arg(&cfg));
+        let mut postmark = Command::new("postmark");
+        postmark.arg(&cfg);
+        let run = b.run(&mut b.host(postmark));
         b.run(Command::new("umount").arg(&self.fs))?;
         Ok(run?.secs)
     }
@@ -217,7 +221,9 @@ pub fn postmark(
     let m = Export::start(b, "export", &mut cmd, lun, b.work().join("fs"))?;
     m.mkfs(b, fs_mib)?;
     let (lun, fs) = (&m.lun, &m.fs);
-    b.run(Command::new("mount").args(["-o", "loop,sync"]).arg(lun).arg(fs))?;
+    let mut mount = Command::new("mount");
+    mount.args(["-o", "loop,sync"]).arg(lun).arg(fs);
+    b.run(&mut b.host(mount))?;
     if let Some(g) = gateway {
         wan.gateway_drain(b, g)?;
     }
@@ -235,7 +241,9 @@ pub fn postmark(
             pool.block
         ),
     )?;
-    let seconds = b.run(Command::new("postmark").arg(&cfg))?.secs;
+    let mut postmark = Command::new("postmark");
+    postmark.arg(&cfg);
+    let seconds = b.run(&mut b.host(postmark))?.secs;
     b.run(Command::new("sync").arg("-f").arg(fs))?;
     let host_bytes = written(b, fs)? - w0;
     b.run(Command::new("umount").arg(fs))?;

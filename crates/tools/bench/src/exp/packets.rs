@@ -116,9 +116,13 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     );
     r.section(
         format!(
-            "PostMark ({} files, {} transactions, ext4 -o sync) at {} and {} one way; packets by Ethernet frame length, both \
-             directions, counted by stics wan from the run's start to the gateway drained after it",
-            pool.files, pool.transactions, a.rate, a.delay
+            "PostMark ({} files, {} transactions, ext4 -o sync) at {} and {} one way{}; packets by Ethernet frame length, \
+             both directions, counted by stics wan from the run's start to the gateway drained after it",
+            pool.files,
+            pool.transactions,
+            a.rate,
+            a.delay,
+            b.host_memory().map(|m| format!(", the host's memory bounded to {} MiB", m >> 20)).unwrap_or_default()
         ),
         t,
         Some(figure(series)),

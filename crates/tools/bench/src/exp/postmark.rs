@@ -160,10 +160,12 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     } else {
         format!("at {} one way", a.delay)
     };
+    let host = b.host_memory().map(|m| format!("; the host's memory bounded to {} MiB by a memory cgroup", m >> 20));
     let caption = format!(
         "PostMark run time (medians of {} repetitions, order rotating), ext4 mounted -o sync over stics mount, link \
-         {link}",
+         {link}{}",
         b.reps(),
+        host.unwrap_or_default()
     );
     report(&slices, caption)
 }

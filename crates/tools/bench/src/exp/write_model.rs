@@ -1085,9 +1085,15 @@ mod tests {
 
     #[test]
     fn the_paper_gives_the_default_sweep() {
-        let b =
-            Bench::new(crate::Options { stics: "stics".into(), quick: false, reps: 1, keep: None, progress: false })
-                .unwrap();
+        let b = Bench::new(crate::Options {
+            stics: "stics".into(),
+            quick: false,
+            reps: 1,
+            keep: None,
+            progress: false,
+            host_memory: None,
+        })
+        .unwrap();
         let a = Args {
             rtts: None,
             losses: None,
