@@ -60,6 +60,11 @@ struct Common {
     /// memory cgroup, as the papers' hosts had little (seed 004: 128 MB); default unbounded.
     #[arg(long, global = true, value_name = "SIZE", value_parser = stics_units::parse_size)]
     host_memory: Option<u64>,
+    /// Put the remote's medium (the plain target's file LUN and the SG's) behind this disk
+    /// model, as the papers' targets stored on disks: o7n3200, as010a1 (seed 004 Table 2),
+    /// 91366u4, dnes, ddys, raid5 (seed 000); default the page-cached file.
+    #[arg(long, global = true, value_name = "MODEL")]
+    remote_disk: Option<stics_disk::Preset>,
 }
 
 #[derive(Subcommand)]
@@ -177,6 +182,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         keep: c.keep.clone(),
         progress: std::io::stderr().is_terminal(),
         host_memory: c.host_memory,
+        remote_disk: c.remote_disk,
     })?;
     let b = &bench;
     let mut errors = Vec::new();

@@ -14,7 +14,7 @@ use stics_procs::Guard;
 use crate::{Error, Result};
 
 /// How a run was asked for.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Options {
     /// The `stics` binary that serves, caches and emulates (the running one, normally).
     pub stics: PathBuf,
@@ -29,6 +29,9 @@ pub struct Options {
     /// Bound the host's memory (the workload, the file system it mounts and their page cache)
     /// to this many bytes with a memory cgroup, as the papers' hosts had little of it.
     pub host_memory: Option<u64>,
+    /// Put the remote's medium on this disk model (`disk(file:…, model=NAME)`), as the papers'
+    /// targets stored on disks; `None` keeps the page-cached file.
+    pub remote_disk: Option<stics_disk::Preset>,
 }
 
 /// The run's context, shared by the experiments.
@@ -115,6 +118,20 @@ impl Bench {
     /// The host's memory bound, if any (see [`Options::host_memory`]).
     pub fn host_memory(&self) -> Option<u64> {
         self.opts.host_memory
+    }
+
+    /// The device spec of a remote LUN whose medium is the file `path`: the file itself, or the
+    /// file behind the disk model asked for.
+    pub fn remote_medium(&self, path: &Path) -> String {
+        match self.opts.remote_disk {
+            Some(model) => format!("disk(file:{}, model={model})", path.display()),
+            None => format!("file:{}", path.display()),
+        }
+    }
+
+    /// The disk model under remote LUNs, if any.
+    pub fn remote_disk(&self) -> Option<stics_disk::Preset> {
+        self.opts.remote_disk
     }
 
     /// `cmd` as the host runs it: in the memory cgroup that bounds the host, when there is one.
@@ -548,6 +565,7 @@ mod tests {
             keep: None,
             progress: false,
             host_memory: None,
+            remote_disk: None,
         })
         .unwrap();
         let out = b.run(Command::new("sh").args(["-c", "echo hi"])).unwrap();
@@ -568,6 +586,7 @@ mod tests {
             keep: None,
             progress: false,
             host_memory: Some(64 << 20),
+            remote_disk: None,
         };
         let b = Bench::new(o).unwrap();
         let dir = b.memcg.as_ref().unwrap().dir.clone();
@@ -583,6 +602,16 @@ mod tests {
     }
 
     #[test]
+    fn a_remote_disk_puts_the_model_under_the_file() {
+        let mut o = Options { stics: "stics".into(), quick: true, reps: 1, ..Options::default() };
+        let plain = Bench::new(o.clone()).unwrap();
+        assert_eq!(plain.remote_medium(Path::new("/x/lun.img")), "file:/x/lun.img");
+        o.remote_disk = Some("O7N3200".parse().unwrap());
+        let disk = Bench::new(o).unwrap();
+        assert_eq!(disk.remote_medium(Path::new("/x/lun.img")), "disk(file:/x/lun.img, model=o7n3200)");
+    }
+
+    #[test]
     fn a_spawned_process_is_watched_and_killed_on_drop() {
         let b = Bench::new(Options {
             stics: "stics".into(),
@@ -591,6 +620,7 @@ mod tests {
             keep: None,
             progress: false,
             host_memory: None,
+            remote_disk: None,
         })
         .unwrap();
         let mut p = b.spawn("sleeper", Command::new("sleep").arg("30")).unwrap();

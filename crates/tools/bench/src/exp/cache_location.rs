@@ -33,7 +33,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let wan = Wan::up(b, &format!("sbcl{}", std::process::id()), &["--delay", "0ms"])?;
     let lun = b.work().join("remote.img");
     std::fs::File::create(&lun)?.set_len(1 << 30)?;
-    let target = wan.stics_target(b, "remote", "storage", &[&format!("file:{}", lun.display())])?;
+    let target = wan.stics_target(b, "remote", "storage", &[&b.remote_medium(&lun)])?;
     let bar = b.bar((delays.len() * vias.len() * b.reps()) as u64, "cache-location");
     let mut cols = vec![Column::new("delay", "one-way delay", "", 1.0)];
     cols.extend(vias.iter().map(|(l, _)| Column::named(l.replace([' ', ',', '%'], ""), *l, "s", 1.0)));

@@ -42,7 +42,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let wan = Wan::up(b, &format!("sbcg{}", std::process::id()), &["--delay", &a.delay, "--rate", &a.rate])?;
     let lun = b.work().join("remote.img");
     std::fs::File::create(&lun)?.set_len(1 << 30)?;
-    let target = wan.stics_target(b, "remote", "storage", &[&format!("file:{}", lun.display())])?;
+    let target = wan.stics_target(b, "remote", "storage", &[&b.remote_medium(&lun)])?;
     let bar = b.bar((loads.len() * vias.len() * b.reps()) as u64, "congestion");
     let mut cols =
         vec![Column::new("load", "background", "%", 1.0), Column::new("paper", "paper (BSD FFS)", "ops/s", 1.0)];

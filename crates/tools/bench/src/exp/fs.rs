@@ -367,7 +367,20 @@ pub fn sg_lun(b: &Bench, name: &str, bytes: u64) -> Result<String> {
     std::fs::File::create(&medium)?.set_len(bytes)?;
     let journal = b.work().join(format!("{name}.journal"));
     let _ = std::fs::remove_file(&journal);
-    Ok(format!("journal(file:{}, journal={}:512MiB)", medium.display(), journal.display()))
+    Ok(format!("journal({}, journal={}:512MiB)", b.remote_medium(&medium), journal.display()))
+}
+
+/// The papers' conditions this run has, for captions: "; the remote's medium on …; the host's
+/// memory bounded to …", or nothing.
+pub fn setup(b: &Bench) -> String {
+    let mut s = String::new();
+    if let Some(m) = b.remote_disk() {
+        s += &format!("; the remote's medium on the {m} disk model");
+    }
+    if let Some(m) = b.host_memory() {
+        s += &format!("; the host's memory bounded to {} MiB by a memory cgroup", m >> 20);
+    }
+    s
 }
 
 /// The SG's port in the storage namespace, beside the plain target's 3260.

@@ -61,7 +61,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let wan = Wan::up(b, &format!("sbgw{}", std::process::id()), &wan_args)?;
     let lun = b.work().join("remote.img");
     std::fs::File::create(&lun)?.set_len(LUN_BYTES)?;
-    let target = wan.stics_target(b, "remote", "storage", &[&format!("file:{}", lun.display())])?;
+    let target = wan.stics_target(b, "remote", "storage", &[&b.remote_medium(&lun)])?;
     let bar = b.bar(5, "gateway");
     let mut r = Report::new("gateway", "The gateway across stics wan: no destage stalls, and recovery of a full log");
     if a.link_only {

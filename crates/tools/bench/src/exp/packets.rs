@@ -44,7 +44,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let wan = Wan::up(b, &format!("sbpk{}", std::process::id()), &["--delay", &a.delay, "--rate", &a.rate])?;
     let lun = b.work().join("remote.img");
     std::fs::File::create(&lun)?.set_len(1 << 30)?;
-    let target = wan.stics_target(b, "remote", "storage", &[&format!("file:{}", lun.display())])?;
+    let target = wan.stics_target(b, "remote", "storage", &[&b.remote_medium(&lun)])?;
     let sg = wan.stics_target_on(b, "sg", "storage", SG_PORT, &[&sg_lun(b, "sg", 1 << 30)?])?;
     let vias = [Via::Plain, Via::gateway("log"), Via::gateway("immediate"), Via::link("log"), Via::link("immediate")];
     let bar = b.bar(vias.len() as u64, "packets");
@@ -122,7 +122,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
             pool.transactions,
             a.rate,
             a.delay,
-            b.host_memory().map(|m| format!(", the host's memory bounded to {} MiB", m >> 20)).unwrap_or_default()
+            super::fs::setup(b)
         ),
         t,
         Some(figure(series)),

@@ -108,7 +108,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let wan = Wan::up(b, &format!("sbpm{}", std::process::id()), &["--delay", &delays[0]])?;
     let lun = b.work().join("remote.img");
     std::fs::File::create(&lun)?.set_len((a.fs_mib + 64) << 20)?;
-    let target = wan.stics_target(b, "remote", "storage", &[&format!("file:{}", lun.display())])?;
+    let target = wan.stics_target(b, "remote", "storage", &[&b.remote_medium(&lun)])?;
     let sg = wan.stics_target_on(b, "sg", "storage", SG_PORT, &[&sg_lun(b, "sg", (a.fs_mib + 64) << 20)?])?;
     let bar = b.bar((rates.len() * blocks.len() * pools.len() * vias.len() * b.reps()) as u64, "postmark");
     let mut slices = Vec::new();
@@ -160,12 +160,11 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     } else {
         format!("at {} one way", a.delay)
     };
-    let host = b.host_memory().map(|m| format!("; the host's memory bounded to {} MiB by a memory cgroup", m >> 20));
+    let host = super::fs::setup(b);
     let caption = format!(
         "PostMark run time (medians of {} repetitions, order rotating), ext4 mounted -o sync over stics mount, link \
-         {link}{}",
+         {link}{host}",
         b.reps(),
-        host.unwrap_or_default()
     );
     report(&slices, caption)
 }

@@ -400,6 +400,7 @@ mod tests {
             keep: None,
             progress: false,
             host_memory: None,
+            remote_disk: None,
         })
         .unwrap();
         let a = Args { requests: None, delay: 0.008, trace: None, format: None };

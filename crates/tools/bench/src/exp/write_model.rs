@@ -1092,6 +1092,7 @@ mod tests {
             keep: None,
             progress: false,
             host_memory: None,
+            remote_disk: None,
         })
         .unwrap();
         let a = Args {
