@@ -68,6 +68,8 @@ impl MemCgroup {
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::Invalid(format!("cannot make the memory cgroup {}: {e}", dir.display())))?;
         let cg = MemCgroup { dir };
+        // An interrupted run removes it too, once its commands are stopped.
+        remember(cg.undo());
         std::fs::write(cg.dir.join("memory.limit_in_bytes"), limit.to_string())
             .map_err(|e| Error::Invalid(format!("cannot bound {} to {limit} bytes: {e}", cg.dir.display())))?;
         Ok(cg)
@@ -88,9 +90,16 @@ impl MemCgroup {
     }
 }
 
+impl MemCgroup {
+    fn undo(&self) -> Undo {
+        Undo::Command { program: "rmdir".into(), args: vec![self.dir.display().to_string()] }
+    }
+}
+
 impl Drop for MemCgroup {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir(&self.dir);
+        forget(&self.undo());
     }
 }
 
