@@ -18,6 +18,8 @@ pub struct CachedLun {
     pub log_size: Option<u64>,
     /// How the cache runs.
     pub cache: stics_cache::Config,
+    /// The log's file behind a disk model, for the papers' setups.
+    pub log_disk: Option<stics_disk::Preset>,
 }
 
 /// Why a cached LUN could not be opened.
@@ -50,7 +52,7 @@ impl CachedLun {
             }
         };
         let id = stics_stack::log_binding(&self.remote, remote.as_ref());
-        let cache = Cache::open(Arc::new(log.into_dev()), remote, id.as_bytes(), self.cache.clone())
+        let cache = Cache::open(log.into_dev(self.log_disk)?, remote, id.as_bytes(), self.cache.clone())
             .await
             .map_err(|source| CachedError::Cache { log: self.log.clone(), source })?;
         Ok(Arc::new(cache))

@@ -152,6 +152,7 @@ impl TargetConfig {
 
 /// One LUN of a target.
 #[derive(Clone, PartialEq)]
+#[expect(clippy::large_enum_variant, reason = "a handful per configuration file, read once")]
 pub enum LunConfig {
     /// A spec in the device stack's language (`mem:SIZE`, `null:SIZE`, `file:PATH[:SIZE]`,
     /// `iscsi://host/IQN/LUN`, `rbd:POOL/IMAGE`, `cache(SPEC, log=…)`, see
@@ -274,6 +275,10 @@ pub struct CachedLunConfig {
     /// Oldest a write the remote does not hold yet may get, in seconds (no bound if unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_lag_secs: Option<u64>,
+    /// Put the log's file behind this disk model (as `stics bench disk` checks them), for the
+    /// papers' setups: `o7n3200`, `as010a1`, `91366u4`, `dnes`, `ddys`, `raid5`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_disk: Option<String>,
 }
 
 impl CachedLunConfig {
@@ -290,6 +295,7 @@ impl CachedLunConfig {
             full_timeout_secs: None,
             index_memory: None,
             max_lag_secs: None,
+            log_disk: None,
         }
     }
 
@@ -336,7 +342,14 @@ impl CachedLunConfig {
             }
             cache.max_lag = Some(std::time::Duration::from_secs(n));
         }
-        Ok(CachedLun { remote, log: self.log.clone(), log_size: size("log_size", &self.log_size, false)?, cache })
+        let log_disk = self.log_disk.as_deref().map(str::parse).transpose().map_err(|e| format!("log_disk: {e}"))?;
+        Ok(CachedLun {
+            remote,
+            log: self.log.clone(),
+            log_size: size("log_size", &self.log_size, false)?,
+            cache,
+            log_disk,
+        })
     }
 }
 
@@ -692,6 +705,7 @@ mod tests {
             policy = "lru"
             full_timeout_secs = 5
             index_memory = 1048576
+            log_disk = "as010a1"
             [[target.luns]]
             remote = "mem:64MiB"
             log = "/tmp/b.log"
@@ -708,9 +722,13 @@ mod tests {
         assert_eq!((a.cache.read_cache_bytes, a.cache.index_bytes), (0, 1 << 20));
         assert_eq!(a.cache.read_cache_policy, stics_cache::readcache::Policy::Lru);
         assert_eq!(a.cache.full_timeout, std::time::Duration::from_secs(5));
+        assert_eq!(a.log_disk, Some(stics_disk::Preset::As010a1));
         let LunConfig::Cached(b) = &c.targets[0].luns[1] else { panic!() };
-        let b = b.typed().unwrap();
-        assert_eq!((b.log_size, b.cache.mode), (None, stics_cache::Mode::Log));
+        let b_typed = b.typed().unwrap();
+        assert_eq!((b_typed.log_size, b_typed.cache.mode, b_typed.log_disk), (None, stics_cache::Mode::Log, None));
+        let floppy = CachedLunConfig { log_disk: Some("floppy".into()), ..b.clone() };
+        let e = floppy.typed().unwrap_err();
+        assert!(e.starts_with("log_disk:") && e.contains("floppy"), "{e}");
         // A spec and a table mix in one list.
         let mixed = "[[target]]\niqn=\"iqn.2024-01.a:b\"\nluns=[\"mem:1M\", { remote = \"mem:1M\", log = \"/tmp/c\" }]";
         assert_eq!(Config::from_toml(mixed).unwrap().targets[0].luns.len(), 2);

@@ -263,7 +263,7 @@ async fn open_in(spec: &DeviceSpec, ctx: &OpenContext, place: Place) -> Result<A
                 opts.max_lag = Some(std::time::Duration::from_secs(n));
             }
             let id = log_binding(&c.inner, inner.as_ref());
-            let cache = Cache::open(Arc::new(log.into_dev()), inner, id.as_bytes(), opts)
+            let cache = Cache::open(log.into_dev(c.log_disk)?, inner, id.as_bytes(), opts)
                 .await
                 .map_err(|source| OpenError::Cache { log: c.log.clone(), source })?;
             let cache = Arc::new(cache);
@@ -392,9 +392,17 @@ impl CacheLog {
         }
     }
 
-    /// The log's device, for `Cache::open`.
-    pub fn into_dev(self) -> FileDev {
-        self.file
+    /// The log's device, for `Cache::open`: the file itself, or the file behind the disk model
+    /// `disk` (every append then takes as long as that disk would).
+    pub fn into_dev(self, disk: Option<stics_disk::Preset>) -> Result<Arc<dyn BlockDev>, OpenError> {
+        let file: Arc<dyn BlockDev> = Arc::new(self.file);
+        match disk {
+            None => Ok(file),
+            Some(model) => match stics_disk::DiskDev::new(file, &model.config()) {
+                Ok(dev) => Ok(Arc::new(dev)),
+                Err(source) => Err(OpenError::Disk { spec: format!("log-disk={model}"), source }),
+            },
+        }
     }
 }
 
@@ -578,6 +586,20 @@ mod tests {
         let e = open(&spec.parse().unwrap(), &ctx).await.err().unwrap().to_string();
         assert!(e.contains("no room") && e.contains("nothing was created"), "{e}");
         assert!(!huge.exists());
+    }
+
+    #[tokio::test]
+    async fn a_cache_whose_log_sits_on_a_disk_model_serves_and_keeps_its_log_to_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = OpenContext::default();
+        let spec = format!("cache(mem:4MiB, log={}:1GiB, log-disk=o7n3200)", dir.path().join("log").display());
+        let dev = open(&spec.parse().unwrap(), &ctx).await.unwrap();
+        dev.write(9, bytes::Bytes::from(vec![5u8; 4096]), true).await.unwrap();
+        dev.flush().await.unwrap();
+        assert_eq!(&dev.read(9, 8).await.unwrap()[..], &[5u8; 4096][..]);
+        let again = open(&spec.parse().unwrap(), &ctx).await.err().expect("the log is in use").to_string();
+        assert!(again.contains("in use"), "{again}");
+        ctx.close().await;
     }
 
     #[tokio::test]

@@ -124,8 +124,9 @@ pub const MAX_TRANSFER: u32 = 1 << 30;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Layer {
     /// `cache(SPEC, log=PATH[:SIZE], mode=log|immediate|write-through, ram=SIZE,
-    /// read-cache=SIZE, policy=lru|s3fifo, full-timeout=SECS, index-memory=SIZE, max-lag=SECS)`:
-    /// the STICS cache over the device SPEC names.
+    /// read-cache=SIZE, policy=lru|s3fifo, full-timeout=SECS, index-memory=SIZE, max-lag=SECS,
+    /// log-disk=MODEL)`: the STICS cache over the device SPEC names (`log-disk` puts the log's
+    /// file behind a disk model, for the papers' setups).
     Cache(CacheSpec),
     /// `journal(SPEC, journal=PATH[:SIZE]|DEVICE-SPEC, max-group=SIZE)`: the storage side of
     /// STICS (an SG) over the device SPEC names: it takes groups of epochs from gateways over
@@ -223,6 +224,8 @@ pub struct CacheSpec {
     pub index_memory: Option<u64>,
     /// Seconds the oldest write the remote lacks may age before host writes wait.
     pub max_lag_secs: Option<u64>,
+    /// The log's file behind a disk model (seed 004's log disk), for the papers' setups.
+    pub log_disk: Option<stics_disk::Preset>,
 }
 
 /// The names of the wrappers, for error messages.
@@ -609,6 +612,9 @@ impl Layer {
                 if let Some(n) = c.max_lag_secs {
                     *out += &format!(", max-lag={n}");
                 }
+                if let Some(m) = c.log_disk {
+                    *out += &format!(", log-disk={m}");
+                }
                 out.push(')');
             }
             Layer::Journal(j) => {
@@ -812,6 +818,7 @@ fn cache(call: &syntax::Call<'_>) -> Result<CacheSpec, SpecError> {
         full_timeout_secs: None,
         index_memory: None,
         max_lag_secs: None,
+        log_disk: None,
     };
     for (k, v) in &args.options {
         let piece = format!("{k}={v}");
@@ -843,10 +850,15 @@ fn cache(call: &syntax::Call<'_>) -> Result<CacheSpec, SpecError> {
                 let secs = v.trim_end_matches('s').parse::<u64>().ok().filter(|n| (1..=86_400).contains(n));
                 c.max_lag_secs = Some(secs.ok_or_else(|| bad(&piece, "seconds, 1 to 86400"))?);
             }
+            "log-disk" => {
+                c.log_disk = Some(
+                    v.parse().map_err(|_| bad(&piece, "a disk model: o7n3200, as010a1, 91366u4, dnes, ddys, raid5"))?,
+                );
+            }
             _ => {
                 return Err(bad(
                     &piece,
-                    "known keys: log, mode, ram, read-cache, policy, full-timeout, index-memory, max-lag",
+                    "known keys: log, mode, ram, read-cache, policy, full-timeout, index-memory, max-lag, log-disk",
                 ));
             }
         }
@@ -1202,6 +1214,7 @@ mod tests {
             "cache(iscsi://10.0.0.1:3260/iqn.2024-01.org.x:y/0, log=/var/lib/stics/log:1GiB, mode=immediate, ram=64MiB, read-cache=256MiB, policy=lru)",
             "cache(mem:1GiB, log=/tmp/l)",
             "cache(cache(mem:1GiB, log=/a), log=/b:2GiB, mode=write-through)",
+            "cache(mem:1GiB, log=/tmp/l, max-lag=2, log-disk=as010a1)",
         ] {
             let spec: DeviceSpec = text.parse().unwrap();
             assert_eq!(spec.to_string(), text);
@@ -1209,6 +1222,8 @@ mod tests {
         }
         let DeviceSpec::Layer(Layer::Cache(c)) = "cache(mem:1G, log=/x:y:512MiB)".parse().unwrap() else { panic!() };
         assert_eq!((c.log, c.log_size), (PathBuf::from("/x:y"), Some(512 << 20)));
+        let e = "cache(mem:1G, log=/l, log-disk=floppy)".parse::<DeviceSpec>().unwrap_err().to_string();
+        assert!(e.contains("log-disk=floppy") && e.contains("o7n3200"), "{e}");
     }
 
     #[test]

@@ -65,6 +65,10 @@ struct Common {
     /// 91366u4, dnes, ddys, raid5 (seed 000); default the page-cached file.
     #[arg(long, global = true, value_name = "MODEL")]
     remote_disk: Option<stics_disk::Preset>,
+    /// Put every gateway's log behind this disk model (`stics gateway --log-disk`), as seed
+    /// 004's log was an IDE disk (as010a1 is its Maxtor); default the file as it is.
+    #[arg(long, global = true, value_name = "MODEL")]
+    log_disk: Option<stics_disk::Preset>,
 }
 
 #[derive(Subcommand)]
@@ -183,6 +187,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         progress: std::io::stderr().is_terminal(),
         host_memory: c.host_memory,
         remote_disk: c.remote_disk,
+        log_disk: c.log_disk,
     })?;
     let b = &bench;
     let mut errors = Vec::new();

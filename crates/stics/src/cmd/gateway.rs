@@ -13,8 +13,19 @@ use stics_stack::OpenContext;
 use stics_target::{Server, ServerConfig, Target};
 
 /// The flags that describe the one cached LUN of a gateway started without --config.
-const LUN_FLAGS: [&str; 10] =
-    ["iqn", "remote", "log", "mode", "ram", "read_cache", "policy", "full_timeout", "index_memory", "max_lag"];
+const LUN_FLAGS: [&str; 11] = [
+    "iqn",
+    "remote",
+    "log",
+    "mode",
+    "ram",
+    "read_cache",
+    "policy",
+    "full_timeout",
+    "index_memory",
+    "max_lag",
+    "log_disk",
+];
 
 /// Serve remote LUNs through the STICS cache (seed 004): writes are acknowledged from a local
 /// write log and destaged to the remote in the background, in an order that keeps the remote
@@ -89,6 +100,12 @@ pub struct Args {
     /// Default: no bound but the log's size.
     #[arg(long, value_name = "SECS")]
     pub max_lag: Option<u64>,
+
+    /// Put the log's file behind a disk model, as seed 004's log was an IDE disk (appends are
+    /// why it is a log): o7n3200, as010a1, 91366u4, dnes, ddys or raid5 (see `stics bench
+    /// disk`). For reproducing the papers; default the file as it is.
+    #[arg(long, value_name = "MODEL")]
+    pub log_disk: Option<stics_disk::Preset>,
 
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (every series labelled with its
     /// target and LUN), JSON at /status; POST /drain destages everything and answers when the
@@ -181,6 +198,7 @@ fn build_config(args: &Args, remote: &str) -> anyhow::Result<(Config, Option<Emb
                 full_timeout_secs: Some(args.full_timeout),
                 index_memory: Some(SizeText(args.index_memory.clone())),
                 max_lag_secs: args.max_lag,
+                log_disk: args.log_disk.map(|m| m.to_string()),
                 ..CachedLunConfig::new(args.remote.as_deref().unwrap_or(remote), log)
             };
             let iqn = args.iqn.clone().unwrap_or_else(|| "iqn.2024-01.org.stics:gateway0".into());

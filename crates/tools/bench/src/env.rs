@@ -32,6 +32,8 @@ pub struct Options {
     /// Put the remote's medium on this disk model (`disk(file:…, model=NAME)`), as the papers'
     /// targets stored on disks; `None` keeps the page-cached file.
     pub remote_disk: Option<stics_disk::Preset>,
+    /// Put every gateway's log behind this disk model (seed 004's log disk).
+    pub log_disk: Option<stics_disk::Preset>,
 }
 
 /// The run's context, shared by the experiments.
@@ -136,6 +138,11 @@ impl Bench {
             Some(model) => format!("disk(file:{}, model={model})", path.display()),
             None => format!("file:{}", path.display()),
         }
+    }
+
+    /// The disk model under gateways' logs, if any.
+    pub fn log_disk(&self) -> Option<stics_disk::Preset> {
+        self.opts.log_disk
     }
 
     /// The disk model under remote LUNs, if any.
@@ -575,6 +582,7 @@ mod tests {
             progress: false,
             host_memory: None,
             remote_disk: None,
+            log_disk: None,
         })
         .unwrap();
         let out = b.run(Command::new("sh").args(["-c", "echo hi"])).unwrap();
@@ -596,6 +604,7 @@ mod tests {
             progress: false,
             host_memory: Some(64 << 20),
             remote_disk: None,
+            log_disk: None,
         };
         let b = Bench::new(o).unwrap();
         let dir = b.memcg.as_ref().unwrap().dir.clone();
@@ -630,6 +639,7 @@ mod tests {
             progress: false,
             host_memory: None,
             remote_disk: None,
+            log_disk: None,
         })
         .unwrap();
         let mut p = b.spawn("sleeper", Command::new("sleep").arg("30")).unwrap();

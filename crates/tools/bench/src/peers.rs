@@ -342,6 +342,9 @@ impl Wan {
             .args(["--log", &o.log, "--mode", &o.mode, "--ram", &o.ram, "--read-cache", &o.read_cache])
             .args(&o.extra)
             .args(["--metrics", "127.0.0.1:9100"]);
+        if let Some(m) = b.log_disk() {
+            cmd.args(["--log-disk", m.name()]);
+        }
         let mut proc = b.spawn(name, &mut cmd)?;
         self.wait_port(&mut proc, role, addr, port)?;
         self.wait_port(&mut proc, role, "127.0.0.1", 9100)?;

@@ -377,6 +377,9 @@ pub fn setup(b: &Bench) -> String {
     if let Some(m) = b.remote_disk() {
         s += &format!("; the remote's medium on the {m} disk model");
     }
+    if let Some(m) = b.log_disk() {
+        s += &format!("; the gateway's log on the {m} disk model");
+    }
     if let Some(m) = b.host_memory() {
         s += &format!("; the host's memory bounded to {} MiB by a memory cgroup", m >> 20);
     }

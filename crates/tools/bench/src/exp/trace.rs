@@ -401,6 +401,7 @@ mod tests {
             progress: false,
             host_memory: None,
             remote_disk: None,
+            log_disk: None,
         })
         .unwrap();
         let a = Args { requests: None, delay: 0.008, trace: None, format: None };

@@ -1093,6 +1093,7 @@ mod tests {
             progress: false,
             host_memory: None,
             remote_disk: None,
+            log_disk: None,
         })
         .unwrap();
         let a = Args {
