@@ -69,6 +69,10 @@ struct Common {
     /// 004's log was an IDE disk (as010a1 is its Maxtor); default the file as it is.
     #[arg(long, global = true, value_name = "MODEL")]
     log_disk: Option<stics_disk::Preset>,
+    /// Mount the benchmarks' ext4 with its default options (an ordinary file system, as seed
+    /// 004 ran PostMark) instead of `-o sync`, which makes every write reach the device.
+    #[arg(long, global = true)]
+    ext4_default: bool,
 }
 
 #[derive(Subcommand)]
@@ -188,6 +192,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         host_memory: c.host_memory,
         remote_disk: c.remote_disk,
         log_disk: c.log_disk,
+        ext4_default: c.ext4_default,
     })?;
     let b = &bench;
     let mut errors = Vec::new();

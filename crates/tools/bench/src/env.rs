@@ -34,6 +34,8 @@ pub struct Options {
     pub remote_disk: Option<stics_disk::Preset>,
     /// Put every gateway's log behind this disk model (seed 004's log disk).
     pub log_disk: Option<stics_disk::Preset>,
+    /// Mount the benchmarks' ext4 with its default options instead of `-o sync`.
+    pub ext4_default: bool,
 }
 
 /// The run's context, shared by the experiments.
@@ -137,6 +139,24 @@ impl Bench {
         match self.opts.remote_disk {
             Some(model) => format!("disk(file:{}, model={model})", path.display()),
             None => format!("file:{}", path.display()),
+        }
+    }
+
+    /// The options the benchmarks' ext4 is mounted with (on a loop device over the export).
+    pub fn ext4_options(&self) -> &'static str {
+        if self.opts.ext4_default {
+            "loop"
+        } else {
+            "loop,sync"
+        }
+    }
+
+    /// How captions name that mount.
+    pub fn ext4_text(&self) -> &'static str {
+        if self.opts.ext4_default {
+            "ext4 with its default mount"
+        } else {
+            "ext4 -o sync"
         }
     }
 
@@ -583,6 +603,7 @@ mod tests {
             host_memory: None,
             remote_disk: None,
             log_disk: None,
+            ext4_default: false,
         })
         .unwrap();
         let out = b.run(Command::new("sh").args(["-c", "echo hi"])).unwrap();
@@ -605,6 +626,7 @@ mod tests {
             host_memory: Some(64 << 20),
             remote_disk: None,
             log_disk: None,
+            ext4_default: false,
         };
         let b = Bench::new(o).unwrap();
         let dir = b.memcg.as_ref().unwrap().dir.clone();
@@ -640,6 +662,7 @@ mod tests {
             host_memory: None,
             remote_disk: None,
             log_disk: None,
+            ext4_default: false,
         })
         .unwrap();
         let mut p = b.spawn("sleeper", Command::new("sleep").arg("30")).unwrap();

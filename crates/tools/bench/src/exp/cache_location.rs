@@ -74,10 +74,11 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         Report::new("cache-location", "Seed 000 Fig. 5: where a small cache goes — host side, storage side or none");
     r.section(
         format!(
-            "PostMark ({} files, {} transactions, 4 KiB blocks, ext4 -o sync) run time; cache = the gateway's RAM buffer \
+            "PostMark ({} files, {} transactions, 4 KiB blocks, {}) run time; cache = the gateway's RAM buffer \
              and read cache, each of the size shown (10 % = {} KiB of a {} KiB working set)",
             pool.files,
             pool.transactions,
+            b.ext4_text(),
             tenth / 1024,
             pool.working_set() / 1024
         ),

@@ -91,10 +91,11 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     );
     r.section(
         format!(
-            "PostMark ({} files, {} transactions, ext4 -o sync) transactions/s against background load on a {} link, \
+            "PostMark ({} files, {} transactions, {}) transactions/s against background load on a {} link, \
              {} one way; caches are the gateway's RAM buffer and read cache as a share of the {} KiB working set",
             pool.files,
             pool.transactions,
+            b.ext4_text(),
             a.rate,
             a.delay,
             ws / 1024

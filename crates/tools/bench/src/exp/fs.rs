@@ -135,7 +135,7 @@ impl Export {
     pub fn postmark(&self, b: &Bench, mib: u64, files: u64, transactions: u64) -> Result<f64> {
         self.mkfs(b, mib)?;
         let mut mount = Command::new("mount");
-        mount.args(["-o", "loop,sync"]).arg(&self.lun).arg(&self.fs);
+        mount.args(["-o", b.ext4_options()]).arg(&self.lun).arg(&self.fs);
         b.run(&mut b.host(mount))?;
         let cfg = b.work().join("pm.cfg");
         std::fs::write(
@@ -222,7 +222,7 @@ pub fn postmark(
     m.mkfs(b, fs_mib)?;
     let (lun, fs) = (&m.lun, &m.fs);
     let mut mount = Command::new("mount");
-    mount.args(["-o", "loop,sync"]).arg(lun).arg(fs);
+    mount.args(["-o", b.ext4_options()]).arg(lun).arg(fs);
     b.run(&mut b.host(mount))?;
     if let Some(g) = gateway {
         wan.gateway_drain(b, g)?;

@@ -116,10 +116,11 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     );
     r.section(
         format!(
-            "PostMark ({} files, {} transactions, ext4 -o sync) at {} and {} one way{}; packets by Ethernet frame length, \
+            "PostMark ({} files, {} transactions, {}) at {} and {} one way{}; packets by Ethernet frame length, \
              both directions, counted by stics wan from the run's start to the gateway drained after it",
             pool.files,
             pool.transactions,
+            b.ext4_text(),
             a.rate,
             a.delay,
             super::fs::setup(b)

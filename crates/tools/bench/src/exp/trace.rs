@@ -402,6 +402,7 @@ mod tests {
             host_memory: None,
             remote_disk: None,
             log_disk: None,
+            ext4_default: false,
         })
         .unwrap();
         let a = Args { requests: None, delay: 0.008, trace: None, format: None };

@@ -1094,6 +1094,7 @@ mod tests {
             host_memory: None,
             remote_disk: None,
             log_disk: None,
+            ext4_default: false,
         })
         .unwrap();
         let a = Args {
