@@ -594,18 +594,7 @@ mod tests {
 
     #[test]
     fn commands_are_recorded_quoted_and_failures_carry_stderr() {
-        let b = Bench::new(Options {
-            stics: "stics".into(),
-            quick: true,
-            reps: 1,
-            keep: None,
-            progress: false,
-            host_memory: None,
-            remote_disk: None,
-            log_disk: None,
-            ext4_default: false,
-        })
-        .unwrap();
+        let b = Bench::new(Options { stics: "stics".into(), quick: true, reps: 1, ..Options::default() }).unwrap();
         let out = b.run(Command::new("sh").args(["-c", "echo hi"])).unwrap();
         assert_eq!(out.stdout, "hi\n");
         let e = b.run(Command::new("sh").args(["-c", "echo broken >&2; exit 3"])).unwrap_err().to_string();
@@ -617,17 +606,8 @@ mod tests {
 
     #[test]
     fn host_commands_run_in_a_memory_cgroup_bounded_as_asked_and_removed_after() {
-        let o = Options {
-            stics: "stics".into(),
-            quick: true,
-            reps: 1,
-            keep: None,
-            progress: false,
-            host_memory: Some(64 << 20),
-            remote_disk: None,
-            log_disk: None,
-            ext4_default: false,
-        };
+        let o =
+            Options { stics: "stics".into(), quick: true, reps: 1, host_memory: Some(64 << 20), ..Options::default() };
         let b = Bench::new(o).unwrap();
         let dir = b.memcg.as_ref().unwrap().dir.clone();
         let limit = std::fs::read_to_string(dir.join("memory.limit_in_bytes")).unwrap();
@@ -653,18 +633,7 @@ mod tests {
 
     #[test]
     fn a_spawned_process_is_watched_and_killed_on_drop() {
-        let b = Bench::new(Options {
-            stics: "stics".into(),
-            quick: true,
-            reps: 1,
-            keep: None,
-            progress: false,
-            host_memory: None,
-            remote_disk: None,
-            log_disk: None,
-            ext4_default: false,
-        })
-        .unwrap();
+        let b = Bench::new(Options { stics: "stics".into(), quick: true, reps: 1, ..Options::default() }).unwrap();
         let mut p = b.spawn("sleeper", Command::new("sleep").arg("30")).unwrap();
         let pid = p.pid();
         assert!(p.check().is_ok());

@@ -393,18 +393,8 @@ mod tests {
         let plain = outcome(&[0.017, 0.016, 0.018, 0.017], &[true, true, true, false]);
         let log = outcome(&[0.002, 0.003, 0.3, 0.016], &[true, true, true, false]);
         let imm = outcome(&[0.0005, 0.0006, 0.0007, 0.016], &[true, true, true, false]);
-        let b = Bench::new(crate::Options {
-            stics: "stics".into(),
-            quick: true,
-            reps: 1,
-            keep: None,
-            progress: false,
-            host_memory: None,
-            remote_disk: None,
-            log_disk: None,
-            ext4_default: false,
-        })
-        .unwrap();
+        let b = Bench::new(crate::Options { stics: "stics".into(), quick: true, reps: 1, ..crate::Options::default() })
+            .unwrap();
         let a = Args { requests: None, delay: 0.008, trace: None, format: None };
         let r = report(&b, &a, &[vec![plain], vec![log], vec![imm]]).unwrap();
         let rows = r.sections[0].table.rows_json();

@@ -1085,18 +1085,9 @@ mod tests {
 
     #[test]
     fn the_paper_gives_the_default_sweep() {
-        let b = Bench::new(crate::Options {
-            stics: "stics".into(),
-            quick: false,
-            reps: 1,
-            keep: None,
-            progress: false,
-            host_memory: None,
-            remote_disk: None,
-            log_disk: None,
-            ext4_default: false,
-        })
-        .unwrap();
+        let b =
+            Bench::new(crate::Options { stics: "stics".into(), quick: false, reps: 1, ..crate::Options::default() })
+                .unwrap();
         let a = Args {
             rtts: None,
             losses: None,
