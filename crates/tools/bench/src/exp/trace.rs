@@ -68,7 +68,9 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let delay = format!("{}us", (a.delay * 1e6).round());
     let wan = Wan::up(b, &format!("sbtrace{}", std::process::id()), &["--delay", &delay])?;
     let img = b.work().join("trace-lun.img");
-    let target = wan.stics_target(b, "trace-target", "storage", &[&format!("file:{}:{LUN}", img.display())])?;
+    let lun_bytes = stics_units::parse_size(LUN).map_err(|e| crate::Error::Invalid(e.to_string()))?;
+    std::fs::File::create(&img)?.set_len(lun_bytes)?;
+    let target = wan.stics_target(b, "trace-target", "storage", &[&b.remote_medium(&img)])?;
     let log = b.work().join("trace-gateway-log.img");
     let mut replay_args = vec!["--json".to_owned()];
     match &a.trace {
@@ -220,7 +222,8 @@ fn report(b: &Bench, a: &Args, runs: &[Vec<Outcome>; 3]) -> Result<Report> {
     r.section(
         format!(
             "Response times of {what}, replayed open loop across {delay_ms} ms one way; gateway log 512 MiB, RAM \
-             64 MiB, read cache 256 MiB{reps} (seed 004 §4.3.2, Fig. 8)"
+             64 MiB, read cache 256 MiB{reps}{} (seed 004 §4.3.2, Fig. 8)",
+            super::fs::setup(b)
         ),
         t,
         Some(scatter(&last, delay_ms)),
