@@ -640,7 +640,7 @@ impl Core {
             for (s, e, v) in m.iter() {
                 let seq = v.write_seq;
                 let gone = self.newest.remove_where(s, e, |n| n.write_seq == seq);
-                let gone = super::data_blocks(&gone);
+                let gone = super::data_blocks(gone.iter().map(|(s, e, v)| (*s, *e, v)));
                 debug_assert!(self.newest_data >= gone);
                 self.newest_data = self.newest_data.saturating_sub(gone);
                 // Remote data read before this may predate the write now on the remote.

@@ -208,8 +208,7 @@ impl Core {
             !m.iter().any(|(_, _, v)| v.write_seq >= first_unlogged || matches!(v.loc, Loc::Ram(_)))
         };
         let bound = |m: &ExtentMap<Version>| {
-            let data: u64 = m.iter().filter(|(_, _, v)| !matches!(v.loc, Loc::Zero)).map(|(s, e, _)| e - s).sum();
-            let raw = data * bs;
+            let raw = super::data_blocks(m.iter()) * bs;
             HEADER_BYTES + EXTENT_BYTES * m.len() as u64 + CHUNK_ENTRY_BYTES * raw.div_ceil(CHUNK_BYTES as u64) + raw
         };
         let mut merged: ExtentMap<Version> = ExtentMap::new(self.layout.block_size);

@@ -57,8 +57,8 @@ pub enum Loc {
 }
 
 /// Blocks of `runs` that hold data (not zeros).
-pub(crate) fn data_blocks(runs: &[(u64, u64, Version)]) -> u64 {
-    runs.iter().filter(|(_, _, v)| !matches!(v.loc, Loc::Zero)).map(|(s, e, _)| e - s).sum()
+pub(crate) fn data_blocks<'a>(runs: impl IntoIterator<Item = (u64, u64, &'a Version)>) -> u64 {
+    runs.into_iter().filter(|(_, _, v)| !matches!(v.loc, Loc::Zero)).map(|(s, e, _)| e - s).sum()
 }
 
 /// One version of a run of blocks: which write made it, in which epoch, where it is.
@@ -235,7 +235,8 @@ impl Core {
         let end = lba + blocks;
         self.read.cache.remove_range(lba, end);
         self.epoch_born(v.epoch);
-        let replaced_data: u64 = data_blocks(&self.newest.insert(lba, end, v.clone()));
+        let replaced = self.newest.insert(lba, end, v.clone());
+        let replaced_data = data_blocks(replaced.iter().map(|(s, e, v)| (*s, *e, v)));
         if !matches!(v.loc, Loc::Zero) {
             self.newest_data += blocks;
         }
