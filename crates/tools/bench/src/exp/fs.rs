@@ -134,9 +134,7 @@ impl Export {
     /// mounted `-o sync` and unmounted afterwards: PostMark's seconds.
     pub fn postmark(&self, b: &Bench, mib: u64, files: u64, transactions: u64) -> Result<f64> {
         self.mkfs(b, mib)?;
-        let mut mount = Command::new("mount");
-        mount.args(["-o", b.ext4_options()]).arg(&self.lun).arg(&self.fs);
-        b.run(&mut b.host(mount))?;
+        mount_ext4(b, &self.lun, &self.fs)?;
         let cfg = b.work().join("pm.cfg");
         std::fs::write(
             &cfg,
@@ -145,9 +143,7 @@ impl Export {
                 self.fs.display()
             ),
         )?;
-        let mut postmark = Command::new("postmark");
-        postmark.arg(&cfg);
-        let run = b.run(&mut b.host(postmark));
+        let run = run_postmark(b, &cfg);
         b.run(Command::new("umount").arg(&self.fs))?;
         Ok(run?.secs)
     }
@@ -163,6 +159,21 @@ impl Export {
         )
         .map(|_| ())
     }
+}
+
+/// Mounts the ext4 on `lun` (a file: through a loop device) at `fs` as the host does, with the
+/// run's mount options.
+fn mount_ext4(b: &Bench, lun: &Path, fs: &Path) -> Result<()> {
+    let mut mount = Command::new("mount");
+    mount.args(["-o", b.ext4_options()]).arg(lun).arg(fs);
+    b.run(&mut b.host(mount)).map(|_| ())
+}
+
+/// PostMark with the configuration file `cfg`, as the host runs it.
+fn run_postmark(b: &Bench, cfg: &Path) -> Result<crate::env::Output> {
+    let mut postmark = Command::new("postmark");
+    postmark.arg(cfg);
+    b.run(&mut b.host(postmark))
 }
 
 /// Whether `e2fsck -fn` finds the ext4 on `lun` clean; a check that cannot run counts as not clean.
@@ -221,9 +232,7 @@ pub fn postmark(
     let m = Export::start(b, "export", &mut cmd, lun, b.work().join("fs"))?;
     m.mkfs(b, fs_mib)?;
     let (lun, fs) = (&m.lun, &m.fs);
-    let mut mount = Command::new("mount");
-    mount.args(["-o", b.ext4_options()]).arg(lun).arg(fs);
-    b.run(&mut b.host(mount))?;
+    mount_ext4(b, lun, fs)?;
     if let Some(g) = gateway {
         wan.gateway_drain(b, g)?;
     }
@@ -241,9 +250,7 @@ pub fn postmark(
             pool.block
         ),
     )?;
-    let mut postmark = Command::new("postmark");
-    postmark.arg(&cfg);
-    let seconds = b.run(&mut b.host(postmark))?.secs;
+    let seconds = run_postmark(b, &cfg)?.secs;
     b.run(Command::new("sync").arg("-f").arg(fs))?;
     let host_bytes = written(b, fs)? - w0;
     b.run(Command::new("umount").arg(fs))?;

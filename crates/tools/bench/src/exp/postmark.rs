@@ -160,13 +160,25 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     } else {
         format!("at {} one way", a.delay)
     };
-    let host = super::fs::setup(b);
+    let setup = super::fs::setup(b);
     let caption = format!(
-        "PostMark run time (medians of {} repetitions, order rotating), {} over stics mount, link {link}{host}",
+        "PostMark run time (medians of {} repetitions, order rotating), {} over stics mount, link {link}{setup}",
         b.reps(),
         b.ext4_text(),
     );
     report(&slices, caption)
+}
+
+/// The points of the curve `label` in `curves`, a new one at the end if it has none yet.
+fn curve(curves: &mut Vec<(String, Vec<(f64, f64)>)>, label: String) -> &mut Vec<(f64, f64)> {
+    let i = match curves.iter().position(|c| c.0 == label) {
+        Some(i) => i,
+        None => {
+            curves.push((label, Vec::new()));
+            curves.len() - 1
+        }
+    };
+    &mut curves[i].1
 }
 
 /// The one-way delay for `rate`: `delay` itself, or for `lan` half of seed 004's measured LAN
@@ -265,11 +277,7 @@ fn report(slices: &[Slice], caption: String) -> Result<Report> {
     blocks.dedup();
     let at = |block: f64| blocks.iter().position(|&b| b == block).map_or(f64::NAN, |i| i as f64 + 1.0);
     let mut curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    let mut point = |label: String, pt: (f64, f64)| match curves.iter_mut().find(|c| c.0 == label) {
-        Some(c) => c.1.push(pt),
-        None => curves.push((label, vec![pt])),
-    };
-    let mut paper: Vec<(String, f64, f64, f64)> = Vec::new();
+    let mut paper: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     let range = |l: f64, h: f64| if l.is_nan() { String::new() } else { format!("{l:.2}–{h:.2}") };
     for s in slices {
         let (ll, lh) = paper_range(&s.rate, "log");
@@ -289,35 +297,26 @@ fn report(slices: &[Slice], caption: String) -> Result<Report> {
             s.link_bytes.unwrap_or(f64::NAN).into(),
             s.fsck.as_str().into(),
         ])?;
-        point(format!("log, {}, {}", s.pool, s.rate), (at(s.block), s.plain / s.log));
-        point(format!("immediate, {}, {}", s.pool, s.rate), (at(s.block), s.plain / s.immediate));
+        let x = at(s.block);
+        curve(&mut curves, format!("log, {}, {}", s.pool, s.rate)).push((x, s.plain / s.log));
+        curve(&mut curves, format!("immediate, {}, {}", s.pool, s.rate)).push((x, s.plain / s.immediate));
         if let Some(link) = s.link {
-            point(format!("log + link, {}, {}", s.pool, s.rate), (at(s.block), s.plain / link));
+            curve(&mut curves, format!("log + link, {}, {}", s.pool, s.rate)).push((x, s.plain / link));
         }
-        // The paper's range at every block size, so that the axis takes it in.
+        // The paper's range at every block size, so that the axis takes it in: once per rate,
+        // whatever the pools.
         for (mode, lo, hi) in [("log", ll, lh), ("immediate", il, ih)] {
-            if !lo.is_nan() {
-                paper.push((format!("paper: {mode}, {} (low, high)", s.rate), at(s.block), lo, hi));
+            let pts = curve(&mut paper, format!("paper: {mode}, {} (low, high)", s.rate));
+            if !lo.is_nan() && !pts.iter().any(|p| p.0 == x) {
+                pts.extend([(x, lo), (x, hi)]);
             }
         }
     }
-    let mut paper_series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for (label, x, lo, hi) in paper {
-        let pts = match paper_series.iter_mut().find(|c| c.0 == label) {
-            Some(c) => &mut c.1,
-            None => {
-                paper_series.push((label, Vec::new()));
-                &mut paper_series.last_mut().expect("just pushed").1
-            }
-        };
-        if !pts.iter().any(|p| p.0 == x) {
-            pts.extend([(x, lo), (x, hi)]);
-        }
-    }
+    paper.retain(|(_, pts)| !pts.is_empty());
     let series = curves
         .into_iter()
         .map(|(l, p)| Series::line(l, p))
-        .chain(paper_series.into_iter().map(|(l, p)| Series::scatter(l, p)))
+        .chain(paper.into_iter().map(|(l, p)| Series::scatter(l, p)))
         .collect();
     let fig = Figure {
         title: "PostMark speedup of the gateway over plain iSCSI".into(),
