@@ -32,8 +32,12 @@ pub fn gateway_with(remote: &str, log: &Path, mode: &str, stderr: &Path, extra: 
     cmd.args(["gateway", "--listen", &format!("127.0.0.1:{port}"), "--iqn", GATEWAY_IQN, "--remote", remote])
         .args(["--log", &format!("{}:256MiB", log.display()), "--mode", mode, "--ram", "8MiB"])
         .args(extra);
-    let g = spawn(&mut cmd, Some(stderr));
-    assert!(wait_port(port, Duration::from_secs(20)), "the gateway did not listen; see {}", stderr.display());
+    let mut g = spawn(&mut cmd, Some(stderr));
+    assert!(
+        g.wait_port(port, Duration::from_secs(20)),
+        "the gateway did not listen: {}",
+        std::fs::read_to_string(stderr).unwrap_or_default()
+    );
     (g, port)
 }
 
@@ -353,9 +357,9 @@ pub fn gateway_config(config: &Path, stderr: &Path, extra: &[&str]) -> (Guard, u
     let port = free_port();
     let mut cmd = Command::new(BIN);
     cmd.args(["gateway", "--listen", &format!("127.0.0.1:{port}"), "--config"]).arg(config).args(extra);
-    let g = spawn(&mut cmd, Some(stderr));
+    let mut g = spawn(&mut cmd, Some(stderr));
     assert!(
-        wait_port(port, Duration::from_secs(60)),
+        g.wait_port(port, Duration::from_secs(60)),
         "the gateway did not listen: {}",
         std::fs::read_to_string(stderr).unwrap_or_default()
     );

@@ -52,6 +52,17 @@ impl Guard {
         status
     }
 
+    /// True once 127.0.0.1:`port` accepts a connection ([`crate::port::accepts`]); false when
+    /// `limit` passes or as soon as the child has exited, which then need not be waited out.
+    pub fn wait_port(&mut self, port: u16, limit: Duration) -> bool {
+        let mut up = false;
+        crate::wait_for(limit, || {
+            up = crate::port::accepts(("127.0.0.1", port));
+            up || !self.alive()
+        });
+        up
+    }
+
     /// Sends `signal` and waits up to `limit` for the child to exit; SIGKILL after that.
     pub fn stop(&mut self, signal: i32, limit: Duration) {
         self.signal(signal);
@@ -141,5 +152,19 @@ mod tests {
         let mut g = sleeper();
         g.stop(libc::SIGTERM, Duration::from_secs(5));
         assert!(!g.alive());
+    }
+
+    #[test]
+    fn wait_port_gives_up_as_soon_as_the_child_has_exited() {
+        // Nothing will listen on the port: the child exits at once, and the wait ends with it
+        // instead of running out its limit.
+        let port = crate::port::free_port().unwrap();
+        let mut g = Guard::new(Command::new("true").spawn().unwrap());
+        let t0 = Instant::now();
+        assert!(!g.wait_port(port, Duration::from_secs(30)));
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+        let l = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let mut g = sleeper();
+        assert!(g.wait_port(l.local_addr().unwrap().port(), Duration::from_secs(5)));
     }
 }
