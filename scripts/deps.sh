@@ -13,6 +13,8 @@ PACKAGES=(
     # Ceph: the throwaway cluster of the RBD tests (scripts/ceph-cluster.sh), librbd for the
     # `rbd` build feature, and tgt's rbd backing store (the peer of `stics bench rbd`).
     ceph-mon ceph-mgr ceph-osd ceph-common librbd-dev librados-dev tgt-rbd
+    # `stics bench app` (seed 000 Table 2): OpenSSH's build and PostgreSQL's pgbench.
+    gcc make libc6-dev zlib1g-dev libssl-dev postgresql
 )
 
 missing=()
@@ -27,4 +29,25 @@ if ((${#missing[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# OpenSSH's source for `stics bench app`'s SSH build, kept where the benchmark looks for it;
+# apt fetches source packages only with a deb-src entry, added here beside the binary one.
+CACHE=/var/cache/stics-bench
+if ! ls "$CACHE"/openssh_*.orig.tar.gz >/dev/null 2>&1; then
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "OpenSSH's source is missing from $CACHE (run this script as root)" >&2
+        exit 1
+    fi
+    if ! grep -rqs "deb-src" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        if [[ -f /etc/apt/sources.list.d/debian.sources ]]; then
+            sed 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources \
+                >/etc/apt/sources.list.d/debian-src.sources
+        else
+            sed -n 's/^deb /deb-src /p' /etc/apt/sources.list >/etc/apt/sources.list.d/debian-src.list
+        fi
+        apt-get update -qq
+    fi
+    mkdir -p "$CACHE"
+    (cd "$CACHE" && apt-get source --download-only -qq openssh)
 fi

@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use serde_json::Value;
 
 /// What `stics bench all` runs, in its order.
-const EXPERIMENTS: [&str; 16] = [
+const EXPERIMENTS: [&str; 17] = [
     "wan",
     "conformance",
     "interop",
@@ -30,6 +30,7 @@ const EXPERIMENTS: [&str; 16] = [
     "write-model",
     "trace",
     "gateway",
+    "app",
 ];
 
 /// The columns that name a row (the rest are measured), per experiment and table (1-based);
@@ -60,6 +61,7 @@ const KEYS: &[(&str, usize, &[&str])] = &[
     ("trace", 2, &["bucket"]),
     ("gateway", 1, &["mode"]),
     ("gateway", 4, &["path"]),
+    ("app", 1, &["at", "path", "workload", "mount"]),
 ];
 
 /// The columns that name the rows of table `table` of `exp` (none: matched by position only).

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use stics_bench::exp::{
-    cache_location, conformance, congestion, delay, disk, gateway, initiator, interop, micro, packets, postmark, rbd,
-    target, tls, trace, wan, write_model,
+    app, cache_location, conformance, congestion, delay, disk, gateway, initiator, interop, micro, packets, postmark,
+    rbd, target, tls, trace, wan, write_model,
 };
 use stics_bench::load::{self, Op, Pattern};
 use stics_bench::machine::Machine;
@@ -97,6 +97,8 @@ enum Cmd {
     Postmark(postmark::Args),
     /// Seed 004 Tables 3-4: packets by size, total packets and bytes on the WAN for a PostMark run, plain iSCSI against the gateway.
     Packets(packets::Args),
+    /// Seed 000 Table 2: an OpenSSH build, pgbench and PostMark on ext4 (default mount and -o sync), local, on the target and through stics wan at 0-8 ms one way, plain and through the gateway, normalised to the local row.
+    App(app::Args),
     /// Seed 000 Fig. 5: PostMark with a small cache at the host side, at the storage side or none, against one-way delay 0-8 ms.
     CacheLocation(cache_location::Args),
     /// Seed 000 Table 3 / Fig. 6: PostMark at 2 ms one way with background load 0-75 % of 100 Mbit/s, no cache against gateway caches of 0.1-10 % of the working set.
@@ -208,6 +210,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Cmd::Postmark(p) => vec![with_commands(b, || postmark::run(b, p))?],
         Cmd::Packets(p) => vec![with_commands(b, || packets::run(b, p))?],
         Cmd::CacheLocation(x) => vec![with_commands(b, || cache_location::run(b, x))?],
+        Cmd::App(x) => vec![with_commands(b, || app::run(b, x))?],
         Cmd::Congestion(x) => vec![with_commands(b, || congestion::run(b, x))?],
         Cmd::Wan(x) => vec![with_commands(b, || wan::run(b, x))?],
         Cmd::Interop(x) => vec![with_commands(b, || interop::run(b, x))?],
@@ -284,6 +287,7 @@ fn run_all(b: &Bench, errors: &mut Vec<String>) -> Vec<Report> {
         ("write-model", Box::new(|| with_commands(b, || write_model::run(b, &defaults()?)))),
         ("trace", Box::new(|| with_commands(b, || trace::run(b, &defaults()?)))),
         ("gateway", Box::new(|| with_commands(b, || gateway::run(b, &defaults()?)))),
+        ("app", Box::new(|| with_commands(b, || app::run(b, &defaults()?)))),
     ];
     let mut out = Vec::new();
     for (name, step) in steps {

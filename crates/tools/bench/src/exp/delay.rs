@@ -147,6 +147,8 @@ fn report(b: &Bench, a: &Args, rows: &[Row]) -> Result<Report> {
         Column::new("spread", "spread", "%", 100.0),
     ])?;
     let mut curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    // Seed 000's DDYS sequential writes, the one curve of Table 1 its text prints.
+    let mut paper_pts = Vec::new();
     for (i, (op, _, _)) in OPS.iter().enumerate() {
         for device in ["file", "null", "gateway"] {
             // Eq. 1 with T_disk + T_iSCSI from this LUN's own 0 ms row: the model then predicts
@@ -186,6 +188,9 @@ fn report(b: &Bench, a: &Args, rows: &[Row]) -> Result<Report> {
                 ])?;
                 if !r.2.is_nan() {
                     pts.push((r.2 * 1e3, r.4[i].median * 1e3));
+                    if pr.is_finite() {
+                        paper_pts.push((r.2 * 1e3, pr * 1e3));
+                    }
                 }
             }
             if !pts.is_empty() && device != "null" {
@@ -201,6 +206,9 @@ fn report(b: &Bench, a: &Args, rows: &[Row]) -> Result<Report> {
             .map(|r| (r.2 * 1e3, (base + 2.0 * r.2) * 1e3))
             .collect();
         series.push(Series::scatter("eq. 1, file seq read", pts));
+    }
+    if !paper_pts.is_empty() {
+        series.push(Series::scatter("paper: DDYS seq write", paper_pts));
     }
     let fig = Figure {
         title: format!("Blocking {} KiB I/O from one thread against one-way delay", a.size / 1024),

@@ -52,6 +52,8 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         Column::new("tgt_client_cpu", "initiator CPU (tgt)", "s/GiB", 1.0),
     ])?;
     let mut curves: [Vec<(f64, f64)>; 4] = Default::default();
+    // The points seed 001 prints in its text: Fig. 1's two ends and Fig. 2's peak.
+    let mut paper_pts: [Vec<(f64, f64)>; 2] = Default::default();
     for &size in SIZES {
         let (mut l, mut t, mut tc, mut cc) = ([vec![], vec![]], [vec![], vec![]], [vec![], vec![]], [vec![], vec![]]);
         let count = scaled(b, (256u64 << 20) / size, (32u64 << 20) / size).clamp(2_000, 200_000);
@@ -102,20 +104,33 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
             m(&cc[1]).into(),
         ])?;
         let kib = size as f64 / 1024.0;
+        if paper_lat.is_finite() {
+            paper_pts[0].push((kib, paper_lat * 1e6));
+        }
+        if paper_thr.is_finite() {
+            paper_pts[1].push((kib, paper_thr / 1e6));
+        }
         for i in 0..2 {
             curves[i].push((kib, m(&l[i]) * 1e6));
             curves[2 + i].push((kib, m(&t[i]) / 1e6));
         }
     }
     bar.finish_and_clear();
-    let fig = |title: &str, y: &str, a: &Vec<(f64, f64)>, c: &Vec<(f64, f64)>| Figure {
+    let fig = |title: &str, y: &str, a: &Vec<(f64, f64)>, c: &Vec<(f64, f64)>, p: &Vec<(f64, f64)>| Figure {
         title: title.into(),
         x_label: "request size [KiB]".into(),
         y_label: y.into(),
         log_x: true,
         log_y: false,
         categories: Vec::new(),
-        series: vec![Series::line(NAMES[0], a.clone()), Series::line(NAMES[1], c.clone())],
+        series: [
+            Series::line(NAMES[0], a.clone()),
+            Series::line(NAMES[1], c.clone()),
+            Series::scatter("paper (seed 001, its text)", p.clone()),
+        ]
+        .into_iter()
+        .filter(|s| !s.points.is_empty())
+        .collect(),
     };
     let mut r = Report::new(
         "micro",
@@ -124,12 +139,12 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     r.section(
         format!("Latency at depth 1 of one cached block, {reads} reads per size (seed 001 Fig. 1)"),
         lat,
-        Some(fig("Read latency, depth 1, one cached block", "latency [µs]", &curves[0], &curves[1])),
+        Some(fig("Read latency, depth 1, one cached block", "latency [µs]", &curves[0], &curves[1], &paper_pts[0])),
     );
     r.section(
         format!("Sequential reads with {} in flight, CPU per GiB moved (seed 001 Fig. 2, seed 002 Table 9)", a.threads),
         thr,
-        Some(fig(&format!("Read throughput, {} in flight", a.threads), "MB/s", &curves[2], &curves[3])),
+        Some(fig(&format!("Read throughput, {} in flight", a.threads), "MB/s", &curves[2], &curves[3], &paper_pts[1])),
     );
     r.note(
         "Seed 001 measured a 1 Gbit/s LAN with interrupt-driven NICs, where copy and checksum dominated; here both \

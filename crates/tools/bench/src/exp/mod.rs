@@ -1,6 +1,7 @@
 //! One module per experiment of `stics bench`; each has its clap `Args` and a `run` that returns
 //! a [`crate::Report`].
 
+pub mod app;
 pub mod cache_location;
 pub mod conformance;
 pub mod congestion;
@@ -55,4 +56,16 @@ pub(crate) fn alternate<T: Copy>(rep: usize, pair: [T; 2]) -> [T; 2] {
     } else {
         [pair[1], pair[0]]
     }
+}
+
+/// The points of the curve `label` in `curves`, a new one at the end if it has none yet.
+pub(crate) fn curve(curves: &mut Vec<(String, Vec<(f64, f64)>)>, label: String) -> &mut Vec<(f64, f64)> {
+    let i = match curves.iter().position(|c| c.0 == label) {
+        Some(i) => i,
+        None => {
+            curves.push((label, Vec::new()));
+            curves.len() - 1
+        }
+    };
+    &mut curves[i].1
 }

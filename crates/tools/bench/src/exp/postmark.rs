@@ -5,6 +5,7 @@
 use stics_report::plot::{Figure, Series};
 use stics_report::{Column, Table};
 
+use super::curve;
 use super::fs::{postmark_via, sg_lun, Pool, Via, SG_PORT};
 use crate::paper;
 use crate::peers::Wan;
@@ -167,18 +168,6 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         b.ext4_text(),
     );
     report(&slices, caption)
-}
-
-/// The points of the curve `label` in `curves`, a new one at the end if it has none yet.
-fn curve(curves: &mut Vec<(String, Vec<(f64, f64)>)>, label: String) -> &mut Vec<(f64, f64)> {
-    let i = match curves.iter().position(|c| c.0 == label) {
-        Some(i) => i,
-        None => {
-            curves.push((label, Vec::new()));
-            curves.len() - 1
-        }
-    };
-    &mut curves[i].1
 }
 
 /// The one-way delay for `rate`: `delay` itself, or for `lan` half of seed 004's measured LAN

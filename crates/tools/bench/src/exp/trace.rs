@@ -226,7 +226,7 @@ fn report(b: &Bench, a: &Args, runs: &[Vec<Outcome>; 3]) -> Result<Report> {
             super::fs::setup(b)
         ),
         t,
-        Some(scatter(&last, delay_ms)),
+        Some(scatter(&last, delay_ms, generated)),
     );
     r.section(
         "Share of requests by response time, last repetition (seed 004 Fig. 9)".to_owned(),
@@ -309,8 +309,14 @@ fn thinned(o: &Outcome) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// Fig. 8: each request's response time against when it was issued.
-fn scatter(last: &[&Outcome], delay_ms: f64) -> Figure {
+/// Fig. 8: each request's response time against when it was issued, with the paper's mean for
+/// each path (when the trace is the generated one) as a level line across the replay.
+fn scatter(last: &[&Outcome], delay_ms: f64, generated: bool) -> Figure {
+    let end = last.iter().filter_map(|o| o.responses.last()).map(|r| f64::from(r.at)).fold(0.0, f64::max);
+    let paper = PATHS.iter().filter(|_| generated).map(|(label, _, row)| {
+        let mean = paper::base("004", "§4.3.2", row, "average response time") * 1e3;
+        Series::line(format!("paper mean: {label}"), vec![(0.0, mean), (end, mean)])
+    });
     Figure {
         title: format!("Response time of each request, {delay_ms} ms one way"),
         x_label: "issued at [s]".into(),
@@ -318,7 +324,7 @@ fn scatter(last: &[&Outcome], delay_ms: f64) -> Figure {
         log_x: false,
         log_y: true,
         categories: Vec::new(),
-        series: PATHS.iter().zip(last).map(|(p, o)| Series::scatter(p.0, thinned(o))).collect(),
+        series: PATHS.iter().zip(last).map(|(p, o)| Series::scatter(p.0, thinned(o))).chain(paper).collect(),
     }
 }
 
