@@ -56,6 +56,10 @@ pub struct Args {
     /// Leave out the runs through the gateway.
     #[arg(long)]
     pub no_gateway: bool,
+    /// Measure nothing: draw the table and figure again from an earlier run's report folder
+    /// (its `app/` folder). Give the options that run had: the caption is made from them.
+    #[arg(long, value_name = "DIR")]
+    pub redraw: Option<PathBuf>,
 }
 
 /// An application of seed 000 Table 2 (or the one standing in for it).
@@ -142,7 +146,9 @@ struct Cell {
     place: Place,
     mount: Mount,
     workload: Workload,
-    ops: Stat,
+    /// Operations per second: the median over the repetitions, and their spread.
+    ops: f64,
+    spread: f64,
     fsck: bool,
 }
 
@@ -158,6 +164,10 @@ struct Run<'a> {
 }
 
 pub fn run(b: &Bench, a: &Args) -> Result<Report> {
+    let fs_mib = if b.quick() { a.fs_mib.min(1024) } else { a.fs_mib };
+    if let Some(dir) = &a.redraw {
+        return report(b, a, &read_cells(dir)?, fs_mib);
+    }
     b.need(&["mkfs.ext4", "e2fsck", "nsenter", "setpriv", "tar", "make", "cc"])?;
     // CI size: the local row against the smallest delay, plain and through the gateway (at 8 ms
     // one way the SSH build on -o sync alone takes the better part of an hour).
@@ -287,7 +297,10 @@ impl Run<'_> {
         Ok(a.workloads
             .iter()
             .zip(samples)
-            .map(|(&workload, s)| Cell { place: place.clone(), mount, workload, ops: Stat::of(&s), fsck })
+            .map(|(&workload, s)| {
+                let st = Stat::of(&s);
+                Cell { place: place.clone(), mount, workload, ops: st.median, spread: st.spread(), fsck }
+            })
             .collect())
     }
 }
@@ -379,6 +392,44 @@ fn postmark(b: &Bench, a: &Args, dir: &Path) -> Result<f64> {
     Ok(secs / pool.transactions as f64)
 }
 
+/// One row of an earlier run's table (`table-1.json`).
+#[derive(serde::Deserialize)]
+struct SavedRow {
+    at: String,
+    path: String,
+    workload: String,
+    mount: String,
+    throughput: f64,
+    spread: f64,
+    fsck: String,
+}
+
+/// The cells of an earlier run, from its report folder.
+fn read_cells(dir: &Path) -> Result<Vec<Cell>> {
+    let file = dir.join("table-1.json");
+    let bad = |detail: String| Error::Output { what: file.display().to_string(), detail };
+    let text = std::fs::read_to_string(&file).map_err(|e| bad(e.to_string()))?;
+    let rows: Vec<SavedRow> = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    rows.into_iter()
+        .map(|r| {
+            let workload = <Workload as clap::ValueEnum>::from_str(&r.workload, false).map_err(&bad)?;
+            let mount = <Mount as clap::ValueEnum>::from_str(&r.mount, false).map_err(&bad)?;
+            let delay = match r.at.strip_suffix(" ms") {
+                Some(ms) => ms.parse::<f64>().map_err(|e| bad(e.to_string()))? / 1e3,
+                None => f64::NAN,
+            };
+            Ok(Cell {
+                place: Place { row: r.at, delay, gateway: r.path != "iSCSI" },
+                mount,
+                workload,
+                ops: r.throughput * workload.unit().1,
+                spread: r.spread,
+                fsck: r.fsck == "clean",
+            })
+        })
+        .collect()
+}
+
 /// Where the OpenSSH archive is kept between runs.
 const SOURCE_CACHE: &str = "/var/cache/stics-bench";
 
@@ -460,16 +511,22 @@ fn report(b: &Bench, a: &Args, cells: &[Cell], fs_mib: u64) -> Result<Report> {
         Column::new("spread", "spread", "%", 100.0),
         Column::new("fsck", "e2fsck -fn", "", 1.0),
     ])?;
+    let mut rows: Vec<String> = Vec::new();
+    for c in cells {
+        if !rows.contains(&c.place.row) {
+            rows.push(c.place.row.clone());
+        }
+    }
     let mut curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     let mut paper_pts: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for &mount in &a.mounts {
         for &w in &a.workloads {
             let of = |c: &&Cell| c.mount == mount && c.workload == w;
-            let local = cells.iter().filter(of).find(|c| c.place.row == "local").map_or(f64::NAN, |c| c.ops.median);
+            let local = cells.iter().filter(of).find(|c| c.place.row == "local").map_or(f64::NAN, |c| c.ops);
             let (unit, size) = w.unit();
             let column = w.paper_column(mount);
             for c in cells.iter().filter(of) {
-                let normalized = c.ops.median / local;
+                let normalized = c.ops / local;
                 let paper = if c.place.gateway {
                     f64::NAN
                 } else if c.place.row == "local" {
@@ -482,35 +539,34 @@ fn report(b: &Bench, a: &Args, cells: &[Cell], fs_mib: u64) -> Result<Report> {
                     (if c.place.gateway { "gateway (log)" } else { "iSCSI" }).into(),
                     w.name().into(),
                     mount.name().into(),
-                    (c.ops.median / size).into(),
+                    (c.ops / size).into(),
                     unit.into(),
                     normalized.into(),
                     paper.into(),
                     column.clone().into(),
-                    c.ops.spread().into(),
+                    c.spread.into(),
                     (if c.fsck { "clean" } else { "ERRORS" }).into(),
                 ])?;
-                if !c.place.delay.is_nan() {
-                    let via = if c.place.gateway { ", gateway" } else { "" };
-                    let label = format!("{} ({}){via}", w.name(), mount.name());
-                    curve(&mut curves, label).push((c.place.delay * 1e3, normalized));
-                    if !paper.is_nan() {
-                        let label = format!("paper: {column}");
-                        curve(&mut paper_pts, label).push((c.place.delay * 1e3, paper));
-                    }
+                // Table 2's rows are the x positions: local, target, then each delay.
+                let x = (rows.iter().position(|r| *r == c.place.row).unwrap_or(0) + 1) as f64;
+                let via = if c.place.gateway { ", gateway" } else { "" };
+                curve(&mut curves, format!("{} ({}){via}", w.name(), mount.name())).push((x, normalized));
+                let pts = curve(&mut paper_pts, format!("paper: {column}"));
+                if !paper.is_nan() && !pts.iter().any(|p| p.0 == x) {
+                    pts.push((x, paper));
                 }
             }
         }
     }
     let mut series: Vec<Series> = curves.into_iter().map(|(l, p)| Series::line(l, p)).collect();
-    series.extend(paper_pts.into_iter().map(|(l, p)| Series::scatter(l, p)));
+    series.extend(paper_pts.into_iter().filter(|c| !c.1.is_empty()).map(|(l, p)| Series::scatter(l, p)));
     let fig = Figure {
         title: "Applications on ext4 over iSCSI, throughput as a fraction of the local disk's".into(),
-        x_label: "one-way delay [ms]".into(),
+        x_label: "storage (N ms: one-way delay through stics wan)".into(),
         y_label: "throughput / local".into(),
         log_x: false,
         log_y: false,
-        categories: Vec::new(),
+        categories: rows,
         series,
     };
     let pool = a.pool.pool(b);
