@@ -32,7 +32,8 @@ pub struct Args {
     pub fs_mib: u64,
     /// Measure nothing: draw one table and figure from earlier runs' report folders (each an
     /// `--out DIR` or its `postmark/` folder), for a sweep too long to run in one go. Rows are
-    /// ordered by --rates, --pools and block size.
+    /// ordered by --rates, --pools and block size; give the setup options the runs had
+    /// (--remote-disk, --host-memory, --ext4-default): the caption names them.
     #[arg(long, value_delimiter = ',', value_name = "DIR,...")]
     pub merge: Vec<std::path::PathBuf>,
 }
@@ -93,12 +94,14 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     if !a.merge.is_empty() {
         let slices = merged(a)?;
         let caption = format!(
-            "PostMark run time, each row the medians of its own run (merged from {} folders: {}), ext4 mounted -o \
-             sync over stics mount",
+            "PostMark run time, each row the medians of its own run (merged from {} folders: {}), {} over stics \
+             mount{}",
             a.merge.len(),
-            a.merge.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+            a.merge.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
+            b.ext4_text(),
+            super::fs::setup(b)
         );
-        return report(&slices, caption);
+        return report(&slices, caption, b.remote_disk().map(|m| m.to_string()));
     }
     let rates: Vec<String> = if b.quick() { a.rates.iter().take(1).cloned().collect() } else { a.rates.clone() };
     let blocks: Vec<u64> = if b.quick() { vec![4096] } else { a.blocks.clone() };
@@ -167,7 +170,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         b.reps(),
         b.ext4_text(),
     );
-    report(&slices, caption)
+    report(&slices, caption, b.remote_disk().map(|m| m.to_string()))
 }
 
 /// The one-way delay for `rate`: `delay` itself, or for `lan` half of seed 004's measured LAN
@@ -239,8 +242,8 @@ fn merged(a: &Args) -> Result<Vec<Slice>> {
 }
 
 /// The table, the figure (speedup against block size, a curve per mode, pool and rate) and the
-/// reading of `slices`.
-fn report(slices: &[Slice], caption: String) -> Result<Report> {
+/// reading of `slices`; `disk` names the disk model the remote's medium sat behind, if any.
+fn report(slices: &[Slice], caption: String, disk: Option<String>) -> Result<Report> {
     let mut t = Table::new(vec![
         Column::new("rate", "link", "", 1.0),
         Column::new("pool", "pool", "", 1.0),
@@ -321,12 +324,19 @@ fn report(slices: &[Slice], caption: String) -> Result<Report> {
         "Seed 004 Figs. 6–7: PostMark, plain iSCSI against the gateway in log and immediate modes",
     );
     r.section(caption, t, Some(fig));
-    r.note(
-        "Seed 004 ran PostMark on a LAN against a remote disk; its gateway hid the disk and the network behind \
-         NVRAM and a log disk. Here the remote is a page-cached file, so plain iSCSI pays only the network and the \
-         target's software: the gateway's gain is what it saves of that, and immediate mode adds what a local \
-         fdatasync costs in log mode.",
-    );
+    r.note(match disk {
+        None => "Seed 004 ran PostMark on a LAN against a remote disk; its gateway hid the disk and the network \
+                 behind NVRAM and a log disk. Here the remote is a page-cached file, so plain iSCSI pays only the \
+                 network and the target's software: the gateway's gain is what it saves of that, and immediate mode \
+                 adds what a local fdatasync costs in log mode."
+            .to_owned(),
+        Some(m) => format!(
+            "Seed 004 ran PostMark on a LAN against a remote disk; its gateway hid the disk and the network behind \
+             NVRAM and a log disk. Here the remote's medium sits behind the {m} disk model, so plain iSCSI waits for \
+             the model's seeks and rotations as well as the network, and the gateway's gain is what its log hides of \
+             both."
+        ),
+    });
     r.note(
         "plain on WAN: the IP bytes of plain iSCSI's run, both directions, over its run time. Where that is the \
          link's rate the run is bound by the link, and a gateway that sends as many bytes (log WAN bytes, which \
@@ -416,7 +426,7 @@ mod tests {
              1.00×); 0.25× plain iSCSI's WAN bytes."
         );
         assert_eq!(link_reading(&slices[1]), None);
-        let r = report(&slices, "merged".into()).unwrap();
+        let r = report(&slices, "merged".into(), None).unwrap();
         let rows = r.sections[0].table.rows_json();
         assert_eq!(rows.as_array().unwrap().len(), 4);
         assert!(rows[1]["plain_wan"].is_null(), "{rows}");
