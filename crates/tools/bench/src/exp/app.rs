@@ -11,7 +11,7 @@ use stics_report::plot::{Figure, Series};
 use stics_report::{Column, Table};
 
 use super::curve;
-use super::fs::{fsck_clean, Export, PoolArgs};
+use super::fs::{fsck_clean, mount_ext4, postmark_in, Export, PoolArgs};
 use crate::paper;
 use crate::peers::{stics_target, GatewayOptions, Wan};
 use crate::{Bench, Error, Report, Result, Stat};
@@ -60,6 +60,17 @@ pub struct Args {
     /// (its `app/` folder). Give the options that run had: the caption is made from them.
     #[arg(long, value_name = "DIR")]
     pub redraw: Option<PathBuf>,
+}
+
+impl Args {
+    /// pgbench's scale factor and seconds, scaled down for `--quick`.
+    fn pg_size(&self, b: &Bench) -> (u32, u32) {
+        if b.quick() {
+            (1, self.pg_seconds.min(10))
+        } else {
+            (self.pg_scale, self.pg_seconds)
+        }
+    }
 }
 
 /// An application of seed 000 Table 2 (or the one standing in for it).
@@ -135,8 +146,6 @@ impl Mount {
 struct Place {
     /// "local", "target" or "N ms".
     row: String,
-    /// One-way delay in seconds (NaN for local and target).
-    delay: f64,
     gateway: bool,
 }
 
@@ -193,10 +202,10 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         bar: b.bar(steps as u64, "app"),
     };
     let mut cells = Vec::new();
-    let direct = |row: &str, delay: f64| Place { row: row.to_owned(), delay, gateway: false };
+    let direct = |row: &str| Place { row: row.to_owned(), gateway: false };
 
     // Local: the host opens the medium itself (through the same FUSE export as every row).
-    let local = direct("local", f64::NAN);
+    let local = direct("local");
     for &mount in &a.mounts {
         let mut cmd = b.stics_cmd();
         cmd.arg("mount").arg(&spec);
@@ -205,7 +214,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     // Target: stics target on loopback, no WAN.
     if !b.quick() {
         let t = stics_target(b, "target", &[&spec])?;
-        let place = direct("target", f64::NAN);
+        let place = direct("target");
         for &mount in &a.mounts {
             let mut cmd = b.stics_cmd();
             cmd.args(["mount", &t.url]);
@@ -222,7 +231,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
             if gateway && a.no_gateway {
                 continue;
             }
-            let place = Place { row: row.clone(), delay: d, gateway };
+            let place = Place { row: row.clone(), gateway };
             for &mount in &a.mounts {
                 let measure = |url: &str| run.on_ext4(exported_in_host(b, &wan, url), &place, mount);
                 if gateway {
@@ -268,9 +277,7 @@ impl Run<'_> {
         cmd.arg(&lun);
         let e = Export::start(b, "export", &mut cmd, lun, b.work().join("fs"))?;
         e.mkfs(b, self.fs_mib)?;
-        let mut m = Command::new("mount");
-        m.args(["-o", mount.options()]).arg(&e.lun).arg(&e.fs);
-        b.run(&mut b.host(m))?;
+        mount_ext4(b, &e.lun, &e.fs, mount.options())?;
         let mut samples: Vec<Vec<f64>> = vec![Vec::new(); a.workloads.len()];
         let measured = (|| -> Result<()> {
             for rep in 0..b.reps() {
@@ -327,7 +334,7 @@ fn ssh(b: &Bench, source: &Path, dir: &Path) -> Result<f64> {
 /// PostgreSQL in `dir` (initdb, a server on a socket in `dir` only, `pgbench -i`), then one
 /// timed pgbench run; seconds per transaction.
 fn pgbench(b: &Bench, a: &Args, bin: &Path, dir: &Path) -> Result<f64> {
-    let (scale, seconds) = if b.quick() { (1, a.pg_seconds.min(10)) } else { (a.pg_scale, a.pg_seconds) };
+    let (scale, seconds) = a.pg_size(b);
     b.run(Command::new("chown").arg("postgres:postgres").arg(dir))?;
     let data = dir.join("data");
     let as_pg = |program: &str| {
@@ -376,19 +383,7 @@ fn pgbench(b: &Bench, a: &Args, bin: &Path, dir: &Path) -> Result<f64> {
 fn postmark(b: &Bench, a: &Args, dir: &Path) -> Result<f64> {
     b.need(&["postmark"])?;
     let pool = a.pool.pool(b);
-    let cfg = dir.join("pm.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "set location {}\nset number {}\nset transactions {}\nset seed 42\nrun\nquit\n",
-            dir.display(),
-            pool.files,
-            pool.transactions
-        ),
-    )?;
-    let mut pm = Command::new("postmark");
-    pm.arg(&cfg);
-    let secs = b.run(&mut b.host(pm))?.secs;
+    let secs = postmark_in(b, &dir.join("pm.cfg"), dir, pool.files, pool.transactions)?.secs;
     Ok(secs / pool.transactions as f64)
 }
 
@@ -414,12 +409,8 @@ fn read_cells(dir: &Path) -> Result<Vec<Cell>> {
         .map(|r| {
             let workload = <Workload as clap::ValueEnum>::from_str(&r.workload, false).map_err(&bad)?;
             let mount = <Mount as clap::ValueEnum>::from_str(&r.mount, false).map_err(&bad)?;
-            let delay = match r.at.strip_suffix(" ms") {
-                Some(ms) => ms.parse::<f64>().map_err(|e| bad(e.to_string()))? / 1e3,
-                None => f64::NAN,
-            };
             Ok(Cell {
-                place: Place { row: r.at, delay, gateway: r.path != "iSCSI" },
+                place: Place { row: r.at, gateway: r.path != "iSCSI" },
                 mount,
                 workload,
                 ops: r.throughput * workload.unit().1,
@@ -571,7 +562,7 @@ fn report(b: &Bench, a: &Args, cells: &[Cell], fs_mib: u64) -> Result<Report> {
         series,
     };
     let pool = a.pool.pool(b);
-    let (scale, seconds) = if b.quick() { (1, a.pg_seconds.min(10)) } else { (a.pg_scale, a.pg_seconds) };
+    let (scale, seconds) = a.pg_size(b);
     let mut r = Report::new(
         "app",
         "Seed 000 Table 2: applications (an OpenSSH build, pgbench, PostMark) on local storage, on the target and \

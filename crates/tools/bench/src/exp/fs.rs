@@ -134,16 +134,8 @@ impl Export {
     /// mounted `-o sync` and unmounted afterwards: PostMark's seconds.
     pub fn postmark(&self, b: &Bench, mib: u64, files: u64, transactions: u64) -> Result<f64> {
         self.mkfs(b, mib)?;
-        mount_ext4(b, &self.lun, &self.fs)?;
-        let cfg = b.work().join("pm.cfg");
-        std::fs::write(
-            &cfg,
-            format!(
-                "set location {}\nset number {files}\nset transactions {transactions}\nset seed 42\nrun\nquit\n",
-                self.fs.display()
-            ),
-        )?;
-        let run = run_postmark(b, &cfg);
+        mount_ext4(b, &self.lun, &self.fs, b.ext4_options())?;
+        let run = postmark_in(b, &b.work().join("pm.cfg"), &self.fs, files, transactions);
         b.run(Command::new("umount").arg(&self.fs))?;
         Ok(run?.secs)
     }
@@ -161,12 +153,31 @@ impl Export {
     }
 }
 
-/// Mounts the ext4 on `lun` (a file: through a loop device) at `fs` as the host does, with the
-/// run's mount options.
-fn mount_ext4(b: &Bench, lun: &Path, fs: &Path) -> Result<()> {
+/// Mounts the ext4 on `lun` (a file: through a loop device) at `fs` as the host does, with
+/// `options` (the run's are [`Bench::ext4_options`]).
+pub(crate) fn mount_ext4(b: &Bench, lun: &Path, fs: &Path, options: &str) -> Result<()> {
     let mut mount = Command::new("mount");
-    mount.args(["-o", b.ext4_options()]).arg(lun).arg(fs);
+    mount.args(["-o", options]).arg(lun).arg(fs);
     b.run(&mut b.host(mount)).map(|_| ())
+}
+
+/// PostMark with its default sizes and seed 42, `files` files and `transactions` transactions in
+/// `location`, as the host runs it; its configuration file is written at `cfg`.
+pub(crate) fn postmark_in(
+    b: &Bench,
+    cfg: &Path,
+    location: &Path,
+    files: u64,
+    transactions: u64,
+) -> Result<crate::env::Output> {
+    std::fs::write(
+        cfg,
+        format!(
+            "set location {}\nset number {files}\nset transactions {transactions}\nset seed 42\nrun\nquit\n",
+            location.display()
+        ),
+    )?;
+    run_postmark(b, cfg)
 }
 
 /// PostMark with the configuration file `cfg`, as the host runs it.
@@ -232,7 +243,7 @@ pub fn postmark(
     let m = Export::start(b, "export", &mut cmd, lun, b.work().join("fs"))?;
     m.mkfs(b, fs_mib)?;
     let (lun, fs) = (&m.lun, &m.fs);
-    mount_ext4(b, lun, fs)?;
+    mount_ext4(b, lun, fs, b.ext4_options())?;
     if let Some(g) = gateway {
         wan.gateway_drain(b, g)?;
     }
