@@ -319,6 +319,20 @@ pub struct GatewayOptions {
     pub extra: Vec<String>,
 }
 
+impl GatewayOptions {
+    /// The experiments' usual gateway: `mode` over a fresh log of `size` at `path`, a 64 MiB RAM
+    /// buffer and a 256 MiB read cache, no more arguments.
+    pub fn usual(mode: &str, path: &Path, size: &str) -> GatewayOptions {
+        GatewayOptions {
+            mode: mode.to_owned(),
+            log: format!("{}:{size}", path.display()),
+            ram: "64MiB".into(),
+            read_cache: "256MiB".into(),
+            extra: Vec::new(),
+        }
+    }
+}
+
 impl Wan {
     /// `stics gateway` in `role`'s namespace on 127.0.0.1:3260, caching `remote`.
     pub fn gateway(&self, b: &Bench, name: &str, role: &str, remote: &str, o: &GatewayOptions) -> Result<Gateway> {

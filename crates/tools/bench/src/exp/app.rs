@@ -237,13 +237,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
                 if gateway {
                     let log = b.work().join("gateway-log.img");
                     let _ = std::fs::remove_file(&log);
-                    let o = GatewayOptions {
-                        mode: "log".into(),
-                        log: format!("{}:1GiB", log.display()),
-                        ram: "64MiB".into(),
-                        read_cache: "256MiB".into(),
-                        extra: Vec::new(),
-                    };
+                    let o = GatewayOptions::usual("log", &log, "1GiB");
                     let g = wan.gateway(b, "gateway", "host", &target.url, &o)?;
                     let measured = measure(&g.url.clone());
                     wan.gateway_stop(b, g, &target.url, &log)?;

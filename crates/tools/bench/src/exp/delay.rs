@@ -111,13 +111,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         rows.push(measure(b, a, &p, span, &bar)?);
         if !a.no_gateway {
             let log = b.work().join("gateway-log.img");
-            let opts = GatewayOptions {
-                mode: "log".into(),
-                log: format!("{}:512MiB", log.display()),
-                ram: "64MiB".into(),
-                read_cache: "256MiB".into(),
-                extra: Vec::new(),
-            };
+            let opts = GatewayOptions::usual("log", &log, "512MiB");
             let g = wan.gateway(b, "gateway", "host", &target.url, &opts)?;
             let p = Path { device: "gateway", at, delay: d, wan: Some(&wan), url: g.url.clone() };
             let row = measure(b, a, &p, span, &bar);

@@ -101,13 +101,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
             let outcome = match PATHS[i].1 {
                 None => replay(&target.url)?,
                 Some(mode) => {
-                    let opts = GatewayOptions {
-                        mode: mode.to_owned(),
-                        log: format!("{}:512MiB", log.display()),
-                        ram: "64MiB".into(),
-                        read_cache: "256MiB".into(),
-                        extra: Vec::new(),
-                    };
+                    let opts = GatewayOptions::usual(mode, &log, "512MiB");
                     let g = wan.gateway(b, &format!("trace-gateway-{mode}"), "host", &target.url, &opts)?;
                     let o = replay(&g.url);
                     wan.gateway_stop(b, g, &target.url, &log)?;
