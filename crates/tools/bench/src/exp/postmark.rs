@@ -101,7 +101,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
             b.ext4_text(),
             super::fs::setup(b)
         );
-        return report(&slices, caption, b.remote_disk().map(|m| m.to_string()));
+        return report(&slices, caption, b.remote_disk());
     }
     let rates: Vec<String> = if b.quick() { a.rates.iter().take(1).cloned().collect() } else { a.rates.clone() };
     let blocks: Vec<u64> = if b.quick() { vec![4096] } else { a.blocks.clone() };
@@ -170,7 +170,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         b.reps(),
         b.ext4_text(),
     );
-    report(&slices, caption, b.remote_disk().map(|m| m.to_string()))
+    report(&slices, caption, b.remote_disk())
 }
 
 /// The one-way delay for `rate`: `delay` itself, or for `lan` half of seed 004's measured LAN
@@ -243,7 +243,7 @@ fn merged(a: &Args) -> Result<Vec<Slice>> {
 
 /// The table, the figure (speedup against block size, a curve per mode, pool and rate) and the
 /// reading of `slices`; `disk` names the disk model the remote's medium sat behind, if any.
-fn report(slices: &[Slice], caption: String, disk: Option<String>) -> Result<Report> {
+fn report(slices: &[Slice], caption: String, disk: Option<stics_disk::Preset>) -> Result<Report> {
     let mut t = Table::new(vec![
         Column::new("rate", "link", "", 1.0),
         Column::new("pool", "pool", "", 1.0),
@@ -324,19 +324,20 @@ fn report(slices: &[Slice], caption: String, disk: Option<String>) -> Result<Rep
         "Seed 004 Figs. 6–7: PostMark, plain iSCSI against the gateway in log and immediate modes",
     );
     r.section(caption, t, Some(fig));
-    r.note(match disk {
-        None => "Seed 004 ran PostMark on a LAN against a remote disk; its gateway hid the disk and the network \
-                 behind NVRAM and a log disk. Here the remote is a page-cached file, so plain iSCSI pays only the \
-                 network and the target's software: the gateway's gain is what it saves of that, and immediate mode \
-                 adds what a local fdatasync costs in log mode."
+    let here = match disk {
+        None => "Here the remote is a page-cached file, so plain iSCSI pays only the network and the target's \
+                 software: the gateway's gain is what it saves of that, and immediate mode adds what a local \
+                 fdatasync costs in log mode."
             .to_owned(),
         Some(m) => format!(
-            "Seed 004 ran PostMark on a LAN against a remote disk; its gateway hid the disk and the network behind \
-             NVRAM and a log disk. Here the remote's medium sits behind the {m} disk model, so plain iSCSI waits for \
-             the model's seeks and rotations as well as the network, and the gateway's gain is what its log hides of \
-             both."
+            "Here the remote's medium sits behind the {m} disk model, so plain iSCSI waits for the model's seeks and \
+             rotations as well as the network, and the gateway's gain is what its log hides of both."
         ),
-    });
+    };
+    r.note(format!(
+        "Seed 004 ran PostMark on a LAN against a remote disk; its gateway hid the disk and the network behind NVRAM \
+         and a log disk. {here}"
+    ));
     r.note(
         "plain on WAN: the IP bytes of plain iSCSI's run, both directions, over its run time. Where that is the \
          link's rate the run is bound by the link, and a gateway that sends as many bytes (log WAN bytes, which \

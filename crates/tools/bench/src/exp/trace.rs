@@ -230,29 +230,38 @@ fn report(b: &Bench, a: &Args, runs: &[Vec<Outcome>; 3]) -> Result<Report> {
             &PATHS.iter().map(|p| p.0).zip(last.iter().copied()).collect::<Vec<_>>(),
         )),
     );
-    notes(&mut r, generated, &last, &means, delay_ms, b.remote_disk().map(|m| m.to_string()));
+    notes(&mut r, generated, &last, &means, delay_ms, b.remote_disk());
     Ok(r)
 }
 
-fn notes(r: &mut Report, generated: bool, last: &[&Outcome], means: &[f64; 3], delay_ms: f64, disk: Option<String>) {
+fn notes(
+    r: &mut Report,
+    generated: bool,
+    last: &[&Outcome],
+    means: &[f64; 3],
+    delay_ms: f64,
+    disk: Option<stics_disk::Preset>,
+) {
     let ms = |s: f64| s * 1e3;
-    if let (true, Some(m)) = (generated, &disk) {
+    if generated {
+        let here = match disk {
+            Some(m) => format!(
+                "Here the remote's medium sits behind the {m} disk model {delay_ms} ms away: plain iSCSI took {:.2} ms \
+                 on average. Where that is far above the model's service time, the arrivals outrun the disk and the \
+                 queue grows for the whole replay: this trace spreads its requests uniformly over 900 MB, so every one \
+                 seeks, where the real trace's locality let the paper's disk keep up.",
+                ms(means[0])
+            ),
+            None => format!(
+                "Here the remote is a page-cached file {delay_ms} ms away, so plain iSCSI pays the round trip on every \
+                 request: {:.2} ms mean, near the paper's by coincidence of two different causes.",
+                ms(means[0])
+            ),
+        };
         r.note(format!(
             "Seed 004 measured 16.73 ms for iSCSI, 5.71 ms for STICS with report after complete (2.9×) and 2.7 ms \
              with immediate report (6.2×) on a Gigabit LAN whose round trip was about 0.1 ms: its iSCSI time was the \
-             remote disk's. Here the remote's medium sits behind the {m} disk model {delay_ms} ms away: plain iSCSI \
-             took {:.2} ms on average. Where that is far above the model's service time, the arrivals outrun the \
-             disk and the queue grows for the whole replay: this trace spreads its requests uniformly over 900 MB, \
-             so every one seeks, where the real trace's locality let the paper's disk keep up.",
-            ms(means[0])
-        ));
-    } else if generated {
-        r.note(format!(
-            "Seed 004 measured 16.73 ms for iSCSI, 5.71 ms for STICS with report after complete (2.9×) and 2.7 ms \
-             with immediate report (6.2×) on a Gigabit LAN whose round trip was about 0.1 ms: its iSCSI time was the \
-             remote disk's. Here the remote is a page-cached file {delay_ms} ms away, so plain iSCSI pays the round \
-             trip on every request: {:.2} ms mean, near the paper's by coincidence of two different causes.",
-            ms(means[0])
+             remote disk's. {here}"
         ));
     }
     if let (Some(o), Some(p)) = (last.get(1), last.first()) {
