@@ -1,11 +1,12 @@
-//! Fuzzes the link's decoders (a group, a link command, an SG status): no panic, and a group that
-//! parses decodes its data within the bound it was read with. Random bytes rarely pass a magic
-//! and two CRC32Cs, so the first byte chooses to take the input as it is, or as a group whose
-//! magic, version and checksums are made right, which sends the fuzzer into the table checks.
+//! Fuzzes the link's decoders (a group, a link command, an SG status, a token batch): no panic,
+//! a group that parses decodes its data within the bound it was read with, and a token batch
+//! that parses encodes to the same bytes. Random bytes rarely pass a magic and two CRC32Cs, so
+//! the first byte chooses to take the input as it is, or as a group whose magic, version and
+//! checksums are made right, which sends the fuzzer into the table checks.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stics_link::{cdb, group, status};
+use stics_link::{cdb, group, status, token};
 
 const MAX_RAW: u64 = 1 << 20;
 
@@ -24,7 +25,8 @@ fn fix_up(b: &mut [u8]) {
     if b.len() < tables {
         return;
     }
-    b[72..80].copy_from_slice(&((b.len() - tables) as u64).to_be_bytes());
+    let payload_len = (b.len() - tables) as u64;
+    b[72..80].copy_from_slice(&payload_len.to_be_bytes());
     let payload = crc32c::crc32c(&b[tables..]);
     b[84..88].copy_from_slice(&payload.to_be_bytes());
     b[12..16].fill(0);
@@ -45,4 +47,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = cdb::decode(rest);
     let _ = status::Status::decode(rest);
+    if let Ok(msgs) = token::decode(rest, 64) {
+        assert_eq!(token::encode(&msgs), rest);
+    }
 });

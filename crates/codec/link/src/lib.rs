@@ -16,6 +16,7 @@
 pub mod cdb;
 pub mod group;
 pub mod status;
+pub mod token;
 
 /// The private login key (RFC 7143 §13: `X-` keys are vendor-specific) a gateway offers.
 pub const LOGIN_KEY: &str = "X-org.stics.link";
