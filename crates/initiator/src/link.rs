@@ -143,6 +143,24 @@ impl GroupSink for Lun {
         }
     }
 
+    async fn tokens(&self, exchange: Bytes, new_connection: bool) -> Result<(), BlockError> {
+        let s = self.write_sessions().first().ok_or(BlockError::Unsupported("a LUN without sessions"))?;
+        let cdb = link_cdb::tokens(new_connection, exchange.len() as u32);
+        execute_retrying(s, Request::new(self.lun, cdb, Data::Write(exchange)), s.counters_ref())
+            .await
+            .map_err(commit_err)?;
+        Ok(())
+    }
+
+    async fn token_poll(&self, gateway: u64, wait: Duration, max: usize) -> Result<Bytes, BlockError> {
+        let s = self.write_sessions().first().ok_or(BlockError::Unsupported("a LUN without sessions"))?;
+        let alloc = max.min(u32::MAX as usize) as u32;
+        let wait_ms = wait.as_millis().min(u128::from(u16::MAX)) as u16;
+        let req = Request::new(self.lun, link_cdb::poll(gateway, wait_ms, alloc), Data::Read(alloc));
+        let out = execute_retrying(s, req, s.counters_ref()).await.map_err(commit_err)?;
+        Ok(out.data)
+    }
+
     async fn link_status(&self, fence: u64) -> Result<Bytes, BlockError> {
         let s = self.write_sessions().first().ok_or(BlockError::Unsupported("a LUN without sessions"))?;
         let req = Request::new(self.lun, link_cdb::status(fence, STATUS_ALLOC), Data::Read(STATUS_ALLOC));

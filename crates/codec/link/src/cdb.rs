@@ -1,7 +1,8 @@
-//! The vendor-specific SCSI commands (operation codes C4h–C6h, SPC-4's vendor range) that carry
-//! groups over an iSCSI session: LINK WRITE puts a piece of an encoded group at an offset,
-//! LINK COMMIT asks the SG to take the assembled group (durable when it answers GOOD), LINK
-//! STATUS reads what the SG holds of each source.
+//! The vendor-specific SCSI commands (operation codes C4h–C8h, SPC-4's vendor range) that carry
+//! groups and coherence tokens over an iSCSI session: LINK WRITE puts a piece of an encoded group
+//! at an offset, LINK COMMIT asks the SG to take the assembled group (durable when it answers
+//! GOOD), LINK STATUS reads what the SG holds of each source; LINK TOKENS hands the SG a gateway's
+//! token messages and LINK POLL reads the ones for it, waiting a little for some.
 
 use crate::{field, u32_at, u64_at, LinkError};
 
@@ -14,6 +15,14 @@ pub const LINK_COMMIT: u8 = 0xc5;
 /// before this read and not yet taken is refused, so that a gateway that restarted never sees a
 /// group of its previous run land after it read what the SG holds.
 pub const LINK_STATUS: u8 = 0xc6;
+/// LINK TOKENS: data-out is a token exchange ([`crate::token::encode_exchange`]: the gateway's
+/// source and its messages), `len` bytes; `new_connection` when the gateway's connection to the
+/// SG is new since its last exchange (what the SG sent it may be lost).
+pub const LINK_TOKENS: u8 = 0xc7;
+/// LINK POLL: data-in is a token batch of at most `alloc` bytes for the gateway whose source
+/// folds to `gateway` ([`crate::fence_of`]); the SG answers at once when it has messages for it,
+/// else when one comes or `wait_ms` milliseconds have passed.
+pub const LINK_POLL: u8 = 0xc8;
 
 /// A decoded link command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +30,8 @@ pub enum LinkCdb {
     Write { seq: u64, offset: u32 },
     Commit { seq: u64, len: u32 },
     Status { fence: u64, alloc: u32 },
+    Tokens { new_connection: bool, len: u32 },
+    Poll { gateway: u64, wait_ms: u16, alloc: u32 },
 }
 
 fn cdb(op: u8, a: u64, b: u32) -> [u8; 16] {
@@ -46,9 +57,23 @@ pub fn status(fence: u64, alloc: u32) -> [u8; 16] {
     cdb(LINK_STATUS, fence, alloc)
 }
 
+/// LINK TOKENS of an exchange `len` bytes long.
+pub fn tokens(new_connection: bool, len: u32) -> [u8; 16] {
+    let mut c = cdb(LINK_TOKENS, 0, len);
+    c[1] = u8::from(new_connection);
+    c
+}
+
+/// LINK POLL for `gateway` into `alloc` bytes, waiting up to `wait_ms`.
+pub fn poll(gateway: u64, wait_ms: u16, alloc: u32) -> [u8; 16] {
+    let mut c = cdb(LINK_POLL, gateway, alloc);
+    c[14..16].copy_from_slice(&wait_ms.to_be_bytes());
+    c
+}
+
 /// True for the link's operation codes.
 pub fn is_link(opcode: u8) -> bool {
-    matches!(opcode, LINK_WRITE | LINK_COMMIT | LINK_STATUS)
+    matches!(opcode, LINK_WRITE | LINK_COMMIT | LINK_STATUS | LINK_TOKENS | LINK_POLL)
 }
 
 /// Decodes a link command (a 16-byte CDB whose operation code [`is_link`]).
@@ -61,6 +86,14 @@ pub fn decode(c: &[u8]) -> Result<LinkCdb, LinkError> {
         Some(LINK_WRITE) => Ok(LinkCdb::Write { seq: a, offset: b }),
         Some(LINK_COMMIT) => Ok(LinkCdb::Commit { seq: a, len: b }),
         Some(LINK_STATUS) => Ok(LinkCdb::Status { fence: a, alloc: b }),
+        Some(LINK_TOKENS) => match c.get(1).copied() {
+            Some(f @ (0 | 1)) if a == 0 => Ok(LinkCdb::Tokens { new_connection: f == 1, len: b }),
+            _ => Err(field("LINK TOKENS", "reserved bits set")),
+        },
+        Some(LINK_POLL) => {
+            let wait_ms = u16::from_be_bytes([c.get(14).copied().unwrap_or(0), c.get(15).copied().unwrap_or(0)]);
+            Ok(LinkCdb::Poll { gateway: a, wait_ms, alloc: b })
+        }
         other => Err(field("operation code", format!("{other:?} is no link command"))),
     }
 }
@@ -78,6 +111,13 @@ mod tests {
         assert_eq!(&commit(1, 2)[..], &[0xc5, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0]);
         assert!(decode(&[0xc4; 10]).is_err());
         assert!(decode(&[0x2a; 16]).is_err());
-        assert!(is_link(0xc6) && !is_link(0xc7));
+        assert_eq!(decode(&tokens(true, 80)).unwrap(), LinkCdb::Tokens { new_connection: true, len: 80 });
+        assert_eq!(decode(&tokens(false, 0)).unwrap(), LinkCdb::Tokens { new_connection: false, len: 0 });
+        assert_eq!(decode(&poll(7, 500, 4096)).unwrap(), LinkCdb::Poll { gateway: 7, wait_ms: 500, alloc: 4096 });
+        assert_eq!(&poll(1, 0x0102, 2)[..], &[0xc8, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 1, 2]);
+        let mut bad = tokens(false, 1);
+        bad[1] = 4;
+        assert!(decode(&bad).is_err());
+        assert!(is_link(0xc6) && is_link(0xc8) && !is_link(0xc9));
     }
 }

@@ -241,6 +241,30 @@ fn one(b: &[u8], at: usize) -> Result<Msg, LinkError> {
     Ok(m)
 }
 
+/// Bytes of a gateway's source before its batch in an exchange.
+pub const SOURCE_LEN: usize = 16;
+
+/// A gateway's exchange (LINK TOKENS' data-out): its source (its log's UUID) and its messages.
+pub fn encode_exchange(source: &[u8; 16], msgs: &[Msg]) -> Vec<u8> {
+    let mut b = source.to_vec();
+    b.extend_from_slice(&encode(msgs));
+    b
+}
+
+/// Reads an exchange of at most `max` messages.
+pub fn decode_exchange(b: &[u8], max: usize) -> Result<([u8; 16], Vec<Msg>), LinkError> {
+    need(b, SOURCE_LEN)?;
+    let (source, rest) = b.split_at(SOURCE_LEN);
+    let mut s = [0u8; SOURCE_LEN];
+    s.copy_from_slice(source);
+    Ok((s, decode(rest, max)?))
+}
+
+/// The longest prefix of `msgs` whose batch fits in `alloc` bytes (LINK POLL's allocation).
+pub fn fitting(msgs: usize, alloc: usize) -> usize {
+    msgs.min(alloc.saturating_sub(HEADER_LEN) / MSG_LEN)
+}
+
 #[cfg(test)]
 #[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
 mod tests {
@@ -326,6 +350,17 @@ mod tests {
         let mut b = one(Msg::Release { seg: 1, gen: 1, keep: None });
         b[HEADER_LEN + 2] = 2;
         assert!(matches!(decode(&resealed(b), 1), Err(LinkError::Field { field: "keep", .. })));
+    }
+
+    #[test]
+    fn an_exchange_carries_its_source_and_a_poll_takes_what_fits() {
+        let msgs = every_kind();
+        let b = encode_exchange(&[9; 16], &msgs);
+        assert_eq!(decode_exchange(&b, 64).unwrap(), ([9; 16], msgs));
+        assert!(matches!(decode_exchange(&b[..10], 64), Err(LinkError::Truncated { .. })));
+        assert_eq!(fitting(10, HEADER_LEN + 3 * MSG_LEN + 5), 3);
+        assert_eq!(fitting(2, 1 << 20), 2);
+        assert_eq!(fitting(2, 3), 0);
     }
 
     fn any_kind() -> impl Strategy<Value = Kind> {

@@ -8,6 +8,10 @@
 //! LUN's fields are also at the top level, where clients of a single-LUN gateway read them.
 //! `POST /drain` answers 200 with the same JSON once every cache is drained, and 503 with
 //! `{"error", "status"}` when any drain ends with an error (each error names its LUN).
+//!
+//! An SG's `/status` has `"journals"`: for each journal it serves, what it has done and its lock
+//! server's `tokens` (held by kind, grants, revokes, releases, breaks, and every segment someone
+//! waits for with the holders in the way and how long the SG has not heard from them).
 
 use std::sync::Arc;
 
@@ -27,6 +31,7 @@ use crate::service::ServedCache;
 struct Shared {
     registry: Registry,
     caches: Vec<ServedCache>,
+    journals: Vec<Arc<stics_journal::JournalDev>>,
 }
 
 /// The endpoint over one service; [`Endpoint::serve`] runs it.
@@ -44,8 +49,8 @@ impl std::fmt::Debug for Endpoint {
 impl Endpoint {
     /// The endpoint over a target's `stats`, its cached LUNs and the SG journals it serves.
     pub fn new(stats: Arc<Stats>, caches: Vec<ServedCache>, journals: Vec<Arc<stics_journal::JournalDev>>) -> Endpoint {
-        let registry = crate::metrics::registry(stats, caches.clone(), journals);
-        Endpoint { shared: Arc::new(Shared { registry, caches }) }
+        let registry = crate::metrics::registry(stats, caches.clone(), journals.clone());
+        Endpoint { shared: Arc::new(Shared { registry, caches, journals }) }
     }
 
     /// The routes, for a caller that serves them itself.
@@ -63,9 +68,9 @@ impl Endpoint {
         crate::metrics::encode(&self.shared.registry)
     }
 
-    /// The caches' status as `GET /status` answers.
+    /// The caches' and journals' status as `GET /status` answers.
     pub fn status_json(&self) -> Value {
-        status_json(&self.shared.caches)
+        full_status(&self.shared)
     }
 
     /// Serves the routes on `listener` until the process ends or the listener fails.
@@ -100,7 +105,7 @@ fn json(code: StatusCode, v: &Value) -> Response {
 }
 
 fn no_caches() -> Response {
-    (StatusCode::NOT_FOUND, "no cached LUN here: /status and /drain are a gateway's\n").into_response()
+    (StatusCode::NOT_FOUND, "no cached LUN here: /drain is a gateway's\n").into_response()
 }
 
 /// One cache's status with its target and LUN.
@@ -127,11 +132,30 @@ fn status_json(caches: &[ServedCache]) -> Value {
     }
 }
 
-async fn status(State(s): State<Arc<Shared>>) -> Response {
-    if s.caches.is_empty() {
-        return no_caches();
+/// One journal's status with its lock server's.
+fn journal_status(i: usize, j: &stics_journal::JournalDev) -> Value {
+    let mut v = serde_json::to_value(j.status()).unwrap_or(Value::Null);
+    if let Some(o) = v.as_object_mut() {
+        o.insert("journal".into(), Value::from(i));
+        o.insert("tokens".into(), serde_json::to_value(j.token_status()).unwrap_or(Value::Null));
     }
-    json(StatusCode::OK, &status_json(&s.caches))
+    v
+}
+
+fn full_status(s: &Shared) -> Value {
+    let mut v = if s.caches.is_empty() { serde_json::json!({}) } else { status_json(&s.caches) };
+    if let Some(o) = v.as_object_mut().filter(|_| !s.journals.is_empty()) {
+        let journals = s.journals.iter().enumerate().map(|(i, j)| journal_status(i, j)).collect();
+        o.insert("journals".into(), Value::Array(journals));
+    }
+    v
+}
+
+async fn status(State(s): State<Arc<Shared>>) -> Response {
+    if s.caches.is_empty() && s.journals.is_empty() {
+        return (StatusCode::NOT_FOUND, "no cached LUN or SG journal here: nothing has a status\n").into_response();
+    }
+    json(StatusCode::OK, &full_status(&s))
 }
 
 async fn drain(State(s): State<Arc<Shared>>) -> Response {

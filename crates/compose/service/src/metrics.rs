@@ -14,6 +14,7 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use stics_cache::{GroupStatus, Status};
+use stics_journal::tokens::TokenStatus;
 use stics_journal::{JournalDev, JournalStatus};
 use stics_target::stats::{HistogramSnapshot, Kind};
 use stics_target::Stats;
@@ -70,9 +71,42 @@ impl prometheus_client::collector::Collector for JournalCollector {
                 labels.iter().zip(&statuses).map(|(l, (_, s))| (&l[..], read(s))).collect();
             gauge(&mut enc, &format!("stics_sg_{name}"), help, &rows)?;
         }
+        let tokens: Vec<TokenStatus> = self.0.iter().map(|j| j.token_status()).collect();
+        let token_counters: [(&str, &str, TokenRead); 4] = [
+            ("token_grants", "Coherence tokens granted to gateways", |t| t.grants),
+            ("token_revokes", "Coherence tokens the SG asked a gateway to give up", |t| t.revokes),
+            ("token_releases", "Coherence tokens gateways gave up", |t| t.releases),
+            ("token_breaks", "Coherence tokens taken from gateways that did not answer", |t| t.breaks),
+        ];
+        for (name, help, read) in token_counters {
+            let rows: Vec<(&Labels<'_>, u64)> = labels.iter().zip(&tokens).map(|(l, t)| (&l[..], read(t))).collect();
+            counter(&mut enc, &format!("stics_sg_{name}"), help, &rows)?;
+        }
+        let kinds: Vec<[(&'static str, &str); 2]> = statuses
+            .iter()
+            .flat_map(|(i, _)| {
+                [[("journal", i.as_str()), ("kind", "shared")], [("journal", i.as_str()), ("kind", "exclusive")]]
+            })
+            .collect();
+        let held: Vec<f64> = tokens.iter().flat_map(|t| [t.held_shared as f64, t.held_exclusive as f64]).collect();
+        let rows: Vec<(&Labels<'_>, f64)> = kinds.iter().zip(held).map(|(l, v)| (&l[..], v)).collect();
+        gauge(&mut enc, "stics_sg_tokens_held", "Coherence tokens gateways hold, by kind", &rows)?;
+        let token_gauges: [TokenGauge; 2] = [
+            ("token_gateways", "Gateways that exchanged tokens for the LUN", |t| t.gateways as f64),
+            ("segments_blocked", "Segments a gateway waits for while their holder has not given them up", |t| {
+                t.blocked.len() as f64
+            }),
+        ];
+        for (name, help, read) in token_gauges {
+            let rows: Vec<(&Labels<'_>, f64)> = labels.iter().zip(&tokens).map(|(l, t)| (&l[..], read(t))).collect();
+            gauge(&mut enc, &format!("stics_sg_{name}"), help, &rows)?;
+        }
         Ok(())
     }
 }
+
+type TokenRead = fn(&TokenStatus) -> u64;
+type TokenGauge = (&'static str, &'static str, fn(&TokenStatus) -> f64);
 
 /// Encodes `registry` as OpenMetrics text.
 pub fn encode(registry: &Registry) -> String {

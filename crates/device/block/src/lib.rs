@@ -171,6 +171,21 @@ pub trait GroupSink: Send + Sync {
     /// `fence` (`stics_link::fence_of` a source) refuses that source's commits that were under
     /// way when it was asked (see the link's LINK STATUS).
     async fn link_status(&self, fence: u64) -> Result<Bytes, BlockError>;
+
+    /// Takes a gateway's coherence token messages (the link's token exchange: its source and a
+    /// batch); `new_connection` when its connection is new since its last exchange. A device
+    /// that keeps no tokens refuses them.
+    async fn tokens(&self, exchange: Bytes, new_connection: bool) -> Result<(), BlockError> {
+        let _ = (exchange, new_connection);
+        Err(BlockError::Unsupported("this device keeps no coherence tokens"))
+    }
+
+    /// The token messages for the gateway whose source folds to `gateway`, as a batch of at
+    /// most `max` bytes: at once when there are some, else when one comes or `wait` has passed.
+    async fn token_poll(&self, gateway: u64, wait: std::time::Duration, max: usize) -> Result<Bytes, BlockError> {
+        let _ = (gateway, wait, max);
+        Err(BlockError::Unsupported("this device keeps no coherence tokens"))
+    }
 }
 
 /// A device that reads and writes ranges of logical blocks.

@@ -17,6 +17,7 @@ use tokio::sync::Notify;
 
 use crate::core::{Core, Piece, Take};
 use crate::format::{RecordHeader, Superblock, BLOCK, RING_START};
+use crate::tokens::{TokenStatus, Tokens};
 use crate::{JournalError, Result};
 
 /// How a journal runs.
@@ -26,11 +27,17 @@ pub struct JournalConfig {
     pub max_group: u32,
     /// Pause before applying a group again after the medium failed.
     pub retry_delay: Duration,
+    /// How the lock server of the gateways that share the LUN treats silent ones.
+    pub tokens: stics_coherence::Policy,
 }
 
 impl Default for JournalConfig {
     fn default() -> Self {
-        JournalConfig { max_group: 64 << 20, retry_delay: Duration::from_millis(200) }
+        JournalConfig {
+            max_group: 64 << 20,
+            retry_delay: Duration::from_millis(200),
+            tokens: stics_coherence::Policy::default(),
+        }
     }
 }
 
@@ -89,6 +96,9 @@ struct Inner {
 pub struct JournalDev {
     inner: Arc<Inner>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The lock server of the gateways that share the LUN, and its tick.
+    tokens: Arc<Tokens>,
+    ticker: tokio::task::JoinHandle<()>,
 }
 
 impl std::fmt::Debug for JournalDev {
@@ -176,8 +186,10 @@ impl JournalDev {
             committed: Notify::new(),
             stopping: AtomicBool::new(false),
         });
+        let tokens = Arc::new(Tokens::new(inner.cfg.tokens));
+        let ticker = tokio::spawn(tick(Arc::downgrade(&tokens)));
         let task = tokio::spawn(applier(Arc::clone(&inner)));
-        Ok(JournalDev { inner, task: Mutex::new(Some(task)) })
+        Ok(JournalDev { inner, task: Mutex::new(Some(task)), tokens, ticker })
     }
 
     /// What the journal has done.
@@ -188,6 +200,11 @@ impl JournalDev {
         s.groups_unapplied = c.unapplied() as u64;
         s.apply_lag_secs = lock(&self.inner.pending_since).front().map_or(0.0, |t| t.elapsed().as_secs_f64());
         s
+    }
+
+    /// The lock server's counters and what waits for whom.
+    pub fn token_status(&self) -> TokenStatus {
+        self.tokens.status(Instant::now())
     }
 
     /// Waits until every committed group is on the medium (the medium alone is then the truth).
@@ -223,8 +240,20 @@ impl JournalDev {
     }
 }
 
+/// Lets the lock server break what its policy allows, once a second, while it exists.
+async fn tick(tokens: std::sync::Weak<Tokens>) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Some(t) = tokens.upgrade() else { return };
+        t.tick(Instant::now());
+    }
+}
+
 impl Drop for JournalDev {
     fn drop(&mut self) {
+        self.ticker.abort();
         self.inner.stopping.store(true, Ordering::Release);
         if let Some(t) = lock(&self.task).take() {
             t.abort();
@@ -429,6 +458,15 @@ impl GroupSink for JournalDev {
         }
         inner.committed.notify_one();
         Ok(())
+    }
+
+    async fn tokens(&self, exchange: Bytes, new_connection: bool) -> std::result::Result<(), BlockError> {
+        self.tokens.exchange(&exchange, new_connection, Instant::now())
+    }
+
+    async fn token_poll(&self, gateway: u64, wait: Duration, max: usize) -> std::result::Result<Bytes, BlockError> {
+        // Bounded so that a poll never outlasts an initiator's patience with one command.
+        Ok(self.tokens.poll(gateway, wait.min(Duration::from_secs(5)), max).await)
     }
 
     async fn link_status(&self, fence: u64) -> std::result::Result<Bytes, BlockError> {

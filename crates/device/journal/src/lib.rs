@@ -6,7 +6,8 @@
 //! end of some epoch.
 //!
 //! [`format`] is the journal's on-disk format, [`core`] its decisions (pure), [`dev`] the tokio
-//! driver ([`JournalDev`]: a `BlockDev` that is also a [`stics_block::GroupSink`]).
+//! driver ([`JournalDev`]: a `BlockDev` that is also a [`stics_block::GroupSink`]), [`tokens`] the
+//! lock server of the gateways that share the LUN (seed 004 §3.4), served over the link.
 //!
 //! **Architecture Invariant:** a group is durable before its commit is answered and reaches the
 //! medium whole or is replayed whole; plain writes to a block wait until no committed group
@@ -17,6 +18,7 @@
 pub mod core;
 pub mod dev;
 pub mod format;
+pub mod tokens;
 
 pub use dev::{JournalConfig, JournalDev, JournalStatus};
 

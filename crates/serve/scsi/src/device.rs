@@ -565,7 +565,11 @@ impl Device {
     async fn link(&self, lu: &LogicalUnit, nexus: &Nexus, cmd: &Command) -> Outcome {
         let Some(sink) = lu.dev.group_sink() else { return Err(Sense::invalid_opcode().into()) };
         let c = stics_link::cdb::decode(&cmd.cdb).map_err(|_| Fail::from(Sense::invalid_cdb_field(0, None)))?;
-        let access = if matches!(c, LinkCdb::Status { .. }) { Access::Read } else { Access::Write };
+        // Token traffic is how several gateways share a LUN: reservations do not fence it.
+        let access = match c {
+            LinkCdb::Status { .. } | LinkCdb::Tokens { .. } | LinkCdb::Poll { .. } => Access::Read,
+            LinkCdb::Write { .. } | LinkCdb::Commit { .. } => Access::Write,
+        };
         if lu.reserved.load(Ordering::Acquire) && lu.lock().resv.pr.conflicts(&nexus.key(), access) {
             return Err(Fail::conflict());
         }
@@ -594,6 +598,21 @@ impl Device {
             LinkCdb::Status { fence, alloc } => {
                 let st = sink.link_status(fence).await.map_err(|e| block_error(e, false))?;
                 Ok(Done::data_in(st.to_vec(), alloc))
+            }
+            LinkCdb::Tokens { new_connection, len } => {
+                let data = cmd.data_out.get(..cmd.expected_len as usize).unwrap_or(&cmd.data_out);
+                if data.len() != len as usize {
+                    return Err(Fail::from(Sense::invalid_cdb_field(10, None)).with_xfer(data.len() as u64));
+                }
+                let n = data.len() as u64;
+                let exchange = bytes::Bytes::copy_from_slice(data);
+                sink.tokens(exchange, new_connection).await.map_err(|e| block_error(e, false).with_xfer(n))?;
+                Ok(Done::out(n))
+            }
+            LinkCdb::Poll { gateway, wait_ms, alloc } => {
+                let wait = std::time::Duration::from_millis(u64::from(wait_ms));
+                let batch = sink.token_poll(gateway, wait, alloc as usize).await.map_err(|e| block_error(e, false))?;
+                Ok(Done::data_in(batch.to_vec(), alloc))
             }
         }
     }

@@ -1,0 +1,287 @@
+//! The SG's lock server as a driver: [`stics_coherence::Server`] behind a lock, gateways named
+//! by their sources, a queue of messages for each that LINK POLL drains (waiting a little when it
+//! is empty), and a tick that lets the server break what its policy allows.
+//!
+//! The table lives in memory: an SG restart forgets it, and with it which gateway may cache what.
+//! Until the journal keeps it (with the generations the fence needs), a LUN is safely shared only
+//! while its SG runs; gateways learn of a restart from their lost connection.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use stics_block::BlockError;
+use stics_coherence::server::{Blocked, Counts, Out};
+use stics_coherence::{Gw, Msg, Policy, Server};
+use stics_link::token;
+use tokio::sync::Notify;
+
+/// Most messages one exchange may carry.
+pub const MAX_EXCHANGE: usize = 4096;
+
+/// Most gateways one LUN's table knows.
+pub const MAX_GATEWAYS: usize = 256;
+
+/// Most messages queued for one gateway: past it, the oldest revokes and grants are still owed,
+/// so a gateway that never polls is cut off rather than let grow the SG's memory.
+const MAX_QUEUED: usize = 1 << 16;
+
+#[derive(Debug)]
+struct State {
+    server: Server,
+    /// Gateways by source, and by the fold of their source that LINK POLL names them by.
+    ids: BTreeMap<[u8; 16], Gw>,
+    by_fold: BTreeMap<u64, Gw>,
+    queued: BTreeMap<Gw, VecDeque<Msg>>,
+}
+
+/// A LUN's lock server.
+#[derive(Debug)]
+pub struct Tokens {
+    state: Mutex<State>,
+    news: Notify,
+}
+
+/// What `/status` shows of the tokens.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct TokenStatus {
+    pub gateways: usize,
+    pub held_shared: usize,
+    pub held_exclusive: usize,
+    pub grants: u64,
+    pub revokes: u64,
+    pub releases: u64,
+    pub breaks: u64,
+    /// Segments someone waits for, with the holders in the way (by source) and the waiters.
+    pub blocked: Vec<BlockedSegment>,
+}
+
+/// One segment someone waits for.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BlockedSegment {
+    pub segment: u64,
+    /// Holders asked to give it up: source (hex), kind, seconds since the SG heard from them.
+    pub holders: Vec<(String, String, f64)>,
+    /// Waiters, first in line first: source (hex), kind, seconds waited.
+    pub waiters: Vec<(String, String, f64)>,
+}
+
+fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn hex(source: &[u8; 16]) -> String {
+    use std::fmt::Write;
+    source.iter().fold(String::with_capacity(32), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+impl Tokens {
+    /// An empty table under `policy`.
+    pub fn new(policy: Policy) -> Tokens {
+        Tokens {
+            state: Mutex::new(State {
+                server: Server::new(policy),
+                ids: BTreeMap::new(),
+                by_fold: BTreeMap::new(),
+                queued: BTreeMap::new(),
+            }),
+            news: Notify::new(),
+        }
+    }
+
+    fn route(st: &mut State, outs: Vec<Out>) -> bool {
+        let any = !outs.is_empty();
+        for o in outs {
+            let q = st.queued.entry(o.to).or_default();
+            if q.len() < MAX_QUEUED {
+                q.push_back(o.msg);
+            }
+        }
+        any
+    }
+
+    /// Takes a gateway's exchange (LINK TOKENS).
+    pub fn exchange(&self, body: &[u8], new_connection: bool, now: Instant) -> Result<(), BlockError> {
+        let (source, msgs) = token::decode_exchange(body, MAX_EXCHANGE)
+            .map_err(|e| BlockError::Rejected(format!("token exchange: {e}")))?;
+        if msgs.iter().any(|m| !m.from_gateway()) {
+            return Err(BlockError::Rejected("token exchange: a message only the SG sends".into()));
+        }
+        let mut st = lock(&self.state);
+        let gw = match st.ids.get(&source) {
+            Some(&gw) => gw,
+            None if st.ids.len() >= MAX_GATEWAYS => {
+                return Err(BlockError::Rejected(format!("more than {MAX_GATEWAYS} gateways share this LUN")))
+            }
+            None => {
+                // LINK POLL names a gateway by its fold: two that fold alike could read each
+                // other's grants, so the second is refused (for random UUIDs, one in 2^64).
+                let fold = stics_link::fence_of(&source);
+                if st.by_fold.contains_key(&fold) {
+                    return Err(BlockError::Rejected(format!("source {} folds like another gateway's", hex(&source))));
+                }
+                let gw = st.ids.len() as Gw;
+                st.ids.insert(source, gw);
+                st.by_fold.insert(fold, gw);
+                gw
+            }
+        };
+        let mut outs = Vec::new();
+        if new_connection {
+            // What was queued for the old connection may never have been read.
+            st.queued.remove(&gw);
+            outs.extend(st.server.reconnected(gw, now));
+        }
+        outs.extend(st.server.handle(gw, &msgs, now));
+        let news = Self::route(&mut st, outs);
+        drop(st);
+        if news {
+            self.news.notify_waiters();
+        }
+        Ok(())
+    }
+
+    /// The messages for a gateway (LINK POLL), as a batch of at most `max` bytes.
+    pub async fn poll(&self, fold: u64, wait: Duration, max: usize) -> Bytes {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let news = self.news.notified();
+            tokio::pin!(news);
+            news.as_mut().enable();
+            {
+                let mut st = lock(&self.state);
+                let gw = st.by_fold.get(&fold).copied();
+                if let Some(q) = gw.and_then(|gw| st.queued.get_mut(&gw)).filter(|q| !q.is_empty()) {
+                    let n = token::fitting(q.len(), max);
+                    let msgs: Vec<Msg> = q.drain(..n).collect();
+                    return Bytes::from(token::encode(&msgs));
+                }
+            }
+            if tokio::time::timeout_at(deadline, news).await.is_err() {
+                return Bytes::from(token::encode(&[]));
+            }
+        }
+    }
+
+    /// Lets the server break what its policy allows (called about once a second).
+    pub fn tick(&self, now: Instant) {
+        let mut st = lock(&self.state);
+        let (outs, broke) = st.server.tick(now);
+        for b in &broke {
+            tracing::warn!(gateway = b.gw, segment = b.seg, kind = ?b.kind, "a silent holder's token was broken");
+        }
+        let news = Self::route(&mut st, outs);
+        drop(st);
+        if news {
+            self.news.notify_waiters();
+        }
+    }
+
+    /// Counters and what waits for whom.
+    pub fn status(&self, now: Instant) -> TokenStatus {
+        let st = lock(&self.state);
+        let (sr, ew) = st.server.held();
+        let Counts { grants, revokes, releases, breaks } = st.server.counts();
+        let names: BTreeMap<Gw, String> = st.ids.iter().map(|(s, &g)| (g, hex(s))).collect();
+        let name = |g: Gw| names.get(&g).cloned().unwrap_or_default();
+        let show = |v: &[(Gw, stics_coherence::Kind, Duration)]| {
+            v.iter().map(|&(g, k, d)| (name(g), format!("{k:?}").to_lowercase(), d.as_secs_f64())).collect()
+        };
+        let blocked = st
+            .server
+            .blocked(now)
+            .iter()
+            .map(|b: &Blocked| BlockedSegment { segment: b.seg, holders: show(&b.holders), waiters: show(&b.waiters) })
+            .collect();
+        TokenStatus {
+            gateways: st.ids.len(),
+            held_shared: sr,
+            held_exclusive: ew,
+            grants,
+            revokes,
+            releases,
+            breaks,
+            blocked,
+        }
+    }
+
+    /// Whether gateway `source`'s write to `seg` under generation `gen` may land.
+    pub fn fence(&self, source: &[u8; 16], seg: u64, gen: u64) -> Result<(), stics_coherence::Fenced> {
+        let st = lock(&self.state);
+        let gw = st.ids.get(source).copied().unwrap_or(Gw::MAX);
+        st.server.fence(gw, seg, gen)
+    }
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+    use stics_coherence::Kind;
+
+    /// A source whose halves differ, as a UUID's do.
+    fn src(n: u8) -> [u8; 16] {
+        let mut s = [0; 16];
+        s[0] = n;
+        s
+    }
+
+    fn ex(t: &Tokens, source: u8, msgs: &[Msg]) {
+        t.exchange(&token::encode_exchange(&src(source), msgs), false, Instant::now()).unwrap();
+    }
+
+    async fn poll(t: &Tokens, source: u8) -> Vec<Msg> {
+        let b = t.poll(stics_link::fence_of(&src(source)), Duration::from_millis(50), 1 << 16).await;
+        token::decode(&b, MAX_EXCHANGE).unwrap()
+    }
+
+    #[tokio::test]
+    async fn two_gateways_trade_a_segment_through_exchanges_and_polls() {
+        let t = Tokens::new(Policy::default());
+        ex(&t, 1, &[Msg::Request { op: 1, seg: 4, kind: Kind::Exclusive }]);
+        let got = poll(&t, 1).await;
+        let Msg::Grant { gen, .. } = got[0] else { panic!("{got:?}") };
+        ex(&t, 2, &[Msg::Request { op: 1, seg: 4, kind: Kind::Exclusive }]);
+        assert!(matches!(poll(&t, 2).await[..], [Msg::Queued { .. }]));
+        let p = poll(&t, 1).await;
+        assert!(matches!(p[..], [Msg::Revoke { seg: 4, .. }]), "{p:?}");
+        assert!(poll(&t, 1).await.is_empty(), "an empty poll answers after its wait");
+        assert!(t.fence(&src(1), 4, gen).is_ok() && t.fence(&src(2), 4, gen).is_err());
+        // A poll that waits is answered as soon as there is something for it.
+        let waiting = poll(&t, 2);
+        ex(&t, 1, &[Msg::Release { seg: 4, gen, keep: None }]);
+        assert!(matches!(waiting.await[..], [Msg::Grant { seg: 4, kind: Kind::Exclusive, .. }]));
+        let s = t.status(Instant::now());
+        assert_eq!((s.gateways, s.held_exclusive, s.grants, s.revokes), (2, 1, 2, 1));
+    }
+
+    #[tokio::test]
+    async fn bad_exchanges_are_refused_and_the_table_serves_on() {
+        let t = Tokens::new(Policy::default());
+        assert!(t.exchange(b"short", false, Instant::now()).is_err());
+        let sg_only = token::encode_exchange(&src(1), &[Msg::Queued { op: 1, ticket: 1 }]);
+        assert!(t.exchange(&sg_only, false, Instant::now()).is_err());
+        // Two sources that fold alike ([1; 16] and [2; 16] both fold to 1): the second is refused.
+        t.exchange(&token::encode_exchange(&[1; 16], &[]), false, Instant::now()).unwrap();
+        assert!(t.exchange(&token::encode_exchange(&[2; 16], &[]), false, Instant::now()).is_err());
+        ex(&t, 1, &[Msg::Request { op: 1, seg: 0, kind: Kind::Shared }]);
+        assert_eq!(poll(&t, 1).await.len(), 1);
+        assert!(poll(&t, 9).await.is_empty(), "an unknown gateway has nothing");
+    }
+
+    #[tokio::test]
+    async fn a_new_connection_gets_its_unanswered_revokes_again() {
+        let t = Tokens::new(Policy::default());
+        ex(&t, 1, &[Msg::Request { op: 1, seg: 2, kind: Kind::Exclusive }]);
+        poll(&t, 1).await;
+        ex(&t, 2, &[Msg::Request { op: 1, seg: 2, kind: Kind::Shared }]);
+        assert!(matches!(poll(&t, 1).await[..], [Msg::Revoke { .. }]));
+        // The answer was lost with the connection: the new one hears it again.
+        t.exchange(&token::encode_exchange(&src(1), &[]), true, Instant::now()).unwrap();
+        assert!(matches!(poll(&t, 1).await[..], [Msg::Revoke { .. }]));
+    }
+}

@@ -1,0 +1,126 @@
+//! Coherence tokens over the link, as processes: a stics SG (`stics target` over `journal(...)`)
+//! is the lock server of the gateways that share its LUN; two initiators, each speaking for a
+//! gateway, trade a segment through LINK TOKENS and LINK POLL, a poll that waits is answered when
+//! a message comes for it, a gateway reconnecting hears its unanswered revoke again, and bad
+//! bytes are refused while the lock server serves on.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use stics_block::{BlockDev, BlockError};
+use stics_coherence::{Kind, Msg};
+use stics_initiator::{IscsiUrl, Lun, LunOptions};
+use stics_link::token;
+use stics_testkit::peers::{SticsOptions, SticsTarget};
+
+use common::*;
+
+/// A stics SG with its metrics endpoint on `metrics`.
+fn sg(dir: &Path, lun: String, metrics: u16) -> SticsTarget {
+    SticsTarget::start(
+        Path::new(BIN),
+        SticsOptions {
+            iqn: Some("iqn.2024-01.org.stics.test:sg".into()),
+            args: vec!["--lun".into(), lun, "--metrics".into(), format!("127.0.0.1:{metrics}")],
+            env: vec![("RUST_LOG".into(), "info".into())],
+            stderr: Some(dir.join("sg.log")),
+        },
+    )
+}
+
+fn journal_lun(dir: &Path) -> String {
+    let disk = dir.join("disk.img");
+    std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
+    format!("journal(file:{}, journal={}:16MiB)", disk.display(), dir.join("journal").display())
+}
+
+/// One gateway's end of the token traffic, over its own session to the SG.
+struct Gateway {
+    lun: Lun,
+    source: [u8; 16],
+}
+
+impl Gateway {
+    async fn open(t: &SticsTarget, n: u8) -> Gateway {
+        let url = IscsiUrl::parse(&t.url(0)).unwrap();
+        let lun = Lun::open(&url, &LunOptions { link: true, ..LunOptions::default() }).await.unwrap();
+        let mut source = [0u8; 16];
+        source[0] = n;
+        source[15] = 0x5a;
+        Gateway { lun, source }
+    }
+
+    async fn send(&self, msgs: &[Msg], new_connection: bool) -> Result<(), BlockError> {
+        let sink = self.lun.group_sink().expect("the SG's LUN takes groups");
+        sink.tokens(Bytes::from(token::encode_exchange(&self.source, msgs)), new_connection).await
+    }
+
+    async fn poll(&self, wait: Duration) -> Vec<Msg> {
+        let sink = self.lun.group_sink().expect("the SG's LUN takes groups");
+        let b = sink.token_poll(stics_link::fence_of(&self.source), wait, 64 << 10).await.unwrap();
+        token::decode(&b, 4096).unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_trade_a_segment_through_the_sg_s_lock_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = stics_testkit::net::free_port();
+    let t = sg(dir.path(), journal_lun(dir.path()), metrics);
+    assert!(stics_testkit::proc::wait_port(metrics, Duration::from_secs(20)), "no metrics endpoint on the SG");
+    let (a, b) = (Gateway::open(&t, 1).await, Gateway::open(&t, 2).await);
+
+    a.send(&[Msg::Request { op: 1, seg: 9, kind: Kind::Exclusive }], true).await.unwrap();
+    let got = a.poll(Duration::from_secs(2)).await;
+    let [Msg::Grant { seg: 9, kind: Kind::Exclusive, gen, .. }] = got[..] else { panic!("{got:?}") };
+
+    b.send(&[Msg::Request { op: 1, seg: 9, kind: Kind::Shared }], true).await.unwrap();
+    assert!(matches!(b.poll(Duration::from_secs(2)).await[..], [Msg::Queued { op: 1, .. }]));
+    let got = a.poll(Duration::from_secs(2)).await;
+    assert!(matches!(got[..], [Msg::Revoke { seg: 9, keep: Some(Kind::Shared), .. }]), "{got:?}");
+
+    // The SG's status names whom the waiting gateway waits for.
+    let st = tokio::task::spawn_blocking(move || status(metrics)).await.unwrap();
+    let tokens = &st["journals"][0]["tokens"];
+    assert_eq!(tokens["blocked"][0]["segment"], 9, "{st}");
+    assert_eq!(tokens["blocked"][0]["holders"][0][0], "0100000000000000000000000000005a", "{st}");
+    assert_eq!(tokens["blocked"][0]["waiters"][0][1], "shared", "{st}");
+    assert_eq!((tokens["held_exclusive"].as_u64(), tokens["gateways"].as_u64()), (Some(1), Some(2)), "{st}");
+
+    // B polls with nothing for it yet; the answer comes as soon as A gives the token up.
+    let started = Instant::now();
+    let waiting = tokio::spawn(async move { (b.poll(Duration::from_secs(4)).await, b) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.send(&[Msg::Release { seg: 9, gen, keep: Some(Kind::Shared) }], false).await.unwrap();
+    let (got, b) = waiting.await.unwrap();
+    assert!(matches!(got[..], [Msg::Grant { seg: 9, kind: Kind::Shared, .. }]), "{got:?}");
+    assert!(started.elapsed() < Duration::from_secs(4), "the poll was answered when the grant came");
+
+    // A's next revoke is lost with its connection: the new connection hears it again.
+    b.send(&[Msg::Request { op: 2, seg: 9, kind: Kind::Exclusive }], false).await.unwrap();
+    assert!(matches!(a.poll(Duration::from_secs(2)).await[..], [Msg::Revoke { seg: 9, keep: None, .. }]));
+    a.send(&[], true).await.unwrap();
+    assert!(matches!(a.poll(Duration::from_secs(2)).await[..], [Msg::Revoke { seg: 9, keep: None, .. }]));
+
+    // Bad bytes are refused with an error, and the lock server serves on.
+    let sink = a.lun.group_sink().unwrap();
+    let e = sink.tokens(Bytes::from_static(b"not an exchange"), false).await.unwrap_err();
+    assert!(matches!(e, BlockError::Rejected(_)), "{e}");
+    a.send(&[Msg::Release { seg: 9, gen, keep: None }], false).await.unwrap();
+    let got = b.poll(Duration::from_secs(2)).await;
+    assert!(
+        matches!(got[..], [Msg::Queued { op: 2, .. }, Msg::Grant { op: 2, seg: 9, kind: Kind::Exclusive, .. }]),
+        "{got:?}"
+    );
+    // Three grants, and three revokes: one said again to the new connection.
+    let text = tokio::task::spawn_blocking(move || http(metrics, "GET /metrics")).await.unwrap();
+    for line in ["stics_sg_token_grants_total{journal=\"0\"} 3", "stics_sg_token_revokes_total{journal=\"0\"} 3"] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
+    assert!(text.contains("stics_sg_tokens_held{journal=\"0\",kind=\"exclusive\"} 1.0"), "{text}");
+    a.lun.close().await;
+    b.lun.close().await;
+}
