@@ -23,9 +23,13 @@ pub const MAX_EXCHANGE: usize = 4096;
 /// Most gateways one LUN's table knows.
 pub const MAX_GATEWAYS: usize = 256;
 
-/// Most messages queued for one gateway: past it, the oldest revokes and grants are still owed,
-/// so a gateway that never polls is cut off rather than let grow the SG's memory.
-const MAX_QUEUED: usize = 1 << 16;
+/// Most messages queued for one gateway (about 200 KiB): one that does not poll loses what comes
+/// past it, as if its connection were lost, rather than grow the SG's memory.
+const MAX_QUEUED: usize = 4096;
+
+/// Most segments the table holds (about 100 MiB): requests past it are refused, so that no set
+/// of gateways grows the SG's memory without bound.
+pub const MAX_SEGMENTS: usize = 1 << 20;
 
 #[derive(Debug)]
 struct State {
@@ -112,6 +116,9 @@ impl Tokens {
             return Err(BlockError::Rejected("token exchange: a message only the SG sends".into()));
         }
         let mut st = lock(&self.state);
+        if st.server.len() >= MAX_SEGMENTS && msgs.iter().any(|m| matches!(m, Msg::Request { .. })) {
+            return Err(BlockError::Busy(format!("the lock server's table holds {MAX_SEGMENTS} segments")));
+        }
         let gw = match st.ids.get(&source) {
             Some(&gw) => gw,
             None if st.ids.len() >= MAX_GATEWAYS => {
@@ -271,6 +278,21 @@ mod tests {
         ex(&t, 1, &[Msg::Request { op: 1, seg: 0, kind: Kind::Shared }]);
         assert_eq!(poll(&t, 1).await.len(), 1);
         assert!(poll(&t, 9).await.is_empty(), "an unknown gateway has nothing");
+    }
+
+    #[tokio::test]
+    async fn a_gateway_that_never_polls_keeps_a_bounded_queue() {
+        let t = Tokens::new(Policy::default());
+        for round in 0..3u64 {
+            let reqs: Vec<Msg> = (0..MAX_EXCHANGE as u64)
+                .map(|i| Msg::Request { op: round * 10_000 + i, seg: round * 10_000 + i, kind: Kind::Shared })
+                .collect();
+            ex(&t, 1, &reqs);
+        }
+        let queued = lock(&t.state).queued.values().map(VecDeque::len).sum::<usize>();
+        assert_eq!(queued, MAX_QUEUED);
+        let too_many: Vec<Msg> = (0..=MAX_EXCHANGE as u64).map(|op| Msg::Done { op }).collect();
+        assert!(t.exchange(&token::encode_exchange(&src(1), &too_many), false, Instant::now()).is_err());
     }
 
     #[tokio::test]
