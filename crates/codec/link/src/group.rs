@@ -9,12 +9,22 @@
 //!  magic, version, header CRC over the three tables; source, group sequence, epochs, block
 //!  size, counts, raw and payload lengths, payload CRC
 //! ```
+//!
+//! A gateway that shares its LUN with others (coherence tokens, [`crate::token`]) sends version
+//! 2: the header grows by the segment size and a count (96 B), and a table of the generation of
+//! the exclusive token each segment the group writes was written under (16 B each: segment,
+//! generation; in segment order, every segment the extents touch and no other) follows the
+//! chunks. The header CRC covers it; the SG refuses the group when any of them is not the
+//! segment's token now (the fence).
 
 use crate::{be, field, need, u32_at, u64_at, LinkError};
 
 const MAGIC: [u8; 8] = *b"STICSGRP";
 const VERSION: u16 = 1;
+const VERSION_FENCED: u16 = 2;
 const HEADER_LEN: usize = 88;
+const FENCED_HEADER_LEN: usize = 96;
+const FENCE_LEN: usize = 16;
 const EXTENT_LEN: usize = 16;
 const CHUNK_LEN: usize = 12;
 
@@ -73,6 +83,45 @@ pub struct GroupHead {
     pub block_size: u32,
 }
 
+/// The generations of the exclusive tokens a group's writes were made under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fences {
+    /// The segment the tokens cover, in bytes.
+    pub segment_bytes: u32,
+    /// (segment, generation) for every segment the group writes, in segment order.
+    pub gens: Vec<(u64, u64)>,
+}
+
+/// The segments `extents` touch, in order, each once, for segments of `segment_bytes`.
+pub fn segments_touched(extents: &[Extent], block_size: u32, segment_bytes: u32) -> impl Iterator<Item = u64> + '_ {
+    let per = (u64::from(segment_bytes) / u64::from(block_size.max(1))).max(1);
+    let mut last: Option<u64> = None;
+    extents.iter().flat_map(move |e| (e.lba / per)..=((e.lba + u64::from(e.blocks).max(1) - 1) / per)).filter(
+        move |s| {
+            let new = last != Some(*s);
+            last = Some(*s);
+            new
+        },
+    )
+}
+
+fn check_fences(f: &Fences, block_size: u32, extents: &[Extent]) -> Result<(), LinkError> {
+    let b = f.segment_bytes;
+    if !(32 << 10..=256 << 10).contains(&b) || !b.is_power_of_two() || b < block_size {
+        return Err(field("segment_bytes", format!("{b} is not a power of two from 32 KiB to 256 KiB")));
+    }
+    let mut touched = segments_touched(extents, block_size, b);
+    for (i, &(seg, _)) in f.gens.iter().enumerate() {
+        if touched.next() != Some(seg) {
+            return Err(field("fences", format!("entry {i} names segment {seg}, not the next one the group writes")));
+        }
+    }
+    if let Some(seg) = touched.next() {
+        return Err(field("fences", format!("segment {seg} is written without a token generation")));
+    }
+    Ok(())
+}
+
 /// How one chunk of the raw stream is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Chunk {
@@ -99,8 +148,23 @@ pub struct Sizes {
 /// `data` holds the data extents' blocks in order. zstd runs at `level` (0: zstd's default);
 /// a chunk that does not shrink by at least 1/64 is stored raw.
 pub fn encode(head: &GroupHead, extents: &[Extent], data: &[u8], level: i32) -> Result<Vec<u8>, LinkError> {
+    encode_fenced(head, extents, data, level, None)
+}
+
+/// Encodes a group as [`encode`] does, with the token generations its writes were made under
+/// when there are some (version 2).
+pub fn encode_fenced(
+    head: &GroupHead,
+    extents: &[Extent],
+    data: &[u8],
+    level: i32,
+    fences: Option<&Fences>,
+) -> Result<Vec<u8>, LinkError> {
     check_head(head)?;
     check_extents(extents)?;
+    if let Some(f) = fences {
+        check_fences(f, head.block_size, extents)?;
+    }
     let bs = u64::from(head.block_size);
     let raw_len: u64 = extents.iter().filter(|e| e.kind == ExtentKind::Data).map(|e| u64::from(e.blocks) * bs).sum();
     if raw_len != data.len() as u64 {
@@ -116,11 +180,13 @@ pub fn encode(head: &GroupHead, extents: &[Extent], data: &[u8], level: i32) -> 
             chunks.push((false, piece.len() as u32, piece.to_vec()));
         }
     }
-    let tables = HEADER_LEN + extents.len() * EXTENT_LEN + chunks.len() * CHUNK_LEN;
+    let (version, header) = if fences.is_some() { (VERSION_FENCED, FENCED_HEADER_LEN) } else { (VERSION, HEADER_LEN) };
+    let fence_count = fences.map_or(0, |f| f.gens.len());
+    let tables = header + extents.len() * EXTENT_LEN + chunks.len() * CHUNK_LEN + fence_count * FENCE_LEN;
     let payload_len: usize = chunks.iter().map(|c| c.2.len()).sum();
     let mut out = Vec::with_capacity(tables + payload_len);
     out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&VERSION.to_be_bytes());
+    out.extend_from_slice(&version.to_be_bytes());
     out.extend_from_slice(&0u16.to_be_bytes());
     out.extend_from_slice(&0u32.to_be_bytes()); // header CRC, filled in below
     out.extend_from_slice(&head.source);
@@ -134,6 +200,10 @@ pub fn encode(head: &GroupHead, extents: &[Extent], data: &[u8], level: i32) -> 
     out.extend_from_slice(&(chunks.len() as u32).to_be_bytes());
     let payload_crc = chunks.iter().fold(0u32, |c, (_, _, b)| crc32c::crc32c_append(c, b));
     out.extend_from_slice(&payload_crc.to_be_bytes());
+    if let Some(f) = fences {
+        out.extend_from_slice(&f.segment_bytes.to_be_bytes());
+        out.extend_from_slice(&(f.gens.len() as u32).to_be_bytes());
+    }
     for e in extents {
         out.extend_from_slice(&e.lba.to_be_bytes());
         out.extend_from_slice(&e.blocks.to_be_bytes());
@@ -143,6 +213,10 @@ pub fn encode(head: &GroupHead, extents: &[Extent], data: &[u8], level: i32) -> 
         out.extend_from_slice(&[u8::from(*compressed), 0, 0, 0]);
         out.extend_from_slice(&raw.to_be_bytes());
         out.extend_from_slice(&(stored.len() as u32).to_be_bytes());
+    }
+    for (seg, gen) in fences.map(|f| f.gens.as_slice()).unwrap_or_default() {
+        out.extend_from_slice(&seg.to_be_bytes());
+        out.extend_from_slice(&gen.to_be_bytes());
     }
     let crc = crc32c::crc32c(&out);
     if let Some(slot) = out.get_mut(12..16) {
@@ -222,6 +296,10 @@ pub struct GroupView<'a> {
     pub chunks: Vec<Chunk>,
     /// Bytes of data extents.
     pub raw_len: u64,
+    /// The token generations its writes were made under (version 2 only).
+    pub fences: Option<Fences>,
+    /// Bytes before the payload.
+    tables: usize,
     payload: &'a [u8],
 }
 
@@ -233,7 +311,7 @@ pub fn peek(bytes: &[u8]) -> Result<GroupHead, LinkError> {
         return Err(LinkError::Magic);
     }
     let version = u16::from_be_bytes(be(bytes, 8)?);
-    if version != VERSION {
+    if version != VERSION && version != VERSION_FENCED {
         return Err(LinkError::Version(version));
     }
     let head = GroupHead {
@@ -252,15 +330,19 @@ pub fn peek(bytes: &[u8]) -> Result<GroupHead, LinkError> {
 /// one group may expand to) before anything is decompressed.
 pub fn parse(bytes: &[u8], max_raw: u64) -> Result<GroupView<'_>, LinkError> {
     let head = peek(bytes)?;
+    let fenced = u16::from_be_bytes(be(bytes, 8)?) == VERSION_FENCED;
     let extent_count = u32_at(bytes, 60)? as usize;
     let raw_len = u64_at(bytes, 64)?;
     let payload_len = u64_at(bytes, 72)?;
     let chunk_count = u32_at(bytes, 80)? as usize;
     let payload_crc = u32_at(bytes, 84)?;
+    let (header, segment_bytes, fence_count) =
+        if fenced { (FENCED_HEADER_LEN, u32_at(bytes, 88)?, u32_at(bytes, 92)? as usize) } else { (HEADER_LEN, 0, 0) };
     let tables = extent_count
         .checked_mul(EXTENT_LEN)
         .and_then(|x| chunk_count.checked_mul(CHUNK_LEN).and_then(|y| x.checked_add(y)))
-        .and_then(|x| x.checked_add(HEADER_LEN))
+        .and_then(|x| fence_count.checked_mul(FENCE_LEN).and_then(|y| x.checked_add(y)))
+        .and_then(|x| x.checked_add(header))
         .ok_or_else(|| field("counts", "overflow"))?;
     need(bytes, tables)?;
     let total = (tables as u64).checked_add(payload_len).ok_or_else(|| field("payload_len", "overflow"))?;
@@ -286,7 +368,7 @@ pub fn parse(bytes: &[u8], max_raw: u64) -> Result<GroupView<'_>, LinkError> {
     }
     let mut extents = Vec::with_capacity(extent_count);
     for i in 0..extent_count {
-        let at = HEADER_LEN + i * EXTENT_LEN;
+        let at = header + i * EXTENT_LEN;
         let kind = table_bytes.get(at + 12).copied().and_then(ExtentKind::from_code);
         let Some(kind) = kind else { return Err(field("extent kind", format!("extent {i}"))) };
         extents.push(Extent { lba: u64_at(table_bytes, at)?, blocks: u32_at(table_bytes, at + 8)?, kind });
@@ -300,7 +382,7 @@ pub fn parse(bytes: &[u8], max_raw: u64) -> Result<GroupView<'_>, LinkError> {
     let mut chunks = Vec::with_capacity(chunk_count);
     let (mut raw_at, mut stored_at) = (0u64, 0u64);
     for i in 0..chunk_count {
-        let at = HEADER_LEN + extent_count * EXTENT_LEN + i * CHUNK_LEN;
+        let at = header + extent_count * EXTENT_LEN + i * CHUNK_LEN;
         let compressed = match table_bytes.get(at) {
             Some(0) => false,
             Some(1) => true,
@@ -327,7 +409,18 @@ pub fn parse(bytes: &[u8], max_raw: u64) -> Result<GroupView<'_>, LinkError> {
             format!("{raw_at} raw and {stored_at} stored bytes against {raw_len} and {payload_len}"),
         ));
     }
-    Ok(GroupView { head, extents, chunks, raw_len, payload })
+    let fences = if fenced {
+        let at = header + extent_count * EXTENT_LEN + chunk_count * CHUNK_LEN;
+        let gens = (0..fence_count)
+            .map(|i| Ok((u64_at(table_bytes, at + i * FENCE_LEN)?, u64_at(table_bytes, at + i * FENCE_LEN + 8)?)))
+            .collect::<Result<Vec<_>, LinkError>>()?;
+        let f = Fences { segment_bytes, gens };
+        check_fences(&f, head.block_size, &extents)?;
+        Some(f)
+    } else {
+        None
+    };
+    Ok(GroupView { head, extents, chunks, raw_len, fences, tables, payload })
 }
 
 impl GroupView<'_> {
@@ -344,7 +437,7 @@ impl GroupView<'_> {
     /// Where the payload starts in the encoded group: a reader that keeps the group's bytes and
     /// its chunk table reads its data later with [`read_raw`] on what follows.
     pub fn payload_offset(&self) -> usize {
-        HEADER_LEN + self.extents.len() * EXTENT_LEN + self.chunks.len() * CHUNK_LEN
+        self.tables
     }
 
     /// All the data, decompressed.
@@ -372,8 +465,7 @@ impl GroupView<'_> {
 
     /// Bytes of the whole encoded group.
     pub fn encoded_len(&self) -> u64 {
-        (HEADER_LEN + self.extents.len() * EXTENT_LEN + self.chunks.len() * CHUNK_LEN) as u64
-            + self.payload.len() as u64
+        self.tables as u64 + self.payload.len() as u64
     }
 }
 
@@ -438,6 +530,54 @@ mod tests {
         assert!(encode(&head(1), &[e(10, 1), e(0, 1)], &[], 0).is_err());
         assert!(encode(&head(1), &[e(0, 0)], &[], 0).is_err());
         assert!(encode(&head(1), &[e(0, 1), e(1, 1)], &[], 0).is_ok(), "neighbours are fine");
+    }
+
+    /// A fenced group's extents and generations: 64 KiB segments of 512-byte blocks (128 each).
+    fn fenced_parts() -> (Vec<Extent>, Vec<u8>, Fences) {
+        let extents = vec![
+            Extent { lba: 100, blocks: 200, kind: ExtentKind::Data },
+            Extent { lba: 1000, blocks: 8, kind: ExtentKind::Zero },
+        ];
+        let fences = Fences { segment_bytes: 64 << 10, gens: vec![(0, 5), (1, 6), (2, 6), (7, 9)] };
+        (extents, noise(3, 200 * 512).to_vec(), fences)
+    }
+
+    #[test]
+    fn a_fenced_group_carries_its_generations_and_a_plain_one_stays_version_1() {
+        let (extents, data, fences) = fenced_parts();
+        let bytes = encode_fenced(&head(4), &extents, &data, 1, Some(&fences)).unwrap();
+        assert_eq!(&bytes[8..10], &[0, 2]);
+        let v = parse(&bytes, 1 << 30).unwrap();
+        assert_eq!(v.fences.as_ref(), Some(&fences));
+        assert_eq!(v.data().unwrap(), data);
+        assert_eq!(v.encoded_len(), bytes.len() as u64);
+        assert_eq!(&bytes[v.payload_offset()..], &bytes[bytes.len() - v.payload.len()..]);
+        assert_eq!(peek(&bytes).unwrap(), head(4));
+        let plain = encode(&head(4), &extents, &data, 1).unwrap();
+        assert_eq!((&plain[8..10], parse(&plain, 1 << 30).unwrap().fences), (&[0u8, 1][..], None));
+        assert_eq!(segments_touched(&extents, 512, 64 << 10).collect::<Vec<_>>(), [0, 1, 2, 7]);
+    }
+
+    #[test]
+    fn generations_that_do_not_cover_the_writes_exactly_are_refused() {
+        let (extents, data, fences) = fenced_parts();
+        let mut missing = fences.clone();
+        missing.gens.pop();
+        let mut extra = fences.clone();
+        extra.gens.push((8, 1));
+        let mut unordered = fences.clone();
+        unordered.gens.swap(0, 1);
+        let mut odd = fences.clone();
+        odd.segment_bytes = 48 << 10;
+        for f in [missing, extra, unordered, odd] {
+            assert!(encode_fenced(&head(4), &extents, &data, 1, Some(&f)).is_err(), "{f:?}");
+        }
+        // A generation changed on the way fails the header CRC.
+        let mut bytes = encode_fenced(&head(4), &extents, &data, 1, Some(&fences)).unwrap();
+        let v = parse(&bytes, 1 << 30).unwrap();
+        let fence_at = v.payload_offset() - FENCE_LEN + 15;
+        bytes[fence_at] ^= 1;
+        assert!(matches!(parse(&bytes, 1 << 30), Err(LinkError::Checksum { what: "header", .. })));
     }
 
     proptest! {

@@ -30,6 +30,8 @@ pub struct Status {
     /// Its journal's size and what is in use.
     pub journal_bytes: u64,
     pub journal_used: u64,
+    /// The segment its coherence tokens cover, in bytes; 0 from an SG that keeps none.
+    pub segment_bytes: u32,
     pub sources: Vec<SourceState>,
 }
 
@@ -42,7 +44,8 @@ impl Status {
         b.extend_from_slice(&self.journal_bytes.to_be_bytes());
         b.extend_from_slice(&self.journal_used.to_be_bytes());
         b.extend_from_slice(&(self.sources.len() as u32).to_be_bytes());
-        b.extend_from_slice(&[0; 4]);
+        // Reserved (zero) before SGs kept tokens, so older readers ignore it.
+        b.extend_from_slice(&self.segment_bytes.to_be_bytes());
         for s in &self.sources {
             b.extend_from_slice(&s.source);
             for v in [s.committed_seq, s.committed_epoch, s.applied_seq] {
@@ -73,6 +76,7 @@ impl Status {
             max_group: u32_at(b, 4)?,
             journal_bytes: u64_at(b, 8)?,
             journal_used: u64_at(b, 16)?,
+            segment_bytes: u32_at(b, 28)?,
             sources,
         };
         if s.version == 0 || s.max_group == 0 {
@@ -99,6 +103,7 @@ mod tests {
             max_group: 64 << 20,
             journal_bytes: 1 << 30,
             journal_used: 12345,
+            segment_bytes: 64 << 10,
             sources: (0..3u8)
                 .map(|i| SourceState {
                     source: [i; 16],

@@ -301,6 +301,9 @@ async fn open_in(spec: &DeviceSpec, ctx: &OpenContext, place: Place) -> Result<A
             if let Some(n) = j.max_group {
                 cfg.max_group = n;
             }
+            if let Some(n) = j.segment {
+                cfg.segment_bytes = n;
+            }
             let dev = JournalDev::open(journal, medium, cfg)
                 .await
                 .map_err(|source| OpenError::Journal { spec: spec.redacted().to_string(), source })?;

@@ -128,7 +128,7 @@ pub enum Layer {
     /// log-disk=MODEL)`: the STICS cache over the device SPEC names (`log-disk` puts the log's
     /// file behind a disk model, for the papers' setups).
     Cache(CacheSpec),
-    /// `journal(SPEC, journal=PATH[:SIZE]|DEVICE-SPEC, max-group=SIZE)`: the storage side of
+    /// `journal(SPEC, journal=PATH[:SIZE]|DEVICE-SPEC, max-group=SIZE, segment=SIZE)`: the storage side of
     /// STICS (an SG) over the device SPEC names: it takes groups of epochs from gateways over
     /// the link, makes them durable in its journal and applies them to SPEC whole.
     Journal(JournalSpec),
@@ -188,6 +188,8 @@ pub struct JournalSpec {
     pub journal: JournalAt,
     /// The largest encoded group taken.
     pub max_group: Option<u32>,
+    /// The coherence segment the SG hands tokens out for (32 to 256 KiB).
+    pub segment: Option<u32>,
 }
 
 /// Where a journal lives.
@@ -635,6 +637,9 @@ impl Layer {
                 if let Some(n) = j.max_group {
                     *out += &format!(", max-group={}", size_text(n.into()));
                 }
+                if let Some(n) = j.segment {
+                    *out += &format!(", segment={}", size_text(n.into()));
+                }
                 out.push(')');
             }
             Layer::Disk(d) => {
@@ -672,7 +677,7 @@ impl Layer {
 /// The largest `max-group=` a journal takes (a LINK WRITE offset is 32 bits).
 pub const MAX_GROUP: u64 = 1 << 30;
 
-/// Reads `journal(SPEC, journal=PATH[:SIZE]|DEVICE-SPEC, max-group=SIZE)`.
+/// Reads `journal(SPEC, journal=PATH[:SIZE]|DEVICE-SPEC, max-group=SIZE, segment=SIZE)`.
 fn journal(call: &syntax::Call<'_>) -> Result<JournalSpec, SpecError> {
     let args = LayerArgs::parse(call)?;
     let bad = |piece: &str, reason| SpecError::LayerArg { kind: "journal".into(), piece: redact(piece), reason };
@@ -680,6 +685,7 @@ fn journal(call: &syntax::Call<'_>) -> Result<JournalSpec, SpecError> {
         inner: Box::new(args.inner),
         journal: JournalAt::Path { path: PathBuf::new(), size: None },
         max_group: None,
+        segment: None,
     };
     let mut given = false;
     for (k, v) in &args.options {
@@ -706,7 +712,12 @@ fn journal(call: &syntax::Call<'_>) -> Result<JournalSpec, SpecError> {
                 let n = read_size(v).ok().filter(|n| (1 << 20..=MAX_GROUP).contains(n));
                 j.max_group = Some(n.ok_or_else(|| bad(&piece, "a size from 1 MiB to 1 GiB"))? as u32);
             }
-            _ => return Err(bad(&piece, "known keys: journal, max-group")),
+            "segment" => {
+                let n = read_size(v).ok().and_then(|n| u32::try_from(n).ok());
+                let n = n.filter(|&n| stics_coherence::seg_blocks(n, 512).is_ok());
+                j.segment = Some(n.ok_or_else(|| bad(&piece, "a power of two from 32 KiB to 256 KiB"))?);
+            }
+            _ => return Err(bad(&piece, "known keys: journal, max-group, segment")),
         }
     }
     if !given {
@@ -1231,6 +1242,7 @@ mod tests {
         for text in [
             "journal(file:/srv/lun.img:10GiB, journal=/srv/journal:2GiB)",
             "journal(rbd:p/img, journal=rbd:p/img-journal, max-group=16MiB)",
+            "journal(file:/d, journal=/j:1GiB, segment=128KiB)",
             "journal(mem:1GiB, journal=/j)",
             "cache(iscsi://h:3260/iqn.2024-01.org.x:y/0?link=off, log=/l)",
             "cache(iscsi://h:3260/iqn.2024-01.org.x:y/0?link=on&tls=on&tls_ca=/pki/ca.pem&tls_name=sg, log=/l)",
@@ -1246,7 +1258,9 @@ mod tests {
         for (text, want) in [
             ("journal(mem:1G)", "needs journal=PATH[:SIZE] or journal=DEVICE-SPEC"),
             ("journal(mem:1G, journal=/j, max-group=1KiB)", "a size from 1 MiB to 1 GiB"),
-            ("journal(mem:1G, journal=/j, lag=3)", "known keys: journal, max-group"),
+            ("journal(mem:1G, journal=/j, lag=3)", "known keys: journal, max-group, segment"),
+            ("journal(mem:1G, journal=/j, segment=48KiB)", "a power of two from 32 KiB to 256 KiB"),
+            ("journal(mem:1G, journal=/j, segment=1MiB)", "a power of two from 32 KiB to 256 KiB"),
             ("journal(mem:1G, journal=)", "needs a path or a device"),
             ("iscsi://h/iqn.2024-01.org.x:y/0?link=maybe", "link is on or off"),
         ] {

@@ -86,6 +86,16 @@ pub struct Checked {
     /// Bytes of data the group writes, and of the whole encoded group.
     pub raw_len: u64,
     pub encoded_len: u64,
+    /// The token generations its writes were made under, when it carries them.
+    pub fences: Option<group::Fences>,
+}
+
+impl Checked {
+    /// The segments of `segment_bytes` the group writes, in order.
+    pub fn segments(&self, segment_bytes: u32) -> Vec<u64> {
+        let extents: Vec<group::Extent> = self.placed.iter().map(|(e, _)| *e).collect();
+        group::segments_touched(&extents, self.head.block_size, segment_bytes).collect()
+    }
 }
 
 /// What [`Core::check`] decided.
@@ -204,6 +214,7 @@ impl Core {
             payload_offset: v.payload_offset(),
             raw_len: v.raw_len,
             encoded_len: v.encoded_len(),
+            fences: v.fences.clone(),
         }))
     }
 

@@ -29,6 +29,8 @@ pub struct JournalConfig {
     pub retry_delay: Duration,
     /// How the lock server of the gateways that share the LUN treats silent ones.
     pub tokens: stics_coherence::Policy,
+    /// The segment its tokens cover, announced in LINK STATUS (32 to 256 KiB).
+    pub segment_bytes: u32,
 }
 
 impl Default for JournalConfig {
@@ -37,6 +39,7 @@ impl Default for JournalConfig {
             max_group: 64 << 20,
             retry_delay: Duration::from_millis(200),
             tokens: stics_coherence::Policy::default(),
+            segment_bytes: 64 << 10,
         }
     }
 }
@@ -186,7 +189,7 @@ impl JournalDev {
             committed: Notify::new(),
             stopping: AtomicBool::new(false),
         });
-        let tokens = Arc::new(Tokens::new(inner.cfg.tokens));
+        let tokens = Arc::new(Tokens::new(inner.cfg.tokens, inner.cfg.segment_bytes));
         let ticker = tokio::spawn(tick(Arc::downgrade(&tokens)));
         let task = tokio::spawn(applier(Arc::clone(&inner)));
         Ok(JournalDev { inner, task: Mutex::new(Some(task)), tokens, ticker })
@@ -428,6 +431,8 @@ impl GroupSink for JournalDev {
             Ok(Take::New(c)) => c,
             Err(e) => return Err(refused(e.to_string())),
         };
+        // The fence: a write lands only under the token it was made under.
+        self.tokens.admit(&checked.head.source, checked.fences.as_ref(), |b| checked.segments(b))?;
         let len = BLOCK + (group.len() as u64).div_ceil(BLOCK) * BLOCK;
         if lock(&inner.core).too_large(len) {
             return Err(refused(format!("a group of {} bytes does not fit a journal of this size", group.len())));
@@ -491,6 +496,7 @@ impl GroupSink for JournalDev {
             max_group: self.inner.cfg.max_group,
             journal_bytes: size,
             journal_used: used,
+            segment_bytes: self.inner.cfg.segment_bytes,
             sources,
         };
         Ok(Bytes::from(st.encode()))

@@ -45,6 +45,7 @@ struct State {
 pub struct Tokens {
     state: Mutex<State>,
     news: Notify,
+    segment_bytes: u32,
 }
 
 /// What `/status` shows of the tokens.
@@ -84,8 +85,8 @@ fn hex(source: &[u8; 16]) -> String {
 }
 
 impl Tokens {
-    /// An empty table under `policy`.
-    pub fn new(policy: Policy) -> Tokens {
+    /// An empty table under `policy`, for segments of `segment_bytes`.
+    pub fn new(policy: Policy, segment_bytes: u32) -> Tokens {
         Tokens {
             state: Mutex::new(State {
                 server: Server::new(policy),
@@ -94,6 +95,7 @@ impl Tokens {
                 queued: BTreeMap::new(),
             }),
             news: Notify::new(),
+            segment_bytes,
         }
     }
 
@@ -222,6 +224,43 @@ impl Tokens {
         let gw = st.ids.get(source).copied().unwrap_or(Gw::MAX);
         st.server.fence(gw, seg, gen)
     }
+
+    /// Whether a group from `source` may land: every generation it carries is its segment's
+    /// exclusive token now; a group without generations (a gateway that shares nothing) only
+    /// where nobody holds a token. `touched` lists the segments it writes.
+    pub fn admit(
+        &self,
+        source: &[u8; 16],
+        fences: Option<&stics_link::group::Fences>,
+        touched: impl FnOnce(u32) -> Vec<u64>,
+    ) -> Result<(), BlockError> {
+        let st = lock(&self.state);
+        match fences {
+            Some(f) if f.segment_bytes != self.segment_bytes => Err(BlockError::Rejected(format!(
+                "a group fenced in segments of {} bytes; this SG's are {} bytes",
+                f.segment_bytes, self.segment_bytes
+            ))),
+            Some(f) => {
+                let gw = st.ids.get(source).copied().unwrap_or(Gw::MAX);
+                for &(seg, gen) in &f.gens {
+                    st.server.fence(gw, seg, gen).map_err(|e| BlockError::Rejected(format!("fenced: {e}")))?;
+                }
+                Ok(())
+            }
+            None if st.server.is_empty() => Ok(()),
+            None => {
+                for seg in touched(self.segment_bytes) {
+                    let (ew, sr) = st.server.holders(seg);
+                    if ew.is_some() || !sr.is_empty() {
+                        return Err(BlockError::Rejected(format!(
+                            "a group without token generations writes segment {seg}, which a gateway holds a token on"
+                        )));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -248,7 +287,7 @@ mod tests {
 
     #[tokio::test]
     async fn two_gateways_trade_a_segment_through_exchanges_and_polls() {
-        let t = Tokens::new(Policy::default());
+        let t = Tokens::new(Policy::default(), 64 << 10);
         ex(&t, 1, &[Msg::Request { op: 1, seg: 4, kind: Kind::Exclusive }]);
         let got = poll(&t, 1).await;
         let Msg::Grant { gen, .. } = got[0] else { panic!("{got:?}") };
@@ -268,7 +307,7 @@ mod tests {
 
     #[tokio::test]
     async fn bad_exchanges_are_refused_and_the_table_serves_on() {
-        let t = Tokens::new(Policy::default());
+        let t = Tokens::new(Policy::default(), 64 << 10);
         assert!(t.exchange(b"short", false, Instant::now()).is_err());
         let sg_only = token::encode_exchange(&src(1), &[Msg::Queued { op: 1, ticket: 1 }]);
         assert!(t.exchange(&sg_only, false, Instant::now()).is_err());
@@ -282,7 +321,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_gateway_that_never_polls_keeps_a_bounded_queue() {
-        let t = Tokens::new(Policy::default());
+        let t = Tokens::new(Policy::default(), 64 << 10);
         for round in 0..3u64 {
             let reqs: Vec<Msg> = (0..MAX_EXCHANGE as u64)
                 .map(|i| Msg::Request { op: round * 10_000 + i, seg: round * 10_000 + i, kind: Kind::Shared })
@@ -297,7 +336,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_new_connection_gets_its_unanswered_revokes_again() {
-        let t = Tokens::new(Policy::default());
+        let t = Tokens::new(Policy::default(), 64 << 10);
         ex(&t, 1, &[Msg::Request { op: 1, seg: 2, kind: Kind::Exclusive }]);
         poll(&t, 1).await;
         ex(&t, 2, &[Msg::Request { op: 1, seg: 2, kind: Kind::Shared }]);

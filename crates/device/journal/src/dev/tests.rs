@@ -245,3 +245,56 @@ async fn a_commit_that_waited_across_a_status_read_of_its_source_is_refused() {
     same(&view(dev.as_ref()).await, &model(&[G1]), "served");
     dev.close().await;
 }
+
+/// Group `seq` of one run of `fill` at `lba` from `source`, fenced under `gens` when given
+/// (64 KiB segments: 128 blocks each).
+fn fenced_group(source: [u8; 16], seq: u64, lba: u64, blocks: u32, fill: u8, gens: Option<Vec<(u64, u64)>>) -> Bytes {
+    let head = GroupHead { source, ..head(seq) };
+    let extents = [Extent { lba, blocks, kind: ExtentKind::Data }];
+    let data = vec![fill; blocks as usize * 512];
+    let fences = gens.map(|gens| stics_link::group::Fences { segment_bytes: 64 << 10, gens });
+    Bytes::from(stics_link::group::encode_fenced(&head, &extents, &data, 1, fences.as_ref()).expect("encodes"))
+}
+
+#[tokio::test]
+async fn a_group_lands_only_under_the_tokens_it_was_written_under() {
+    use stics_coherence::{Kind, Msg};
+    use stics_link::token;
+    let medium = Arc::new(MemDev::new(512, BLOCKS));
+    let dev =
+        JournalDev::open(Arc::new(MemDev::new(512, 2048 * 16)), medium, JournalConfig::default()).await.expect("opens");
+    let (a, b) =
+        ([1u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9], [2u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9]);
+    let ask = |src: [u8; 16], seg| {
+        Bytes::from(token::encode_exchange(&src, &[Msg::Request { op: seg + 1, seg, kind: Kind::Exclusive }]))
+    };
+    dev.tokens(ask(a, 1), true).await.expect("exchange");
+    let got =
+        token::decode(&dev.token_poll(stics_link::fence_of(&a), Duration::ZERO, 4096).await.unwrap(), 64).unwrap();
+    let [Msg::Grant { gen, .. }] = got[..] else { panic!("{got:?}") };
+    // A writes segment 1 (blocks 128..256) under its token: it lands.
+    dev.commit(fenced_group(a, 1, 130, 8, 7, Some(vec![(1, gen)]))).await.expect("under its token");
+    // B claims a generation it was never granted: refused, and nothing of it is served.
+    let e = dev.commit(fenced_group(b, 1, 130, 8, 8, Some(vec![(1, gen)]))).await.unwrap_err();
+    assert!(e.to_string().contains("fenced"), "{e}");
+    // A group without generations may not write a segment someone holds, and may elsewhere.
+    let e = dev.commit(fenced_group(b, 1, 140, 1, 9, None)).await.unwrap_err();
+    assert!(e.to_string().contains("holds a token"), "{e}");
+    dev.commit(fenced_group(b, 1, 3000, 1, 9, None)).await.expect("an unshared segment");
+    // Segments of another size than the SG's are refused.
+    let odd = {
+        let head = GroupHead { source: a, ..head(2) };
+        let extents = [Extent { lba: 130, blocks: 1, kind: ExtentKind::Data }];
+        let f = stics_link::group::Fences { segment_bytes: 128 << 10, gens: vec![(0, gen)] };
+        Bytes::from(stics_link::group::encode_fenced(&head, &extents, &[1; 512], 1, Some(&f)).unwrap())
+    };
+    assert!(dev.commit(odd).await.unwrap_err().to_string().contains("segments of"));
+    // Once A gives the token up, its late group under the old generation is refused.
+    let release = token::encode_exchange(&a, &[Msg::Release { seg: 1, gen, keep: None }]);
+    dev.tokens(Bytes::from(release), false).await.expect("exchange");
+    let e = dev.commit(fenced_group(a, 2, 131, 1, 5, Some(vec![(1, gen)]))).await.unwrap_err();
+    assert!(e.to_string().contains("fenced"), "{e}");
+    let blocks = dev.read(128, 16).await.unwrap();
+    assert!(blocks.chunks(512).skip(2).take(8).all(|b| b.iter().all(|&x| x == 7)), "only A's first group is there");
+    dev.close().await;
+}
