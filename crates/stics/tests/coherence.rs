@@ -99,6 +99,23 @@ async fn two_gateways_trade_a_segment_through_the_sg_s_lock_server() {
     assert!(matches!(got[..], [Msg::Grant { seg: 9, kind: Kind::Shared, .. }]), "{got:?}");
     assert!(started.elapsed() < Duration::from_secs(4), "the poll was answered when the grant came");
 
+    // A poll that waits holds up nothing else on its session: reads and status reads go on.
+    let lun = std::sync::Arc::new(a.lun);
+    let poller = {
+        let (lun, fold) = (std::sync::Arc::clone(&lun), stics_link::fence_of(&a.source));
+        tokio::spawn(async move { lun.group_sink().unwrap().token_poll(fold, Duration::from_secs(3), 4096).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    for lba in 0..20 {
+        lun.read(lba * 8, 8).await.unwrap();
+    }
+    lun.group_sink().unwrap().link_status(0).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(2), "reads waited {:?} behind a poll", started.elapsed());
+    assert!(!poller.is_finished(), "the poll still waits");
+    assert!(token::decode(&poller.await.unwrap().unwrap(), 16).unwrap().is_empty());
+    let a = Gateway { lun: std::sync::Arc::into_inner(lun).unwrap(), source: a.source };
+
     // A's next revoke is lost with its connection: the new connection hears it again.
     b.send(&[Msg::Request { op: 2, seg: 9, kind: Kind::Exclusive }], false).await.unwrap();
     assert!(matches!(a.poll(Duration::from_secs(2)).await[..], [Msg::Revoke { seg: 9, keep: None, .. }]));
