@@ -57,4 +57,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(msgs) = token::decode(rest, 64) {
         assert_eq!(token::encode(&msgs), rest);
     }
+    if let Ok((first, msgs)) = token::decode_answer(rest, 64) {
+        assert_eq!(token::encode_answer(first, &msgs), rest);
+    }
 });

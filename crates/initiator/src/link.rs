@@ -152,11 +152,11 @@ impl GroupSink for Lun {
         Ok(())
     }
 
-    async fn token_poll(&self, gateway: u64, wait: Duration, max: usize) -> Result<Bytes, BlockError> {
+    async fn token_poll(&self, gateway: u64, from: u32, wait: Duration, max: usize) -> Result<Bytes, BlockError> {
         let s = self.write_sessions().first().ok_or(BlockError::Unsupported("a LUN without sessions"))?;
         let alloc = max.min(u32::MAX as usize) as u32;
         let wait_ms = wait.as_millis().min(u128::from(u16::MAX)) as u16;
-        let req = Request::new(self.lun, link_cdb::poll(gateway, wait_ms, alloc), Data::Read(alloc));
+        let req = Request::new(self.lun, link_cdb::poll(gateway, from, wait_ms), Data::Read(alloc));
         let out = execute_retrying(s, req, s.counters_ref()).await.map_err(commit_err)?;
         Ok(out.data)
     }

@@ -19,9 +19,12 @@ pub const LINK_STATUS: u8 = 0xc6;
 /// source and its messages), `len` bytes; `new_connection` when the gateway's connection to the
 /// SG is new since its last exchange (what the SG sent it may be lost).
 pub const LINK_TOKENS: u8 = 0xc7;
-/// LINK POLL: data-in is a token batch of at most `alloc` bytes for the gateway whose source
-/// folds to `gateway` ([`crate::fence_of`]); the SG answers at once when it has messages for it,
-/// else when one comes or `wait_ms` milliseconds have passed.
+/// LINK POLL: data-in is a poll answer ([`crate::token::encode_answer`]) for the gateway whose
+/// source folds to `gateway` ([`crate::fence_of`]), as long as the command's transfer length
+/// allows: its messages from number `from` on, every earlier one acknowledged (the SG forgets
+/// them). The SG answers at once when it has such messages, else when one comes or `wait_ms`
+/// milliseconds have passed. An answer lost with a connection is asked for again with the same
+/// `from`.
 pub const LINK_POLL: u8 = 0xc8;
 
 /// A decoded link command.
@@ -31,7 +34,7 @@ pub enum LinkCdb {
     Commit { seq: u64, len: u32 },
     Status { fence: u64, alloc: u32 },
     Tokens { new_connection: bool, len: u32 },
-    Poll { gateway: u64, wait_ms: u16, alloc: u32 },
+    Poll { gateway: u64, from: u32, wait_ms: u16 },
 }
 
 fn cdb(op: u8, a: u64, b: u32) -> [u8; 16] {
@@ -64,9 +67,9 @@ pub fn tokens(new_connection: bool, len: u32) -> [u8; 16] {
     c
 }
 
-/// LINK POLL for `gateway` into `alloc` bytes, waiting up to `wait_ms`.
-pub fn poll(gateway: u64, wait_ms: u16, alloc: u32) -> [u8; 16] {
-    let mut c = cdb(LINK_POLL, gateway, alloc);
+/// LINK POLL for `gateway`'s messages from number `from` on, waiting up to `wait_ms`.
+pub fn poll(gateway: u64, from: u32, wait_ms: u16) -> [u8; 16] {
+    let mut c = cdb(LINK_POLL, gateway, from);
     c[14..16].copy_from_slice(&wait_ms.to_be_bytes());
     c
 }
@@ -92,7 +95,7 @@ pub fn decode(c: &[u8]) -> Result<LinkCdb, LinkError> {
         },
         Some(LINK_POLL) => {
             let wait_ms = u16::from_be_bytes([c.get(14).copied().unwrap_or(0), c.get(15).copied().unwrap_or(0)]);
-            Ok(LinkCdb::Poll { gateway: a, wait_ms, alloc: b })
+            Ok(LinkCdb::Poll { gateway: a, from: b, wait_ms })
         }
         other => Err(field("operation code", format!("{other:?} is no link command"))),
     }
@@ -113,8 +116,8 @@ mod tests {
         assert!(decode(&[0x2a; 16]).is_err());
         assert_eq!(decode(&tokens(true, 80)).unwrap(), LinkCdb::Tokens { new_connection: true, len: 80 });
         assert_eq!(decode(&tokens(false, 0)).unwrap(), LinkCdb::Tokens { new_connection: false, len: 0 });
-        assert_eq!(decode(&poll(7, 500, 4096)).unwrap(), LinkCdb::Poll { gateway: 7, wait_ms: 500, alloc: 4096 });
-        assert_eq!(&poll(1, 0x0102, 2)[..], &[0xc8, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 1, 2]);
+        assert_eq!(decode(&poll(7, 4096, 500)).unwrap(), LinkCdb::Poll { gateway: 7, from: 4096, wait_ms: 500 });
+        assert_eq!(&poll(1, 2, 0x0102)[..], &[0xc8, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 1, 2]);
         let mut bad = tokens(false, 1);
         bad[1] = 4;
         assert!(decode(&bad).is_err());

@@ -260,9 +260,29 @@ pub fn decode_exchange(b: &[u8], max: usize) -> Result<([u8; 16], Vec<Msg>), Lin
     Ok((s, decode(rest, max)?))
 }
 
-/// The longest prefix of `msgs` whose batch fits in `alloc` bytes (LINK POLL's allocation).
+/// Bytes of a poll answer before its batch: the number of its first message.
+pub const ANSWER_LEN: usize = 4;
+
+/// The longest prefix of `msgs` whose poll answer fits in `alloc` bytes.
 pub fn fitting(msgs: usize, alloc: usize) -> usize {
-    msgs.min(alloc.saturating_sub(HEADER_LEN) / MSG_LEN)
+    msgs.min(alloc.saturating_sub(ANSWER_LEN + HEADER_LEN) / MSG_LEN)
+}
+
+/// A poll answer (LINK POLL's data-in): the SG's number of its first message, then the batch.
+/// The gateway numbers the next as `first + msgs.len()`; a `first` other than the `from` it
+/// asked for means messages were lost (the SG restarted, or it gave up on a gateway that did
+/// not poll), and the gateway starts again as after a lost connection.
+pub fn encode_answer(first: u32, msgs: &[Msg]) -> Vec<u8> {
+    let mut b = first.to_be_bytes().to_vec();
+    b.extend_from_slice(&encode(msgs));
+    b
+}
+
+/// Reads a poll answer of at most `max` messages.
+pub fn decode_answer(b: &[u8], max: usize) -> Result<(u32, Vec<Msg>), LinkError> {
+    need(b, ANSWER_LEN)?;
+    let (first, rest) = b.split_at(ANSWER_LEN);
+    Ok((u32_at(first, 0)?, decode(rest, max)?))
 }
 
 #[cfg(test)]
@@ -356,11 +376,15 @@ mod tests {
     fn an_exchange_carries_its_source_and_a_poll_takes_what_fits() {
         let msgs = every_kind();
         let b = encode_exchange(&[9; 16], &msgs);
-        assert_eq!(decode_exchange(&b, 64).unwrap(), ([9; 16], msgs));
+        assert_eq!(decode_exchange(&b, 64).unwrap(), ([9; 16], msgs.clone()));
         assert!(matches!(decode_exchange(&b[..10], 64), Err(LinkError::Truncated { .. })));
-        assert_eq!(fitting(10, HEADER_LEN + 3 * MSG_LEN + 5), 3);
+        assert_eq!(fitting(10, ANSWER_LEN + HEADER_LEN + 3 * MSG_LEN + 5), 3);
         assert_eq!(fitting(2, 1 << 20), 2);
         assert_eq!(fitting(2, 3), 0);
+        let answer = encode_answer(77, &msgs[..2]);
+        assert_eq!(&answer[..4], &[0, 0, 0, 77]);
+        assert_eq!(decode_answer(&answer, 64).unwrap(), (77, msgs[..2].to_vec()));
+        assert!(decode_answer(&answer[..3], 64).is_err());
     }
 
     fn any_kind() -> impl Strategy<Value = Kind> {

@@ -180,10 +180,17 @@ pub trait GroupSink: Send + Sync {
         Err(BlockError::Unsupported("this device keeps no coherence tokens"))
     }
 
-    /// The token messages for the gateway whose source folds to `gateway`, as a batch of at
-    /// most `max` bytes: at once when there are some, else when one comes or `wait` has passed.
-    async fn token_poll(&self, gateway: u64, wait: std::time::Duration, max: usize) -> Result<Bytes, BlockError> {
-        let _ = (gateway, wait, max);
+    /// The token messages for the gateway whose source folds to `gateway`, numbered from `from`
+    /// on (every earlier one acknowledged), as a poll answer of at most `max` bytes: at once
+    /// when there are some, else when one comes or `wait` has passed.
+    async fn token_poll(
+        &self,
+        gateway: u64,
+        from: u32,
+        wait: std::time::Duration,
+        max: usize,
+    ) -> Result<Bytes, BlockError> {
+        let _ = (gateway, from, wait, max);
         Err(BlockError::Unsupported("this device keeps no coherence tokens"))
     }
 }

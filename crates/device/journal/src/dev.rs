@@ -469,9 +469,15 @@ impl GroupSink for JournalDev {
         self.tokens.exchange(&exchange, new_connection, Instant::now())
     }
 
-    async fn token_poll(&self, gateway: u64, wait: Duration, max: usize) -> std::result::Result<Bytes, BlockError> {
+    async fn token_poll(
+        &self,
+        gateway: u64,
+        from: u32,
+        wait: Duration,
+        max: usize,
+    ) -> std::result::Result<Bytes, BlockError> {
         // Bounded so that a poll never outlasts an initiator's patience with one command.
-        Ok(self.tokens.poll(gateway, wait.min(Duration::from_secs(5)), max).await)
+        Ok(self.tokens.poll(gateway, from, wait.min(Duration::from_secs(5)), max).await)
     }
 
     async fn link_status(&self, fence: u64) -> std::result::Result<Bytes, BlockError> {

@@ -1,6 +1,8 @@
 //! The SG's lock server as a driver: [`stics_coherence::Server`] behind a lock, gateways named
-//! by their sources, a queue of messages for each that LINK POLL drains (waiting a little when it
-//! is empty), and a tick that lets the server break what its policy allows.
+//! by their sources, a numbered queue of messages for each that LINK POLL reads (waiting a little
+//! when it is empty) and acknowledges (each poll names the first message it still wants, so an
+//! answer lost with a connection is read again), and a tick that lets the server break what its
+//! policy allows.
 //!
 //! The table lives in memory: an SG restart forgets it, and with it which gateway may cache what.
 //! Until the journal keeps it (with the generations the fence needs), a LUN is safely shared only
@@ -23,9 +25,17 @@ pub const MAX_EXCHANGE: usize = 4096;
 /// Most gateways one LUN's table knows.
 pub const MAX_GATEWAYS: usize = 256;
 
-/// Most messages queued for one gateway (about 200 KiB): one that does not poll loses what comes
-/// past it, as if its connection were lost, rather than grow the SG's memory.
+/// Most messages queued for one gateway (about 200 KiB): one that does not poll loses them all
+/// and learns so from the numbers (it starts again as after a lost connection), rather than
+/// grow the SG's memory.
 const MAX_QUEUED: usize = 4096;
+
+/// One gateway's messages not yet acknowledged, numbered from `base`.
+#[derive(Debug, Default)]
+struct Queue {
+    base: u32,
+    msgs: VecDeque<Msg>,
+}
 
 /// Most segments the table holds (about 100 MiB): requests past it are refused, so that no set
 /// of gateways grows the SG's memory without bound.
@@ -37,7 +47,7 @@ struct State {
     /// Gateways by source, and by the fold of their source that LINK POLL names them by.
     ids: BTreeMap<[u8; 16], Gw>,
     by_fold: BTreeMap<u64, Gw>,
-    queued: BTreeMap<Gw, VecDeque<Msg>>,
+    queued: BTreeMap<Gw, Queue>,
 }
 
 /// A LUN's lock server.
@@ -103,9 +113,12 @@ impl Tokens {
         let any = !outs.is_empty();
         for o in outs {
             let q = st.queued.entry(o.to).or_default();
-            if q.len() < MAX_QUEUED {
-                q.push_back(o.msg);
+            if q.msgs.len() >= MAX_QUEUED {
+                // A gap in the numbers tells the gateway that it lost messages.
+                q.base = q.base.wrapping_add(q.msgs.len() as u32 + 1);
+                q.msgs.clear();
             }
+            q.msgs.push_back(o.msg);
         }
         any
     }
@@ -141,8 +154,12 @@ impl Tokens {
         };
         let mut outs = Vec::new();
         if new_connection {
-            // What was queued for the old connection may never have been read.
-            st.queued.remove(&gw);
+            // The gateway starts afresh (restarted, or it saw a gap): what was queued is void,
+            // and the gap in the numbers says so to a poll still under way.
+            if let Some(q) = st.queued.get_mut(&gw) {
+                q.base = q.base.wrapping_add(q.msgs.len() as u32 + 1);
+                q.msgs.clear();
+            }
             outs.extend(st.server.reconnected(gw, now));
         }
         outs.extend(st.server.handle(gw, &msgs, now));
@@ -154,8 +171,9 @@ impl Tokens {
         Ok(())
     }
 
-    /// The messages for a gateway (LINK POLL), as a batch of at most `max` bytes.
-    pub async fn poll(&self, fold: u64, wait: Duration, max: usize) -> Bytes {
+    /// The messages for a gateway from number `from` on (LINK POLL), every earlier one
+    /// acknowledged, as a poll answer of at most `max` bytes.
+    pub async fn poll(&self, fold: u64, from: u32, wait: Duration, max: usize) -> Bytes {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let news = self.news.notified();
@@ -164,14 +182,30 @@ impl Tokens {
             {
                 let mut st = lock(&self.state);
                 let gw = st.by_fold.get(&fold).copied();
-                if let Some(q) = gw.and_then(|gw| st.queued.get_mut(&gw)).filter(|q| !q.is_empty()) {
-                    let n = token::fitting(q.len(), max);
-                    let msgs: Vec<Msg> = q.drain(..n).collect();
-                    return Bytes::from(token::encode(&msgs));
+                if let Some(q) = gw.and_then(|gw| st.queued.get_mut(&gw)) {
+                    let acked = from.wrapping_sub(q.base) as usize;
+                    if acked <= q.msgs.len() {
+                        q.msgs.drain(..acked);
+                        q.base = from;
+                    } else {
+                        // Numbers it was never sent: what it asks for is gone; say from where on.
+                        let n = token::fitting(q.msgs.len(), max);
+                        return Bytes::from(token::encode_answer(
+                            q.base,
+                            &q.msgs.iter().take(n).copied().collect::<Vec<_>>(),
+                        ));
+                    }
+                    if !q.msgs.is_empty() {
+                        let n = token::fitting(q.msgs.len(), max);
+                        return Bytes::from(token::encode_answer(
+                            q.base,
+                            &q.msgs.iter().take(n).copied().collect::<Vec<_>>(),
+                        ));
+                    }
                 }
             }
             if tokio::time::timeout_at(deadline, news).await.is_err() {
-                return Bytes::from(token::encode(&[]));
+                return Bytes::from(token::encode_answer(from, &[]));
             }
         }
     }
@@ -280,9 +314,23 @@ mod tests {
         t.exchange(&token::encode_exchange(&src(source), msgs), false, Instant::now()).unwrap();
     }
 
+    thread_local! {
+        /// The number of the next message each test gateway wants: what it has read so far.
+        static FROM: std::cell::RefCell<BTreeMap<u8, u32>> = const { std::cell::RefCell::new(BTreeMap::new()) };
+    }
+
+    /// Polls for gateway `source`, acknowledging what it read before, as a gateway does.
     async fn poll(t: &Tokens, source: u8) -> Vec<Msg> {
-        let b = t.poll(stics_link::fence_of(&src(source)), Duration::from_millis(50), 1 << 16).await;
-        token::decode(&b, MAX_EXCHANGE).unwrap()
+        let from = FROM.with(|f| f.borrow().get(&source).copied().unwrap_or(0));
+        let (first, msgs) = poll_from(t, source, from).await;
+        assert_eq!(first, from, "no gap");
+        FROM.with(|f| f.borrow_mut().insert(source, first + msgs.len() as u32));
+        msgs
+    }
+
+    async fn poll_from(t: &Tokens, source: u8, from: u32) -> (u32, Vec<Msg>) {
+        let b = t.poll(stics_link::fence_of(&src(source)), from, Duration::from_millis(50), 1 << 16).await;
+        token::decode_answer(&b, MAX_EXCHANGE).unwrap()
     }
 
     #[tokio::test]
@@ -328,21 +376,32 @@ mod tests {
                 .collect();
             ex(&t, 1, &reqs);
         }
-        let queued = lock(&t.state).queued.values().map(VecDeque::len).sum::<usize>();
-        assert_eq!(queued, MAX_QUEUED);
+        let queued = lock(&t.state).queued.values().map(|q| q.msgs.len()).sum::<usize>();
+        assert!(queued <= MAX_QUEUED, "{queued}");
+        let (first, _) = poll_from(&t, 1, 0).await;
+        assert_ne!(first, 0, "a gap tells the gateway it lost messages");
         let too_many: Vec<Msg> = (0..=MAX_EXCHANGE as u64).map(|op| Msg::Done { op }).collect();
         assert!(t.exchange(&token::encode_exchange(&src(1), &too_many), false, Instant::now()).is_err());
     }
 
     #[tokio::test]
-    async fn a_new_connection_gets_its_unanswered_revokes_again() {
+    async fn a_lost_answer_is_read_again_and_a_fresh_start_hears_its_revokes_again() {
         let t = Tokens::new(Policy::default(), 64 << 10);
         ex(&t, 1, &[Msg::Request { op: 1, seg: 2, kind: Kind::Exclusive }]);
         poll(&t, 1).await;
         ex(&t, 2, &[Msg::Request { op: 1, seg: 2, kind: Kind::Shared }]);
         assert!(matches!(poll(&t, 1).await[..], [Msg::Revoke { .. }]));
-        // The answer was lost with the connection: the new one hears it again.
+        // That answer was lost with the connection: asked again from the same number, it comes
+        // again; asked from past it, it is acknowledged and gone.
+        let (first, again) = poll_from(&t, 1, 1).await;
+        assert!(first == 1 && matches!(again[..], [Msg::Revoke { .. }]), "{again:?}");
+        assert_eq!(poll_from(&t, 1, 2).await, (2, vec![]));
+        // A gateway that starts afresh hears the revoke it has not answered again, after a gap
+        // in the numbers that tells a poll still under way that the old ones are void.
         t.exchange(&token::encode_exchange(&src(1), &[]), true, Instant::now()).unwrap();
-        assert!(matches!(poll(&t, 1).await[..], [Msg::Revoke { .. }]));
+        let (first, msgs) = poll_from(&t, 1, 2).await;
+        assert!(first == 3 && matches!(msgs[..], [Msg::Revoke { .. }]), "{first} {msgs:?}");
+        // Numbers never sent: the answer says from where on there are messages.
+        assert_eq!(poll_from(&t, 1, 99).await.0, 3);
     }
 }

@@ -609,10 +609,12 @@ impl Device {
                 sink.tokens(exchange, new_connection).await.map_err(|e| block_error(e, false).with_xfer(n))?;
                 Ok(Done::out(n))
             }
-            LinkCdb::Poll { gateway, wait_ms, alloc } => {
+            LinkCdb::Poll { gateway, from, wait_ms } => {
                 let wait = std::time::Duration::from_millis(u64::from(wait_ms));
-                let batch = sink.token_poll(gateway, wait, alloc as usize).await.map_err(|e| block_error(e, false))?;
-                Ok(Done::data_in(batch.to_vec(), alloc))
+                let alloc = cmd.expected_len;
+                let answer =
+                    sink.token_poll(gateway, from, wait, alloc as usize).await.map_err(|e| block_error(e, false))?;
+                Ok(Done::data_in(answer.to_vec(), alloc))
             }
         }
     }

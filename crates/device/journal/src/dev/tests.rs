@@ -270,7 +270,9 @@ async fn a_group_lands_only_under_the_tokens_it_was_written_under() {
     };
     dev.tokens(ask(a, 1), true).await.expect("exchange");
     let got =
-        token::decode(&dev.token_poll(stics_link::fence_of(&a), Duration::ZERO, 4096).await.unwrap(), 64).unwrap();
+        token::decode_answer(&dev.token_poll(stics_link::fence_of(&a), 0, Duration::ZERO, 4096).await.unwrap(), 64)
+            .unwrap()
+            .1;
     let [Msg::Grant { gen, .. }] = got[..] else { panic!("{got:?}") };
     // A writes segment 1 (blocks 128..256) under its token: it lands.
     dev.commit(fenced_group(a, 1, 130, 8, 7, Some(vec![(1, gen)]))).await.expect("under its token");
