@@ -2,8 +2,8 @@
 //! per segment, shared-read or exclusive-write, handed out by a lock server at the SG. Both ends
 //! are pure state machines over [`stics_link::token`]'s messages: [`server`] is the SG's table
 //! (who holds, who waits, what to revoke or break, the fence every write passes), [`client`] a
-//! gateway's (when an operation may run, when and how to give a token up). Drivers move the
-//! messages and the data.
+//! gateway's (when an operation may run, when and how to give a token up). [`driver`] runs a
+//! gateway's over a remote LUN's link commands; the SG's driver is the journal's.
 //!
 //! **Architecture Invariant:** at every moment each segment has one exclusive holder and no
 //! other, or shared holders only, in the server's table, and a gateway believes it holds a token
@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod driver;
 pub mod server;
 
 pub use client::{Action, Client};

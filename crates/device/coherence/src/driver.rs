@@ -1,0 +1,290 @@
+//! A gateway's token driver: the [`Client`] core behind a lock, over any device that takes the
+//! link's token commands ([`GroupSink::tokens`], [`GroupSink::token_poll`]). One task sends the
+//! gateway's messages as soon as there are some (and an empty exchange every quarter lease, which
+//! keeps the SG hearing from it); another polls for the SG's, numbered and acknowledged. What a
+//! token's holder must do when it gives one up (ship the segment's dirty blocks, drop its cached
+//! ones) or loses one is the [`Holder`]'s.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use stics_block::{BlockDev, BlockError};
+use stics_link::token::{self, Kind, Msg};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::client::{Action, Client};
+
+/// What a gateway does with its data when a token goes.
+#[async_trait]
+pub trait Holder: Send + Sync + 'static {
+    /// Give up the token on `seg` granted under `gen`: ship the segment's dirty blocks to the SG
+    /// under `gen` (when it was exclusive), then drop its cached blocks unless `keep` is shared.
+    /// An error is tried again: the token is released only once this succeeded.
+    async fn surrender(&self, seg: u64, gen: u64, keep: Option<Kind>) -> Result<(), BlockError>;
+
+    /// The SG took the token on `seg` granted under `gen` away: what was written under it and
+    /// not shipped is refused by the SG and belongs in quarantine; cached blocks are stale.
+    fn broken(&self, seg: u64, gen: u64);
+}
+
+/// Timings of the driver.
+#[derive(Debug, Clone, Copy)]
+pub struct DriverConfig {
+    /// How long tokens stay good after an answered exchange (the SG's lease).
+    pub lease: Duration,
+    /// How long a poll may wait for news at the SG.
+    pub poll_wait: Duration,
+    /// Pause after a failed exchange or poll.
+    pub retry: Duration,
+}
+
+impl Default for DriverConfig {
+    fn default() -> DriverConfig {
+        DriverConfig {
+            lease: Duration::from_secs(30),
+            poll_wait: Duration::from_secs(1),
+            retry: Duration::from_millis(200),
+        }
+    }
+}
+
+/// Largest poll answer read: every message the SG queues for one gateway fits.
+const POLL_BYTES: usize = 256 << 10;
+
+struct Shared {
+    core: Mutex<Client>,
+    outbox: Mutex<VecDeque<Msg>>,
+    /// Operations that may run.
+    ready: Mutex<BTreeMap<u64, bool>>,
+    ready_news: Notify,
+    send_news: Notify,
+    /// The latest answered exchange: when it was sent and when its answer came.
+    exchanged: Mutex<Option<(Instant, Instant)>>,
+    /// The next exchange tells the SG that this gateway starts afresh.
+    fresh: Mutex<bool>,
+    holder: Arc<dyn Holder>,
+    dev: Arc<dyn BlockDev>,
+    source: [u8; 16],
+    cfg: DriverConfig,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Shared {
+    /// Carries out what the core decided.
+    fn dispatch(self: &Arc<Self>, acts: Vec<Action>) {
+        for a in acts {
+            match a {
+                Action::Send(m) => {
+                    lock(&self.outbox).push_back(m);
+                    self.send_news.notify_one();
+                }
+                Action::Ready(op) => {
+                    lock(&self.ready).insert(op, true);
+                    self.ready_news.notify_waiters();
+                }
+                Action::Surrender { seg, gen, keep } => {
+                    let me = Arc::clone(self);
+                    tokio::spawn(async move {
+                        while let Err(e) = me.holder.surrender(seg, gen, keep).await {
+                            tracing::warn!(seg, gen, "giving a token up failed, trying again: {e}");
+                            tokio::time::sleep(me.cfg.retry).await;
+                        }
+                        let acts = lock(&me.core).surrendered(seg, Instant::now());
+                        me.dispatch(acts);
+                    });
+                }
+                Action::Broken { seg, gen } => self.holder.broken(seg, gen),
+            }
+        }
+    }
+
+    fn sink(&self) -> Result<&dyn stics_block::GroupSink, BlockError> {
+        self.dev.group_sink().ok_or(BlockError::Unsupported("the remote takes no link commands"))
+    }
+
+    /// Sends what is queued, or nothing, as one exchange.
+    async fn exchange(self: &Arc<Self>) -> Result<(), BlockError> {
+        let msgs: Vec<Msg> = lock(&self.outbox).drain(..).collect();
+        let fresh = *lock(&self.fresh);
+        let sent = Instant::now();
+        let body = Bytes::from(token::encode_exchange(&self.source, &msgs));
+        match self.sink()?.tokens(body, fresh).await {
+            Ok(()) => {
+                *lock(&self.exchanged) = Some((sent, Instant::now()));
+                if fresh {
+                    *lock(&self.fresh) = false;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // Every message is idempotent at the SG: they go again.
+                let mut out = lock(&self.outbox);
+                for m in msgs.into_iter().rev() {
+                    out.push_front(m);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn sender(self: Arc<Self>) {
+        let beat = self.cfg.lease / 4;
+        loop {
+            let _ = tokio::time::timeout(beat, self.send_news.notified()).await;
+            while let Err(e) = self.exchange().await {
+                tracing::debug!("token exchange failed: {e}");
+                tokio::time::sleep(self.cfg.retry).await;
+            }
+        }
+    }
+
+    async fn poller(self: Arc<Self>) {
+        let mut from = 0u32;
+        let fold = stics_link::fence_of(&self.source);
+        loop {
+            let started = Instant::now();
+            let answer = match self.sink() {
+                Ok(s) => s.token_poll(fold, from, self.cfg.poll_wait, POLL_BYTES).await,
+                Err(e) => Err(e),
+            };
+            let (first, msgs) = match answer.and_then(|b| {
+                token::decode_answer(&b, POLL_BYTES).map_err(|e| BlockError::Rejected(format!("poll answer: {e}")))
+            }) {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::debug!("token poll failed: {e}");
+                    tokio::time::sleep(self.cfg.retry).await;
+                    continue;
+                }
+            };
+            let now = Instant::now();
+            let mut acts = Vec::new();
+            let gap = first != from;
+            {
+                let mut core = lock(&self.core);
+                if gap {
+                    // Messages were lost (the SG restarted, or gave up on us): start afresh.
+                    tracing::info!(asked = from, got = first, "token messages lost; asking again for what waits");
+                    *lock(&self.fresh) = true;
+                    acts.extend(core.reconnected());
+                }
+                from = first.wrapping_add(msgs.len() as u32);
+                for m in msgs {
+                    acts.extend(core.on_msg(m, now));
+                }
+                // Everything queued for us when the poll began has been taken: an exchange
+                // answered before then renews the lease from when it was sent.
+                if let Some((sent, done)) = *lock(&self.exchanged) {
+                    if done <= started {
+                        acts.extend(core.heard(sent, now));
+                    }
+                }
+            }
+            self.dispatch(acts);
+            if gap {
+                self.send_news.notify_one();
+            }
+        }
+    }
+}
+
+/// A gateway's token driver.
+pub struct Driver {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver").field("source", &self.shared.source).finish_non_exhaustive()
+    }
+}
+
+/// An operation that holds its tokens until dropped.
+#[derive(Debug)]
+pub struct Op<'a> {
+    driver: &'a Driver,
+    op: u64,
+}
+
+impl Op<'_> {
+    /// True while the operation may go on: the lease holds and no token of it was broken.
+    pub fn valid(&self) -> bool {
+        lock(&self.driver.shared.core).valid(self.op, Instant::now())
+    }
+}
+
+impl Drop for Op<'_> {
+    fn drop(&mut self) {
+        let s = &self.driver.shared;
+        lock(&s.ready).remove(&self.op);
+        let acts = lock(&s.core).end(self.op);
+        s.dispatch(acts);
+    }
+}
+
+impl Driver {
+    /// Starts the driver for the gateway `source` over `dev` (a remote LUN of an SG).
+    pub fn start(dev: Arc<dyn BlockDev>, source: [u8; 16], holder: Arc<dyn Holder>, cfg: DriverConfig) -> Driver {
+        let shared = Arc::new(Shared {
+            core: Mutex::new(Client::new(cfg.lease)),
+            outbox: Mutex::new(VecDeque::new()),
+            ready: Mutex::new(BTreeMap::new()),
+            ready_news: Notify::new(),
+            send_news: Notify::new(),
+            exchanged: Mutex::new(None),
+            fresh: Mutex::new(true),
+            holder,
+            dev,
+            source,
+            cfg,
+        });
+        shared.send_news.notify_one();
+        let tasks = vec![tokio::spawn(Arc::clone(&shared).sender()), tokio::spawn(Arc::clone(&shared).poller())];
+        Driver { shared, tasks }
+    }
+
+    /// Takes `kind` on each of `need`'s segments and waits until the operation may run; the
+    /// tokens stay pinned until the returned [`Op`] is dropped (dropping it early, while it
+    /// waits, gives its place up).
+    pub async fn begin(&self, need: &[(u64, Kind)]) -> Op<'_> {
+        let s = &self.shared;
+        let (op, acts) = lock(&s.core).begin(need, Instant::now());
+        let guard = Op { driver: self, op };
+        s.dispatch(acts);
+        loop {
+            let news = s.ready_news.notified();
+            tokio::pin!(news);
+            news.as_mut().enable();
+            if lock(&s.ready).contains_key(&op) {
+                return guard;
+            }
+            news.await;
+        }
+    }
+
+    /// Tokens held, by kind (shared, exclusive).
+    pub fn held(&self) -> (usize, usize) {
+        lock(&self.shared.core).counts()
+    }
+
+    /// The token held on `seg`, with its generation.
+    pub fn holds(&self, seg: u64) -> Option<(Kind, u64)> {
+        lock(&self.shared.core).holds(seg)
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
