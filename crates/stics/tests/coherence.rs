@@ -2,7 +2,9 @@
 //! is the lock server of the gateways that share its LUN; two initiators, each speaking for a
 //! gateway, trade a segment through LINK TOKENS and LINK POLL, a poll that waits is answered when
 //! a message comes for it, an answer lost with a connection is read again, a poll that waits holds
-//! up nothing else on its session, and bad bytes are refused while the lock server serves on.
+//! up nothing else on its session, and bad bytes are refused while the lock server serves on;
+//! three gateways' token drivers, each over its own initiator session, share four segments
+//! through the SG (`stics_testkit::coherence`).
 
 mod common;
 
@@ -156,4 +158,29 @@ async fn two_gateways_trade_a_segment_through_the_sg_s_lock_server() {
     assert!(text.contains("stics_sg_tokens_held{journal=\"0\",kind=\"exclusive\"} 1.0"), "{text}");
     a.lun.close().await;
     b.lun.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_share_four_segments_through_a_stics_sg() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = stics_testkit::net::free_port();
+    let t = sg(dir.path(), journal_lun(dir.path()), metrics);
+    let url = IscsiUrl::parse(&t.url(0)).unwrap();
+    let mut luns = Vec::new();
+    for _ in 0..3 {
+        let lun = Lun::open(&url, &LunOptions { link: true, ..LunOptions::default() }).await.unwrap();
+        luns.push(std::sync::Arc::new(lun));
+    }
+    let devs = luns.iter().map(|l| std::sync::Arc::clone(l) as std::sync::Arc<dyn BlockDev>).collect();
+    let cfg = stics_coherence::driver::DriverConfig {
+        poll_wait: Duration::from_millis(200),
+        ..stics_coherence::driver::DriverConfig::default()
+    };
+    let run = stics_testkit::coherence::share(devs, 4, 100, cfg).await;
+    assert!(run.groups > 0, "segments changed hands: {run:?}");
+    let st = tokio::task::spawn_blocking(move || status(metrics)).await.unwrap();
+    assert_eq!(st["journals"][0]["tokens"]["breaks"], 0, "{st}");
+    for l in luns {
+        l.close().await;
+    }
 }

@@ -9,6 +9,7 @@
 
 pub mod ceph;
 pub mod client;
+pub mod coherence;
 pub mod faults;
 pub mod ledger;
 pub mod net;
