@@ -4,7 +4,7 @@
 //!
 //! The table has an entry only for a segment someone holds or waits for: 32 bytes while one
 //! gateway holds it exclusively and nobody waits, about 100 with the B-tree's own (a million held
-//! segments measured). Seed 004's table is dense, 9 bytes for every segment (36 MB per TB); this
+//! segments: `cargo run --release -p stics-coherence --example table_size`). Seed 004's table is dense, 9 bytes for every segment (36 MB per TB); this
 //! one is bounded by what the gateways hold, not by the LUN's size.
 //!
 //! Waiters stand in line by ticket: an operation gets one when its first request arrives and
