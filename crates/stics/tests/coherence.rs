@@ -4,7 +4,8 @@
 //! a message comes for it, an answer lost with a connection is read again, a poll that waits holds
 //! up nothing else on its session, and bad bytes are refused while the lock server serves on;
 //! three gateways' token drivers, each over its own initiator session, share four segments
-//! through the SG (`stics_testkit::coherence`).
+//! through the SG (`stics_testkit::coherence`); an operator breaks a silent writer's token over
+//! HTTP and its late group is refused.
 
 mod common;
 
@@ -183,4 +184,44 @@ async fn three_gateways_share_four_segments_through_a_stics_sg() {
     for l in luns {
         l.close().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_breaks_a_silent_writer_s_token_and_its_late_group_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = stics_testkit::net::free_port();
+    let t = sg(dir.path(), journal_lun(dir.path()), metrics);
+    assert!(stics_testkit::proc::wait_port(metrics, Duration::from_secs(20)), "no metrics endpoint on the SG");
+    let (a, b) = (Gateway::open(&t, 1).await, Gateway::open(&t, 2).await);
+    a.send(&[Msg::Request { op: 1, seg: 3, kind: Kind::Exclusive }], true).await.unwrap();
+    let got = a.poll(Duration::from_secs(2)).await;
+    let [Msg::Grant { gen, .. }] = got[..] else { panic!("{got:?}") };
+    b.send(&[Msg::Request { op: 1, seg: 3, kind: Kind::Exclusive }], true).await.unwrap();
+    assert!(matches!(b.poll(Duration::from_secs(2)).await[..], [Msg::Queued { .. }]));
+
+    // A says nothing more; by default B waits. The operator breaks the segment.
+    let bad = tokio::task::spawn_blocking(move || http_answer(metrics, "POST /break?segment=x")).await.unwrap();
+    assert!(bad.starts_with("HTTP/1.0 400"), "{bad}");
+    let said = tokio::task::spawn_blocking(move || http(metrics, "POST /break?segment=3")).await.unwrap();
+    assert!(said.contains("\"broken\"") && said.contains("0100000000000000000000000000005a"), "{said}");
+    let got = b.poll(Duration::from_secs(2)).await;
+    assert!(matches!(got[..], [Msg::Grant { seg: 3, kind: Kind::Exclusive, .. }]), "{got:?}");
+
+    // A's group under its old token is refused; it is told its token was broken.
+    let head =
+        stics_link::group::GroupHead { source: a.source, seq: 1, first_epoch: 1, last_epoch: 1, block_size: 512 };
+    let extents = [stics_link::group::Extent { lba: 3 * 128, blocks: 1, kind: stics_link::group::ExtentKind::Data }];
+    let fences = stics_link::group::Fences { segment_bytes: 64 << 10, gens: vec![(3, gen)] };
+    let group = stics_link::group::encode_fenced(&head, &extents, &[7; 512], 1, Some(&fences)).unwrap();
+    let e = a.lun.group_sink().unwrap().commit(Bytes::from(group)).await.unwrap_err();
+    assert!(matches!(e, BlockError::Rejected(_)), "{e}");
+    assert!(matches!(a.poll(Duration::from_secs(2)).await[..], [Msg::Revoke { seg: 3, .. }]));
+    a.send(&[], false).await.unwrap();
+    let got = a.poll(Duration::from_secs(2)).await;
+    assert!(matches!(got[..], [Msg::Broken { seg: 3, gen: g }] if g == gen), "{got:?}");
+    assert_eq!(a.lun.read(3 * 128, 1).await.unwrap()[..], [0u8; 512][..], "nothing of it landed");
+    let st = tokio::task::spawn_blocking(move || status(metrics)).await.unwrap();
+    assert_eq!(st["journals"][0]["tokens"]["breaks"], 1, "{st}");
+    a.lun.close().await;
+    b.lun.close().await;
 }

@@ -12,6 +12,9 @@
 //! An SG's `/status` has `"journals"`: for each journal it serves, what it has done and its lock
 //! server's `tokens` (held by kind, grants, revokes, releases, breaks, and every segment someone
 //! waits for with the holders in the way and how long the SG has not heard from them).
+//! `POST /break?segment=N[&journal=I]` is the operator's way past a holder that does not answer:
+//! it takes the segment's tokens from the holders asked to give them up (their unshipped writes
+//! are refused from then on) and answers what it broke.
 
 use std::sync::Arc;
 
@@ -59,6 +62,7 @@ impl Endpoint {
             .route("/metrics", get(metrics))
             .route("/status", get(status))
             .route("/drain", post(drain))
+            .route("/break", post(break_segment))
             .fallback(not_found)
             .with_state(Arc::clone(&self.shared))
     }
@@ -158,6 +162,29 @@ async fn status(State(s): State<Arc<Shared>>) -> Response {
     json(StatusCode::OK, &full_status(&s))
 }
 
+async fn break_segment(State(s): State<Arc<Shared>>, uri: axum::http::Uri) -> Response {
+    let q: std::collections::HashMap<&str, &str> =
+        uri.query().unwrap_or_default().split('&').filter_map(|kv| kv.split_once('=')).collect();
+    let n = |k: &str| q.get(k).map(|v| v.parse::<u64>());
+    let Some(Ok(segment)) = n("segment") else {
+        return (StatusCode::BAD_REQUEST, "POST /break?segment=N[&journal=I]: N and I are numbers\n").into_response();
+    };
+    let journal = match n("journal") {
+        None => 0,
+        Some(Ok(i)) => i as usize,
+        Some(Err(_)) => return (StatusCode::BAD_REQUEST, "journal=I: I is a number\n").into_response(),
+    };
+    let Some(j) = s.journals.get(journal) else {
+        return (StatusCode::NOT_FOUND, format!("no SG journal {journal} here\n")).into_response();
+    };
+    let broke: Vec<Value> = j
+        .break_segment(segment)
+        .into_iter()
+        .map(|(source, kind, gen)| serde_json::json!({ "source": source, "kind": kind, "generation": gen }))
+        .collect();
+    json(StatusCode::OK, &serde_json::json!({ "journal": journal, "segment": segment, "broken": broke }))
+}
+
 async fn drain(State(s): State<Arc<Shared>>) -> Response {
     if s.caches.is_empty() {
         return no_caches();
@@ -192,5 +219,5 @@ async fn drain(State(s): State<Arc<Shared>>) -> Response {
 }
 
 async fn not_found() -> Response {
-    (StatusCode::NOT_FOUND, "GET /metrics, GET /status or POST /drain\n").into_response()
+    (StatusCode::NOT_FOUND, "GET /metrics, GET /status, POST /drain or POST /break?segment=N\n").into_response()
 }

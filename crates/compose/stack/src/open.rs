@@ -304,6 +304,10 @@ async fn open_in(spec: &DeviceSpec, ctx: &OpenContext, place: Place) -> Result<A
             if let Some(n) = j.segment {
                 cfg.segment_bytes = n;
             }
+            if let Some(n) = j.lease_secs {
+                cfg.tokens.lease = std::time::Duration::from_secs(n.into());
+            }
+            cfg.tokens.break_after = j.break_after_secs.map(|n| std::time::Duration::from_secs(n.into()));
             let dev = JournalDev::open(journal, medium, cfg)
                 .await
                 .map_err(|source| OpenError::Journal { spec: spec.redacted().to_string(), source })?;

@@ -190,6 +190,10 @@ pub struct JournalSpec {
     pub max_group: Option<u32>,
     /// The coherence segment the SG hands tokens out for (32 to 256 KiB).
     pub segment: Option<u32>,
+    /// Seconds a gateway's tokens stay good after the SG last heard from it.
+    pub lease_secs: Option<u32>,
+    /// Seconds after which the SG takes an exclusive token from a silent holder (none: it waits).
+    pub break_after_secs: Option<u32>,
 }
 
 /// Where a journal lives.
@@ -640,6 +644,12 @@ impl Layer {
                 if let Some(n) = j.segment {
                     *out += &format!(", segment={}", size_text(n.into()));
                 }
+                if let Some(n) = j.lease_secs {
+                    *out += &format!(", lease={n}s");
+                }
+                if let Some(n) = j.break_after_secs {
+                    *out += &format!(", break-after={n}s");
+                }
                 out.push(')');
             }
             Layer::Disk(d) => {
@@ -677,7 +687,8 @@ impl Layer {
 /// The largest `max-group=` a journal takes (a LINK WRITE offset is 32 bits).
 pub const MAX_GROUP: u64 = 1 << 30;
 
-/// Reads `journal(SPEC, journal=PATH[:SIZE]|DEVICE-SPEC, max-group=SIZE, segment=SIZE)`.
+/// Reads `journal(SPEC, journal=PATH[:SIZE]|DEVICE-SPEC, max-group=SIZE, segment=SIZE, lease=SECS,
+/// break-after=SECS)`.
 fn journal(call: &syntax::Call<'_>) -> Result<JournalSpec, SpecError> {
     let args = LayerArgs::parse(call)?;
     let bad = |piece: &str, reason| SpecError::LayerArg { kind: "journal".into(), piece: redact(piece), reason };
@@ -686,6 +697,8 @@ fn journal(call: &syntax::Call<'_>) -> Result<JournalSpec, SpecError> {
         journal: JournalAt::Path { path: PathBuf::new(), size: None },
         max_group: None,
         segment: None,
+        lease_secs: None,
+        break_after_secs: None,
     };
     let mut given = false;
     for (k, v) in &args.options {
@@ -717,7 +730,18 @@ fn journal(call: &syntax::Call<'_>) -> Result<JournalSpec, SpecError> {
                 let n = n.filter(|&n| stics_coherence::seg_blocks(n, 512).is_ok());
                 j.segment = Some(n.ok_or_else(|| bad(&piece, "a power of two from 32 KiB to 256 KiB"))?);
             }
-            _ => return Err(bad(&piece, "known keys: journal, max-group, segment")),
+            "lease" | "break-after" => {
+                let max = if k == "lease" { 3600.0 } else { 86_400.0 };
+                let secs = stics_units::parse_duration(v).ok().filter(|s| (1.0..=max).contains(s) && s.fract() == 0.0);
+                let secs =
+                    secs.ok_or_else(|| bad(&piece, "whole seconds, at least 1s (lease at most 1h, break-after 1d)"))?;
+                if k == "lease" {
+                    j.lease_secs = Some(secs as u32);
+                } else {
+                    j.break_after_secs = Some(secs as u32);
+                }
+            }
+            _ => return Err(bad(&piece, "known keys: journal, max-group, segment, lease, break-after")),
         }
     }
     if !given {
@@ -1242,7 +1266,7 @@ mod tests {
         for text in [
             "journal(file:/srv/lun.img:10GiB, journal=/srv/journal:2GiB)",
             "journal(rbd:p/img, journal=rbd:p/img-journal, max-group=16MiB)",
-            "journal(file:/d, journal=/j:1GiB, segment=128KiB)",
+            "journal(file:/d, journal=/j:1GiB, segment=128KiB, lease=10s, break-after=120s)",
             "journal(mem:1GiB, journal=/j)",
             "cache(iscsi://h:3260/iqn.2024-01.org.x:y/0?link=off, log=/l)",
             "cache(iscsi://h:3260/iqn.2024-01.org.x:y/0?link=on&tls=on&tls_ca=/pki/ca.pem&tls_name=sg, log=/l)",
@@ -1258,7 +1282,9 @@ mod tests {
         for (text, want) in [
             ("journal(mem:1G)", "needs journal=PATH[:SIZE] or journal=DEVICE-SPEC"),
             ("journal(mem:1G, journal=/j, max-group=1KiB)", "a size from 1 MiB to 1 GiB"),
-            ("journal(mem:1G, journal=/j, lag=3)", "known keys: journal, max-group, segment"),
+            ("journal(mem:1G, journal=/j, lag=3)", "known keys: journal, max-group, segment, lease, break-after"),
+            ("journal(mem:1G, journal=/j, lease=0s)", "whole seconds, at least 1s"),
+            ("journal(mem:1G, journal=/j, break-after=1.5s)", "whole seconds, at least 1s"),
             ("journal(mem:1G, journal=/j, segment=48KiB)", "a power of two from 32 KiB to 256 KiB"),
             ("journal(mem:1G, journal=/j, segment=1MiB)", "a power of two from 32 KiB to 256 KiB"),
             ("journal(mem:1G, journal=)", "needs a path or a device"),

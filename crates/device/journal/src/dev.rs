@@ -210,6 +210,11 @@ impl JournalDev {
         self.tokens.status(Instant::now())
     }
 
+    /// An operator breaks `seg`'s tokens that someone waits for (see `Tokens::break_segment`).
+    pub fn break_segment(&self, seg: u64) -> Vec<(String, String, u64)> {
+        self.tokens.break_segment(seg)
+    }
+
     /// Waits until every committed group is on the medium (the medium alone is then the truth).
     pub async fn settle(&self) {
         loop {

@@ -224,6 +224,28 @@ impl Tokens {
         }
     }
 
+    /// An operator takes `seg`'s tokens from the holders asked to give them up: what they did not
+    /// ship is refused from now on, and the first in line is served. Returns what was broken:
+    /// (source in hex, kind, generation).
+    pub fn break_segment(&self, seg: u64) -> Vec<(String, String, u64)> {
+        let mut st = lock(&self.state);
+        let (outs, broke) = st.server.break_segment(seg);
+        let names: BTreeMap<Gw, String> = st.ids.iter().map(|(s, &g)| (g, hex(s))).collect();
+        let said = broke
+            .iter()
+            .map(|b| {
+                tracing::warn!(gateway = b.gw, segment = b.seg, "an operator broke a token");
+                (names.get(&b.gw).cloned().unwrap_or_default(), format!("{:?}", b.kind).to_lowercase(), b.gen)
+            })
+            .collect();
+        let news = Self::route(&mut st, outs);
+        drop(st);
+        if news {
+            self.news.notify_waiters();
+        }
+        said
+    }
+
     /// Counters and what waits for whom.
     pub fn status(&self, now: Instant) -> TokenStatus {
         let st = lock(&self.state);

@@ -31,7 +31,8 @@ pub struct Args {
     /// held under RBD's exclusive lock so no second target can serve it); :BLOCK after a size
     /// sets the block size (mem:1GiB:4096). Any of them may be wrapped: cache(SPEC, log=PATH,
     /// ...) (the STICS cache), journal(SPEC, journal=PATH[:SIZE][, max-group=SIZE,
-    /// segment=SIZE]) (an SG's journal; segment is what its coherence tokens cover) or disk(SPEC,
+    /// segment=SIZE, lease=SECS, break-after=SECS]) (an SG's journal; the last three are for
+    /// its coherence tokens) or disk(SPEC,
     /// model=o7n3200|as010a1|91366u4|dnes|ddys|raid5[, rpm=N, seek=4.9ms, transfer=29.8MB/s,
     /// buffer=SIZE|off, queue=fifo|elevator]) (SPEC answering when the seeds' disk would: seek,
     /// rotation, transfer and its write buffer). Default: one mem:1GiB LUN when there is no

@@ -71,14 +71,20 @@ pub fn refused_gateway(remote: &str, log: &Path, stderr: &Path) -> String {
 /// One HTTP/1.0 request (`"GET /status"`) to the gateway's metrics port; the body of its 200
 /// answer.
 pub fn http(port: u16, request: &str) -> String {
+    let answer = http_answer(port, request);
+    assert!(answer.starts_with("HTTP/1.0 200"), "{request}: {answer}");
+    answer.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
+}
+
+/// The whole HTTP answer to `request`, whatever its status.
+pub fn http_answer(port: u16, request: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint");
     s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
     s.write_all(format!("{request} HTTP/1.0\r\n\r\n").as_bytes()).unwrap();
     let mut answer = String::new();
     s.read_to_string(&mut answer).unwrap_or_else(|e| panic!("{request}: {e}"));
-    assert!(answer.starts_with("HTTP/1.0 200"), "{request}: {answer}");
-    answer.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
+    answer
 }
 
 /// The gateway's `stics_cache::Status` as JSON.
