@@ -15,6 +15,8 @@ PACKAGES=(
     ceph-mon ceph-mgr ceph-osd ceph-common librbd-dev librados-dev tgt-rbd
     # `stics bench app` (seed 000 Table 2): OpenSSH's build and PostgreSQL's pgbench.
     gcc make libc6-dev zlib1g-dev libssl-dev postgresql
+    # libFuzzer, which the fuzz targets build (CI checks that they compile).
+    g++
 )
 
 missing=()
