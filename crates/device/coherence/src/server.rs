@@ -338,21 +338,6 @@ impl Server {
                             continue;
                         }
                     }
-                    if s.holds(from).is_none() && s.m().line.is_empty() && s.compatible(from, kind) {
-                        // Nobody in the way: a new token at once, without standing in line.
-                        let gen = self.next_gen;
-                        self.next_gen += 1;
-                        match kind {
-                            Kind::Exclusive => s.ew = Some((from, gen)),
-                            Kind::Shared => {
-                                s.mm().sr.insert(from, gen);
-                            }
-                        }
-                        self.counts.grants += 1;
-                        self.changed.insert(seg);
-                        out.push(Out { to: from, msg: Msg::Grant { op, seg, kind, gen, ticket } });
-                        continue;
-                    }
                     let line = &mut s.mm().line;
                     match line.iter_mut().find(|w| w.gw == from && w.op == op) {
                         Some(w) => w.kind = w.kind.max(kind),
