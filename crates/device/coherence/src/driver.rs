@@ -5,7 +5,7 @@
 //! token's holder must do when it gives one up (ship the segment's dirty blocks, drop its cached
 //! ones) or loses one is the [`Holder`]'s.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -59,7 +59,7 @@ struct Shared {
     core: Mutex<Client>,
     outbox: Mutex<VecDeque<Msg>>,
     /// Operations that may run.
-    ready: Mutex<BTreeMap<u64, bool>>,
+    ready: Mutex<BTreeSet<u64>>,
     ready_news: Notify,
     send_news: Notify,
     /// The latest answered exchange: when it was sent and when its answer came.
@@ -86,7 +86,7 @@ impl Shared {
                     self.send_news.notify_one();
                 }
                 Action::Ready(op) => {
-                    lock(&self.ready).insert(op, true);
+                    lock(&self.ready).insert(op);
                     self.ready_news.notify_waiters();
                 }
                 Action::Surrender { seg, gen, keep } => {
@@ -236,7 +236,7 @@ impl Driver {
         let shared = Arc::new(Shared {
             core: Mutex::new(Client::new(cfg.lease)),
             outbox: Mutex::new(VecDeque::new()),
-            ready: Mutex::new(BTreeMap::new()),
+            ready: Mutex::new(BTreeSet::new()),
             ready_news: Notify::new(),
             send_news: Notify::new(),
             exchanged: Mutex::new(None),
@@ -263,7 +263,7 @@ impl Driver {
             let news = s.ready_news.notified();
             tokio::pin!(news);
             news.as_mut().enable();
-            if lock(&s.ready).contains_key(&op) {
+            if lock(&s.ready).contains(&op) {
                 return guard;
             }
             news.await;

@@ -82,6 +82,18 @@ pub struct BlockedSegment {
     pub waiters: Vec<(String, String, f64)>,
 }
 
+impl State {
+    /// Each gateway's source in hex, as `/status` names them.
+    fn names(&self) -> BTreeMap<Gw, String> {
+        self.ids.iter().map(|(s, &g)| (g, hex(s))).collect()
+    }
+
+    /// The gateway `source` is, or one no token names.
+    fn gw(&self, source: &[u8; 16]) -> Gw {
+        self.ids.get(source).copied().unwrap_or(Gw::MAX)
+    }
+}
+
 fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -109,7 +121,9 @@ impl Tokens {
         }
     }
 
-    fn route(st: &mut State, outs: Vec<Out>) -> bool {
+    /// Queues `outs` for their gateways and wakes the polls that wait, after letting go of the
+    /// table.
+    fn send(&self, mut st: std::sync::MutexGuard<'_, State>, outs: Vec<Out>) {
         let any = !outs.is_empty();
         for o in outs {
             let q = st.queued.entry(o.to).or_default();
@@ -120,7 +134,10 @@ impl Tokens {
             }
             q.msgs.push_back(o.msg);
         }
-        any
+        drop(st);
+        if any {
+            self.news.notify_waiters();
+        }
     }
 
     /// Takes a gateway's exchange (LINK TOKENS).
@@ -163,11 +180,7 @@ impl Tokens {
             outs.extend(st.server.reconnected(gw, now));
         }
         outs.extend(st.server.handle(gw, &msgs, now));
-        let news = Self::route(&mut st, outs);
-        drop(st);
-        if news {
-            self.news.notify_waiters();
-        }
+        self.send(st, outs);
         Ok(())
     }
 
@@ -184,23 +197,17 @@ impl Tokens {
                 let gw = st.by_fold.get(&fold).copied();
                 if let Some(q) = gw.and_then(|gw| st.queued.get_mut(&gw)) {
                     let acked = from.wrapping_sub(q.base) as usize;
-                    if acked <= q.msgs.len() {
+                    // Numbers it was never sent mean that what it asks for is gone: the answer
+                    // says from where on there are messages.
+                    let gap = acked > q.msgs.len();
+                    if !gap {
                         q.msgs.drain(..acked);
                         q.base = from;
-                    } else {
-                        // Numbers it was never sent: what it asks for is gone; say from where on.
-                        let n = token::fitting(q.msgs.len(), max);
-                        return Bytes::from(token::encode_answer(
-                            q.base,
-                            &q.msgs.iter().take(n).copied().collect::<Vec<_>>(),
-                        ));
                     }
-                    if !q.msgs.is_empty() {
+                    if gap || !q.msgs.is_empty() {
                         let n = token::fitting(q.msgs.len(), max);
-                        return Bytes::from(token::encode_answer(
-                            q.base,
-                            &q.msgs.iter().take(n).copied().collect::<Vec<_>>(),
-                        ));
+                        let msgs: Vec<Msg> = q.msgs.iter().take(n).copied().collect();
+                        return Bytes::from(token::encode_answer(q.base, &msgs));
                     }
                 }
             }
@@ -217,11 +224,7 @@ impl Tokens {
         for b in &broke {
             tracing::warn!(gateway = b.gw, segment = b.seg, kind = ?b.kind, "a silent holder's token was broken");
         }
-        let news = Self::route(&mut st, outs);
-        drop(st);
-        if news {
-            self.news.notify_waiters();
-        }
+        self.send(st, outs);
     }
 
     /// An operator takes `seg`'s tokens from the holders asked to give them up: what they did not
@@ -230,7 +233,7 @@ impl Tokens {
     pub fn break_segment(&self, seg: u64) -> Vec<(String, String, u64)> {
         let mut st = lock(&self.state);
         let (outs, broke) = st.server.break_segment(seg);
-        let names: BTreeMap<Gw, String> = st.ids.iter().map(|(s, &g)| (g, hex(s))).collect();
+        let names = st.names();
         let said = broke
             .iter()
             .map(|b| {
@@ -238,11 +241,7 @@ impl Tokens {
                 (names.get(&b.gw).cloned().unwrap_or_default(), format!("{:?}", b.kind).to_lowercase(), b.gen)
             })
             .collect();
-        let news = Self::route(&mut st, outs);
-        drop(st);
-        if news {
-            self.news.notify_waiters();
-        }
+        self.send(st, outs);
         said
     }
 
@@ -251,7 +250,7 @@ impl Tokens {
         let st = lock(&self.state);
         let (sr, ew) = st.server.held();
         let Counts { grants, revokes, releases, breaks } = st.server.counts();
-        let names: BTreeMap<Gw, String> = st.ids.iter().map(|(s, &g)| (g, hex(s))).collect();
+        let names = st.names();
         let name = |g: Gw| names.get(&g).cloned().unwrap_or_default();
         let show = |v: &[(Gw, stics_coherence::Kind, Duration)]| {
             v.iter().map(|&(g, k, d)| (name(g), format!("{k:?}").to_lowercase(), d.as_secs_f64())).collect()
@@ -277,8 +276,7 @@ impl Tokens {
     /// Whether gateway `source`'s write to `seg` under generation `gen` may land.
     pub fn fence(&self, source: &[u8; 16], seg: u64, gen: u64) -> Result<(), stics_coherence::Fenced> {
         let st = lock(&self.state);
-        let gw = st.ids.get(source).copied().unwrap_or(Gw::MAX);
-        st.server.fence(gw, seg, gen)
+        st.server.fence(st.gw(source), seg, gen)
     }
 
     /// Whether a group from `source` may land: every generation it carries is its segment's
@@ -297,7 +295,7 @@ impl Tokens {
                 f.segment_bytes, self.segment_bytes
             ))),
             Some(f) => {
-                let gw = st.ids.get(source).copied().unwrap_or(Gw::MAX);
+                let gw = st.gw(source);
                 for &(seg, gen) in &f.gens {
                     st.server.fence(gw, seg, gen).map_err(|e| BlockError::Rejected(format!("fenced: {e}")))?;
                 }
