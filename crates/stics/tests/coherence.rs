@@ -10,7 +10,6 @@
 mod common;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -45,8 +44,9 @@ fn journal_lun(dir: &Path) -> String {
 struct Gateway {
     lun: Lun,
     source: [u8; 16],
-    /// The number of the next message it wants: what it has read so far.
-    from: AtomicU32,
+    /// The number of the next message it wants: what it has read so far (unknown until the
+    /// first message, since the SG numbers each gateway's from a point of its own).
+    from: std::sync::Mutex<Option<u32>>,
 }
 
 impl Gateway {
@@ -56,7 +56,7 @@ impl Gateway {
         let mut source = [0u8; 16];
         source[0] = n;
         source[15] = 0x5a;
-        Gateway { lun, source, from: AtomicU32::new(0) }
+        Gateway { lun, source, from: std::sync::Mutex::new(None) }
     }
 
     async fn send(&self, msgs: &[Msg], new_connection: bool) -> Result<(), BlockError> {
@@ -66,11 +66,20 @@ impl Gateway {
 
     /// Reads the messages after those read before, acknowledging those.
     async fn poll(&self, wait: Duration) -> Vec<Msg> {
-        let from = self.from.load(Ordering::SeqCst);
-        let (first, msgs) = self.poll_from(from, wait).await;
-        assert_eq!(first, from, "no message lost");
-        self.from.store(first + msgs.len() as u32, Ordering::SeqCst);
+        let from = *self.from.lock().unwrap();
+        let (first, msgs) = self.poll_from(from.unwrap_or(0), wait).await;
+        if let Some(from) = from {
+            assert_eq!(first, from, "no message lost");
+        }
+        if from.is_some() || !msgs.is_empty() {
+            *self.from.lock().unwrap() = Some(first.wrapping_add(msgs.len() as u32));
+        }
         msgs
+    }
+
+    /// The number it reads on from.
+    fn next(&self) -> u32 {
+        self.from.lock().unwrap().expect("it has read messages")
     }
 
     async fn poll_from(&self, from: u32, wait: Duration) -> (u32, Vec<Msg>) {
@@ -115,8 +124,8 @@ async fn two_gateways_trade_a_segment_through_the_sg_s_lock_server() {
     assert!(started.elapsed() < Duration::from_secs(4), "the poll was answered when the grant came");
 
     // A poll that waits holds up nothing else on its session: reads and status reads go on.
+    let from = a.next();
     let lun = std::sync::Arc::new(a.lun);
-    let from = a.from.load(Ordering::SeqCst);
     let poller = {
         let (lun, fold) = (std::sync::Arc::clone(&lun), stics_link::fence_of(&a.source));
         tokio::spawn(
@@ -137,7 +146,7 @@ async fn two_gateways_trade_a_segment_through_the_sg_s_lock_server() {
     // A's answer with the next revoke is lost with its connection: it asks from the same number
     // and reads it again.
     b.send(&[Msg::Request { op: 2, seg: 9, kind: Kind::Exclusive }], false).await.unwrap();
-    let from = a.from.load(Ordering::SeqCst);
+    let from = a.next();
     assert!(matches!(a.poll_from(from, Duration::from_secs(2)).await.1[..], [Msg::Revoke { seg: 9, keep: None, .. }]));
     assert!(matches!(a.poll(Duration::from_secs(2)).await[..], [Msg::Revoke { seg: 9, keep: None, .. }]));
 

@@ -16,8 +16,8 @@ pub const LINK_COMMIT: u8 = 0xc5;
 /// group of its previous run land after it read what the SG holds.
 pub const LINK_STATUS: u8 = 0xc6;
 /// LINK TOKENS: data-out is a token exchange ([`crate::token::encode_exchange`]: the gateway's
-/// source and its messages), `len` bytes; `new_connection` when the gateway's connection to the
-/// SG is new since its last exchange (what the SG sent it may be lost).
+/// source and its messages), `len` bytes; `new_connection` when the gateway starts afresh
+/// (restarted, or it saw a gap in LINK POLL's numbers): the SG says its unanswered revokes again.
 pub const LINK_TOKENS: u8 = 0xc7;
 /// LINK POLL: data-in is a poll answer ([`crate::token::encode_answer`]) for the gateway whose
 /// source folds to `gateway` ([`crate::fence_of`]), as long as the command's transfer length

@@ -146,12 +146,14 @@ impl Shared {
     }
 
     async fn poller(self: Arc<Self>) {
-        let mut from = 0u32;
+        // The number of the next message wanted; unknown until the first message comes, since
+        // the SG numbers each gateway's messages from a point of its own.
+        let mut from: Option<u32> = None;
         let fold = stics_link::fence_of(&self.source);
         loop {
             let started = Instant::now();
             let answer = match self.sink() {
-                Ok(s) => s.token_poll(fold, from, self.cfg.poll_wait, POLL_BYTES).await,
+                Ok(s) => s.token_poll(fold, from.unwrap_or(0), self.cfg.poll_wait, POLL_BYTES).await,
                 Err(e) => Err(e),
             };
             let (first, msgs) = match answer.and_then(|b| {
@@ -166,7 +168,7 @@ impl Shared {
             };
             let now = Instant::now();
             let mut acts = Vec::new();
-            let gap = first != from;
+            let gap = from.is_some_and(|f| f != first);
             {
                 let mut core = lock(&self.core);
                 if gap {
@@ -175,7 +177,9 @@ impl Shared {
                     *lock(&self.fresh) = true;
                     acts.extend(core.reconnected());
                 }
-                from = first.wrapping_add(msgs.len() as u32);
+                if from.is_some() || !msgs.is_empty() {
+                    from = Some(first.wrapping_add(msgs.len() as u32));
+                }
                 for m in msgs {
                     acts.extend(core.on_msg(m, now));
                 }

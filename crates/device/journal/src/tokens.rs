@@ -31,10 +31,19 @@ pub const MAX_GATEWAYS: usize = 256;
 const MAX_QUEUED: usize = 4096;
 
 /// One gateway's messages not yet acknowledged, numbered from `base`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Queue {
     base: u32,
     msgs: VecDeque<Msg>,
+}
+
+impl Queue {
+    /// A queue numbered from a random point: after an SG restart, a gateway's numbers from
+    /// before are not taken for this queue's (which would acknowledge messages it never read);
+    /// it sees a gap instead, and starts afresh.
+    fn start() -> Queue {
+        Queue { base: rand::random(), msgs: VecDeque::new() }
+    }
 }
 
 /// Most segments the table holds (about 100 MiB): requests past it are refused, so that no set
@@ -126,7 +135,7 @@ impl Tokens {
     fn send(&self, mut st: std::sync::MutexGuard<'_, State>, outs: Vec<Out>) {
         let any = !outs.is_empty();
         for o in outs {
-            let q = st.queued.entry(o.to).or_default();
+            let q = st.queued.entry(o.to).or_insert_with(Queue::start);
             if q.msgs.len() >= MAX_QUEUED {
                 // A gap in the numbers tells the gateway that it lost messages.
                 q.base = q.base.wrapping_add(q.msgs.len() as u32 + 1);
@@ -171,12 +180,9 @@ impl Tokens {
         };
         let mut outs = Vec::new();
         if new_connection {
-            // The gateway starts afresh (restarted, or it saw a gap): what was queued is void,
-            // and the gap in the numbers says so to a poll still under way.
-            if let Some(q) = st.queued.get_mut(&gw) {
-                q.base = q.base.wrapping_add(q.msgs.len() as u32 + 1);
-                q.msgs.clear();
-            }
+            // The gateway starts afresh (restarted, or it saw a gap): it may have lost what the
+            // SG sent it, so its unanswered revokes are said again. What is queued stays, and so
+            // do the numbers, so that its next poll reads on without a gap of its own making.
             outs.extend(st.server.reconnected(gw, now));
         }
         outs.extend(st.server.handle(gw, &msgs, now));
@@ -339,13 +345,21 @@ mod tests {
         static FROM: std::cell::RefCell<BTreeMap<u8, u32>> = const { std::cell::RefCell::new(BTreeMap::new()) };
     }
 
-    /// Polls for gateway `source`, acknowledging what it read before, as a gateway does.
+    /// Polls for gateway `source`, acknowledging what it read before, as a gateway does; its
+    /// first poll takes the numbers as they come.
     async fn poll(t: &Tokens, source: u8) -> Vec<Msg> {
-        let from = FROM.with(|f| f.borrow().get(&source).copied().unwrap_or(0));
-        let (first, msgs) = poll_from(t, source, from).await;
-        assert_eq!(first, from, "no gap");
-        FROM.with(|f| f.borrow_mut().insert(source, first + msgs.len() as u32));
+        let from = FROM.with(|f| f.borrow().get(&source).copied());
+        let (first, msgs) = poll_from(t, source, from.unwrap_or(0)).await;
+        if let Some(from) = from {
+            assert_eq!(first, from, "no gap");
+        }
+        FROM.with(|f| f.borrow_mut().insert(source, first.wrapping_add(msgs.len() as u32)));
         msgs
+    }
+
+    /// The number gateway `source` reads on from.
+    fn from(source: u8) -> u32 {
+        FROM.with(|f| f.borrow().get(&source).copied().unwrap_or(0))
     }
 
     async fn poll_from(t: &Tokens, source: u8, from: u32) -> (u32, Vec<Msg>) {
@@ -390,6 +404,9 @@ mod tests {
     #[tokio::test]
     async fn a_gateway_that_never_polls_keeps_a_bounded_queue() {
         let t = Tokens::new(Policy::default(), 64 << 10);
+        ex(&t, 1, &[Msg::Request { op: 99_999, seg: 99_999, kind: Kind::Shared }]);
+        poll(&t, 1).await;
+        let start = from(1);
         for round in 0..3u64 {
             let reqs: Vec<Msg> = (0..MAX_EXCHANGE as u64)
                 .map(|i| Msg::Request { op: round * 10_000 + i, seg: round * 10_000 + i, kind: Kind::Shared })
@@ -398,8 +415,8 @@ mod tests {
         }
         let queued = lock(&t.state).queued.values().map(|q| q.msgs.len()).sum::<usize>();
         assert!(queued <= MAX_QUEUED, "{queued}");
-        let (first, _) = poll_from(&t, 1, 0).await;
-        assert_ne!(first, 0, "a gap tells the gateway it lost messages");
+        let (first, _) = poll_from(&t, 1, start).await;
+        assert_ne!(first, start, "a gap tells the gateway it lost messages");
         let too_many: Vec<Msg> = (0..=MAX_EXCHANGE as u64).map(|op| Msg::Done { op }).collect();
         assert!(t.exchange(&token::encode_exchange(&src(1), &too_many), false, Instant::now()).is_err());
     }
@@ -409,19 +426,45 @@ mod tests {
         let t = Tokens::new(Policy::default(), 64 << 10);
         ex(&t, 1, &[Msg::Request { op: 1, seg: 2, kind: Kind::Exclusive }]);
         poll(&t, 1).await;
+        let n = from(1);
         ex(&t, 2, &[Msg::Request { op: 1, seg: 2, kind: Kind::Shared }]);
         assert!(matches!(poll(&t, 1).await[..], [Msg::Revoke { .. }]));
         // That answer was lost with the connection: asked again from the same number, it comes
         // again; asked from past it, it is acknowledged and gone.
-        let (first, again) = poll_from(&t, 1, 1).await;
-        assert!(first == 1 && matches!(again[..], [Msg::Revoke { .. }]), "{again:?}");
-        assert_eq!(poll_from(&t, 1, 2).await, (2, vec![]));
-        // A gateway that starts afresh hears the revoke it has not answered again, after a gap
-        // in the numbers that tells a poll still under way that the old ones are void.
+        let (first, again) = poll_from(&t, 1, n).await;
+        assert!(first == n && matches!(again[..], [Msg::Revoke { .. }]), "{again:?}");
+        assert_eq!(poll_from(&t, 1, n.wrapping_add(1)).await, (n.wrapping_add(1), vec![]));
+        // A gateway that starts afresh hears the revoke it has not answered again, numbered on
+        // from where it read: no gap of its own making.
         t.exchange(&token::encode_exchange(&src(1), &[]), true, Instant::now()).unwrap();
-        let (first, msgs) = poll_from(&t, 1, 2).await;
-        assert!(first == 3 && matches!(msgs[..], [Msg::Revoke { .. }]), "{first} {msgs:?}");
+        let (first, msgs) = poll_from(&t, 1, n.wrapping_add(1)).await;
+        assert!(first == n.wrapping_add(1) && matches!(msgs[..], [Msg::Revoke { .. }]), "{first} {msgs:?}");
         // Numbers never sent: the answer says from where on there are messages.
-        assert_eq!(poll_from(&t, 1, 99).await.0, 3);
+        assert_eq!(poll_from(&t, 1, n.wrapping_add(99)).await.0, n.wrapping_add(1));
+    }
+
+    #[tokio::test]
+    async fn after_a_restart_the_gap_is_seen_once_and_the_fresh_exchange_makes_none() {
+        let t = Tokens::new(Policy::default(), 64 << 10);
+        ex(&t, 1, &[Msg::Request { op: 1, seg: 2, kind: Kind::Exclusive }]);
+        assert_eq!(poll(&t, 1).await.len(), 1);
+        // The SG restarts: its queues start again, and the gateway's number is not among them.
+        let t = Tokens::new(Policy::default(), 64 << 10);
+        ex(&t, 1, &[Msg::Request { op: 2, seg: 3, kind: Kind::Exclusive }]);
+        let n = from(1);
+        let (first, msgs) = poll_from(&t, 1, n).await;
+        assert_ne!(first, n, "the gateway learns that messages were lost");
+        // It starts afresh (asks again for what it waits for, flagged new) and reads on from
+        // where the answer left it: no second gap, and the new grant comes.
+        t.exchange(
+            &token::encode_exchange(&src(1), &[Msg::Request { op: 2, seg: 3, kind: Kind::Exclusive }]),
+            true,
+            Instant::now(),
+        )
+        .unwrap();
+        let from = first.wrapping_add(msgs.len() as u32);
+        let (again, more) = poll_from(&t, 1, from).await;
+        assert_eq!(again, from, "the fresh exchange made no gap of its own");
+        assert!(msgs.iter().chain(&more).any(|m| matches!(m, Msg::Grant { seg: 3, .. })), "{msgs:?} {more:?}");
     }
 }
