@@ -6,6 +6,7 @@
 //! ones) or loses one is the [`Holder`]'s.
 
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -65,7 +66,7 @@ struct Shared {
     /// The latest answered exchange: when it was sent and when its answer came.
     exchanged: Mutex<Option<(Instant, Instant)>>,
     /// The next exchange tells the SG that this gateway starts afresh.
-    fresh: Mutex<bool>,
+    fresh: AtomicBool,
     holder: Arc<dyn Holder>,
     dev: Arc<dyn BlockDev>,
     source: [u8; 16],
@@ -111,19 +112,22 @@ impl Shared {
 
     /// Sends what is queued, or nothing, as one exchange.
     async fn exchange(self: &Arc<Self>) -> Result<(), BlockError> {
+        let sink = self.sink()?;
         let msgs: Vec<Msg> = lock(&self.outbox).drain(..).collect();
-        let fresh = *lock(&self.fresh);
+        // Taken, not read: a gap the poller sees while this exchange is under way asks for
+        // another fresh start.
+        let fresh = self.fresh.swap(false, Ordering::SeqCst);
         let sent = Instant::now();
         let body = Bytes::from(token::encode_exchange(&self.source, &msgs));
-        match self.sink()?.tokens(body, fresh).await {
+        match sink.tokens(body, fresh).await {
             Ok(()) => {
                 *lock(&self.exchanged) = Some((sent, Instant::now()));
-                if fresh {
-                    *lock(&self.fresh) = false;
-                }
                 Ok(())
             }
             Err(e) => {
+                if fresh {
+                    self.fresh.store(true, Ordering::SeqCst);
+                }
                 // Every message is idempotent at the SG: they go again.
                 let mut out = lock(&self.outbox);
                 for m in msgs.into_iter().rev() {
@@ -174,7 +178,7 @@ impl Shared {
                 if gap {
                     // Messages were lost (the SG restarted, or gave up on us): start afresh.
                     tracing::info!(asked = from, got = first, "token messages lost; asking again for what waits");
-                    *lock(&self.fresh) = true;
+                    self.fresh.store(true, Ordering::SeqCst);
                     acts.extend(core.reconnected());
                 }
                 if from.is_some() || !msgs.is_empty() {
@@ -244,7 +248,7 @@ impl Driver {
             ready_news: Notify::new(),
             send_news: Notify::new(),
             exchanged: Mutex::new(None),
-            fresh: Mutex::new(true),
+            fresh: AtomicBool::new(true),
             holder,
             dev,
             source,
