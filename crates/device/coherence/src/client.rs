@@ -112,11 +112,6 @@ impl Client {
         })
     }
 
-    /// Operations not yet ended.
-    pub fn ops(&self) -> usize {
-        self.ops.len()
-    }
-
     fn usable(&self, seg: u64, kind: Kind) -> bool {
         self.held.get(&seg).is_some_and(|h| h.kind.covers(kind) && h.surrendering.is_none())
     }

@@ -248,7 +248,7 @@ impl Server {
     }
 
     /// Every broken token not yet acknowledged: (gateway, segment, generation).
-    pub fn untold_list(&self) -> Vec<(Gw, u64, u64)> {
+    fn untold_list(&self) -> Vec<(Gw, u64, u64)> {
         self.untold.iter().flat_map(|(&gw, v)| v.iter().map(move |&(seg, gen)| (gw, seg, gen))).collect()
     }
 
@@ -264,11 +264,6 @@ impl Server {
     /// Every held segment's entry, in segment order.
     pub fn entries(&self) -> Vec<Entry> {
         self.segs.keys().filter_map(|&seg| self.entry(seg)).collect()
-    }
-
-    /// The generation counter a restore continues from.
-    pub fn next_gen(&self) -> u64 {
-        self.next_gen
     }
 
     /// Segments in the table (held or waited for).
