@@ -177,8 +177,16 @@ async fn break_segment(State(s): State<Arc<Shared>>, uri: axum::http::Uri) -> Re
     let Some(j) = s.journals.get(journal) else {
         return (StatusCode::NOT_FOUND, format!("no SG journal {journal} here\n")).into_response();
     };
-    let broke: Vec<Value> = j
-        .break_segment(segment)
+    let broke = match j.break_segment(segment).await {
+        Ok(b) => b,
+        Err(e) => {
+            let why = format!(
+                "the break is made but not yet durable in the journal ({e}); it is written again within a second\n"
+            );
+            return (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+        }
+    };
+    let broke: Vec<Value> = broke
         .into_iter()
         .map(|(source, kind, gen)| serde_json::json!({ "source": source, "kind": kind, "generation": gen }))
         .collect();

@@ -243,12 +243,12 @@ impl Server {
     pub fn take_changes(&mut self) -> Changes {
         let changed = std::mem::take(&mut self.changed);
         let segs = changed.into_iter().map(|seg| (seg, self.entry(seg))).collect();
-        let untold = std::mem::take(&mut self.untold_changed).then(|| self.untold_list());
+        let untold = std::mem::take(&mut self.untold_changed).then(|| self.untold());
         Changes { segs, untold, next_gen: self.next_gen }
     }
 
     /// Every broken token not yet acknowledged: (gateway, segment, generation).
-    fn untold_list(&self) -> Vec<(Gw, u64, u64)> {
+    pub fn untold(&self) -> Vec<(Gw, u64, u64)> {
         self.untold.iter().flat_map(|(&gw, v)| v.iter().map(move |&(seg, gen)| (gw, seg, gen))).collect()
     }
 

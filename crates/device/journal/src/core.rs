@@ -1,6 +1,8 @@
 //! The journal's decisions, pure: whether a group is taken (checked against the medium and its
 //! source's sequence), where its record goes in the ring, what each read finds (the newest
-//! committed group over the medium), which group is applied next and when ring space is free.
+//! committed group over the medium), which group is applied next, when ring space is free, and
+//! when the lock server's table is written whole again so that the ring's head may pass the last
+//! whole copy.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -27,17 +29,23 @@ impl Run for Ov {
     }
 }
 
-/// A live record: a committed group, applied to the medium or not yet.
+/// A live record: a committed group, applied to the medium or not yet, or a tokens record
+/// (nothing to apply).
 #[derive(Debug, Clone)]
 struct Rec {
     seq: u64,
     offset: u64,
     len: u64,
+    group: Option<GroupRec>,
+    applied: bool,
+}
+
+#[derive(Debug, Clone)]
+struct GroupRec {
     head: GroupHead,
     placed: Vec<(group::Extent, Option<u64>)>,
     /// Its payload (the encoded group past its tables) and how the payload is cut in chunks.
     data: Stored,
-    applied: bool,
 }
 
 /// A committed group's data as a reader needs it: the payload and its chunk table.
@@ -124,6 +132,10 @@ pub struct Core {
     sources: BTreeMap<[u8; 16], Source>,
     overlay: ExtentMap<Ov>,
     applying: Option<u64>,
+    /// The newest whole copy of the token table (replay starts from it, so the ring's head
+    /// stays at or before it) and its length, and bytes of tokens records written after it.
+    snapshot: Option<(u64, u64)>,
+    since_snapshot: u64,
 }
 
 impl Core {
@@ -166,6 +178,8 @@ impl Core {
             sources,
             overlay: ExtentMap::new(block_size),
             applying: None,
+            snapshot: None,
+            since_snapshot: 0,
         }
     }
 
@@ -235,6 +249,11 @@ impl Core {
         (self.tail + len <= head).then_some(self.tail)
     }
 
+    /// True once the token table has a copy in the ring.
+    pub fn has_snapshot(&self) -> bool {
+        self.snapshot.is_some()
+    }
+
     /// The number the next record gets.
     pub fn next_seq(&self) -> u64 {
         self.next_seq
@@ -261,14 +280,53 @@ impl Core {
             seq,
             offset,
             len,
-            head: checked.head,
-            placed: checked.placed,
-            data,
+            group: Some(GroupRec { head: checked.head, placed: checked.placed, data }),
             applied: false,
         });
         self.used += len;
         self.next_seq = seq + 1;
         self.tail = offset + len;
+    }
+
+    /// Record `seq`, a tokens record (`snapshot`: the whole table), is durable at `offset`.
+    pub fn tokens_committed(&mut self, seq: u64, offset: u64, len: u64, snapshot: bool) {
+        self.records.push_back(Rec { seq, offset, len, group: None, applied: true });
+        self.used += len;
+        self.next_seq = seq + 1;
+        self.tail = offset + len;
+        if snapshot {
+            self.snapshot = Some((seq, len));
+            self.since_snapshot = 0;
+        } else {
+            self.since_snapshot += len;
+        }
+    }
+
+    /// Whether the next tokens record should be the whole table, given that what changed takes
+    /// `delta_len` bytes: when there is no whole copy yet, when replay would read more changes
+    /// than a copy, or when the copy holds back the ring's head while the records behind it use
+    /// an eighth of the ring (the head may then move on to the new copy).
+    pub fn wants_snapshot(&self, delta_len: u64) -> bool {
+        let Some((seq, len)) = self.snapshot else { return true };
+        if self.since_snapshot + delta_len > 4 * len + (1 << 20) {
+            return true;
+        }
+        self.snapshot_holds_the_head(seq)
+    }
+
+    fn snapshot_holds_the_head(&self, seq: u64) -> bool {
+        let first = self.records.iter().find(|r| !r.applied || r.seq == seq);
+        if first.is_none_or(|r| r.seq != seq) {
+            return false;
+        }
+        let behind: u64 = self.records.iter().filter(|r| r.seq > seq).map(|r| r.len).sum();
+        behind > (self.ring_end - RING_START) / 8
+    }
+
+    /// Whether a whole copy of the table should be written before the next record: it holds
+    /// back the ring's head (see [`Core::wants_snapshot`]).
+    pub fn snapshot_due(&self) -> bool {
+        self.snapshot.is_some_and(|(seq, _)| self.snapshot_holds_the_head(seq))
     }
 
     /// The oldest group not on the medium yet, when none is being applied: its record number,
@@ -278,8 +336,9 @@ impl Core {
             return None;
         }
         let r = self.records.iter().find(|r| !r.applied)?;
+        let g = r.group.as_ref()?;
         self.applying = Some(r.seq);
-        Some(Apply { seq: r.seq, placed: r.placed.clone(), data: r.data.clone() })
+        Some(Apply { seq: r.seq, placed: g.placed.clone(), data: g.data.clone() })
     }
 
     /// Group `seq` is on the medium and the medium flushed: reads go there for its blocks
@@ -288,7 +347,7 @@ impl Core {
         self.applying = None;
         let Some(r) = self.records.iter_mut().find(|r| r.seq == seq) else { return };
         r.applied = true;
-        let head = r.head;
+        let Some(head) = r.group.as_ref().map(|g| g.head) else { return };
         self.overlay.retain(|o| o.seq != seq);
         let s = self.sources.entry(head.source).or_default();
         s.applied_seq = s.applied_seq.max(head.seq);
@@ -300,10 +359,11 @@ impl Core {
         self.applying = None;
     }
 
-    /// The checkpoint as of now: the oldest record not applied (or where the next goes), and
-    /// what the medium holds of each source.
+    /// The checkpoint as of now: the oldest record not applied or the token table's newest whole
+    /// copy (or where the next goes), and what the medium holds of each source.
     pub fn checkpoint(&self) -> (u64, u64, Vec<SourceMark>) {
-        let (offset, seq) = match self.records.iter().find(|r| !r.applied) {
+        let snapshot = self.snapshot.map(|(seq, _)| seq);
+        let (offset, seq) = match self.records.iter().find(|r| !r.applied || Some(r.seq) == snapshot) {
             Some(r) => (r.offset, r.seq),
             None => (self.tail, self.next_seq),
         };
@@ -346,7 +406,12 @@ impl Core {
             match o.raw {
                 None => out.push(Piece::Zero { blocks: n as u32 }),
                 Some(raw) => {
-                    let data = self.records.iter().find(|r| r.seq == o.seq).map(|r| r.data.clone());
+                    let data = self
+                        .records
+                        .iter()
+                        .find(|r| r.seq == o.seq)
+                        .and_then(|r| r.group.as_ref())
+                        .map(|g| g.data.clone());
                     match data {
                         Some(data) => {
                             let piece = Piece::Group { data, raw: raw + (from - s) * bs, len: (n * bs) as usize };
@@ -451,6 +516,38 @@ mod tests {
         );
         assert!(matches!(c.check(&grp(6, &[d(0, 1)], 1), false).unwrap(), Take::New(_)));
         assert!(matches!(c.check(&grp(6, &[d(1020, 8)], 1), false), Err(JournalError::Refused(_))));
+    }
+
+    #[test]
+    fn the_ring_s_head_stays_at_the_token_table_s_newest_copy_until_a_newer_one_is_written() {
+        let mut c = core();
+        let d = |lba, blocks| Extent { lba, blocks, kind: ExtentKind::Data };
+        assert!(c.wants_snapshot(10), "no copy yet");
+        let at = c.place(BLOCK * 2).unwrap();
+        c.tokens_committed(c.next_seq(), at, BLOCK * 2, true);
+        let copy = c.next_seq() - 1;
+        assert!(!c.wants_snapshot(BLOCK) && !c.snapshot_due());
+        for i in 1..=3 {
+            commit(&mut c, grp(i, &[d(0, 8)], 0));
+        }
+        while let Some(a) = c.next_apply() {
+            c.applied(a.seq);
+        }
+        let (_, head, _) = c.checkpoint();
+        assert_eq!(head, copy, "every group is applied, but replay starts from the copy");
+        c.checkpoint_durable(head);
+        assert!(c.fill().0 > 0);
+        assert!(c.snapshot_due(), "the records behind the copy use more than an eighth of the ring");
+        let at = c.place(BLOCK * 2).unwrap();
+        c.tokens_committed(c.next_seq(), at, BLOCK * 2, true);
+        let (_, head, _) = c.checkpoint();
+        assert_eq!(head, c.next_seq() - 1);
+        c.checkpoint_durable(head);
+        assert_eq!(c.fill().0, 2 * BLOCK, "only the new copy is live");
+        assert!(!c.snapshot_due());
+        let at = c.place(BLOCK).unwrap();
+        c.tokens_committed(c.next_seq(), at, BLOCK, false);
+        assert!(c.wants_snapshot(5 << 20), "replay would read more changes than a copy is worth");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! record written and the journal flushed before the answer), applies them to the medium in the
 //! background (then flushes the medium and writes the checkpoint), serves reads from the newest
 //! committed group or the medium, and holds plain writes back until no committed group still has
-//! to write their blocks.
+//! to write their blocks. It hosts the lock server of the gateways that share the LUN, whose every
+//! change is a tokens record in the same ring, durable before what the change said is sent.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,8 +17,8 @@ use stics_link::status::{SourceState, Status};
 use tokio::sync::Notify;
 
 use crate::core::{Core, Piece, Take};
-use crate::format::{RecordHeader, Superblock, BLOCK, RING_START};
-use crate::tokens::{TokenStatus, Tokens};
+use crate::format::{RecordHeader, RecordKind, Superblock, TokenRecord, BLOCK, RING_START};
+use crate::tokens::{Step, TokenStatus, TokenTable, Tokens, SNAPSHOT_BYTES_PER_SEGMENT};
 use crate::{JournalError, Result};
 
 /// How a journal runs.
@@ -80,8 +81,12 @@ struct Inner {
     journal: Arc<dyn BlockDev>,
     cfg: JournalConfig,
     sb: Mutex<Superblock>,
-    /// One commit at a time: records go to the ring in sequence.
+    /// One record at a time: groups and token changes go to the ring in sequence.
     turn: tokio::sync::Mutex<()>,
+    /// One checkpoint write at a time, so that an older one never lands over a newer.
+    ckpt: tokio::sync::Mutex<()>,
+    /// The lock server of the gateways that share the LUN.
+    tokens: Tokens,
     /// Status reads per fence (a source's folded UUID): a commit that waited across one is
     /// refused.
     fences: Mutex<std::collections::HashMap<u64, u64>>,
@@ -99,8 +104,7 @@ struct Inner {
 pub struct JournalDev {
     inner: Arc<Inner>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// The lock server of the gateways that share the LUN, and its tick.
-    tokens: Arc<Tokens>,
+    /// The lock server's tick.
     ticker: tokio::task::JoinHandle<()>,
 }
 
@@ -171,10 +175,22 @@ impl JournalDev {
             &sb.sources,
             max_raw,
         );
-        let replayed = scan(journal.as_ref(), &sb, &mut core).await?;
+        let (replayed, table) = scan(journal.as_ref(), &sb, &mut core).await?;
         if replayed > 0 {
-            tracing::info!(groups = replayed, "replayed the journal: its groups go to the medium again");
+            tracing::info!(records = replayed, "replayed the journal: its groups go to the medium again");
         }
+        if !table.is_empty() {
+            tracing::info!(
+                segments = table.entries.len(),
+                gateways = table.gateways.len(),
+                "the lock server's table is back from the journal"
+            );
+        }
+        let tokens = Tokens::restore(cfg.tokens, cfg.segment_bytes, table, Instant::now())
+            .map_err(|why| JournalError::Format { field: "tokens", why })?;
+        // A whole copy of the table fits a sixteenth of the ring.
+        let ring = sb.journal_bytes - RING_START;
+        let tokens = tokens.with_max_segments((ring / 16 / SNAPSHOT_BYTES_PER_SEGMENT) as usize);
         let inner = Arc::new(Inner {
             stats: Mutex::new(JournalStatus { journal_bytes: sb.journal_bytes - RING_START, ..Default::default() }),
             pending_since: Mutex::new(std::iter::repeat_n(Instant::now(), core.unapplied()).collect()),
@@ -184,15 +200,16 @@ impl JournalDev {
             cfg,
             sb: Mutex::new(sb),
             turn: tokio::sync::Mutex::new(()),
+            ckpt: tokio::sync::Mutex::new(()),
+            tokens,
             fences: Mutex::new(std::collections::HashMap::new()),
             progress: Notify::new(),
             committed: Notify::new(),
             stopping: AtomicBool::new(false),
         });
-        let tokens = Arc::new(Tokens::new(inner.cfg.tokens, inner.cfg.segment_bytes));
-        let ticker = tokio::spawn(tick(Arc::downgrade(&tokens)));
+        let ticker = tokio::spawn(tick(Arc::downgrade(&inner)));
         let task = tokio::spawn(applier(Arc::clone(&inner)));
-        Ok(JournalDev { inner, task: Mutex::new(Some(task)), tokens, ticker })
+        Ok(JournalDev { inner, task: Mutex::new(Some(task)), ticker })
     }
 
     /// What the journal has done.
@@ -207,12 +224,16 @@ impl JournalDev {
 
     /// The lock server's counters and what waits for whom.
     pub fn token_status(&self) -> TokenStatus {
-        self.tokens.status(Instant::now())
+        self.inner.tokens.status(Instant::now())
     }
 
     /// An operator breaks `seg`'s tokens that someone waits for (see `Tokens::break_segment`).
-    pub fn break_segment(&self, seg: u64) -> Vec<(String, String, u64)> {
-        self.tokens.break_segment(seg)
+    /// An error says the break is made but not yet durable (it is written again within a second).
+    pub async fn break_segment(&self, seg: u64) -> std::result::Result<Vec<(String, String, u64)>, BlockError> {
+        let _turn = self.inner.turn.lock().await;
+        let (step, broke) = self.inner.tokens.break_segment(seg);
+        persist(&self.inner, step).await?;
+        Ok(broke)
     }
 
     /// Waits until every committed group is on the medium (the medium alone is then the truth).
@@ -248,15 +269,103 @@ impl JournalDev {
     }
 }
 
-/// Lets the lock server break what its policy allows, once a second, while it exists.
-async fn tick(tokens: std::sync::Weak<Tokens>) {
+/// Lets the lock server break what its policy allows, once a second, while the journal exists;
+/// writes the table whole again when a change failed to become durable or its last copy holds
+/// back the ring.
+async fn tick(inner: std::sync::Weak<Inner>) {
     let mut every = tokio::time::interval(Duration::from_secs(1));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        let Some(t) = tokens.upgrade() else { return };
-        t.tick(Instant::now());
+        let Some(inner) = inner.upgrade() else { return };
+        let _turn = inner.turn.lock().await;
+        let step = inner.tokens.tick(Instant::now());
+        if let Err(e) = persist(&inner, step).await {
+            tracing::warn!("writing the lock server's table to the journal failed, retrying: {e}");
+        }
     }
+}
+
+/// Makes a step of the lock server durable (what changed, or the whole table when due), then
+/// sends what it said; the caller holds the turn. On an error what it said waits for the next
+/// whole copy, which the tick writes.
+async fn persist(inner: &Inner, step: Step) -> std::result::Result<(), BlockError> {
+    let Step { outs, record } = step;
+    let copy = inner.tokens.must_copy() || {
+        let c = lock(&inner.core);
+        c.snapshot_due() || (!record.is_empty() && c.wants_snapshot(record.encoded_len() as u64))
+    };
+    if !copy && record.is_empty() {
+        inner.tokens.deliver(outs, false);
+        return Ok(());
+    }
+    let record = if copy { inner.tokens.copy() } else { record };
+    match write_tokens(inner, &record).await {
+        Ok(()) => {
+            inner.tokens.deliver(outs, copy);
+            Ok(())
+        }
+        Err(e) => {
+            inner.tokens.failed(outs);
+            Err(e)
+        }
+    }
+}
+
+/// Writes a tokens record; a whole copy lets the ring's head move on to it at once.
+async fn write_tokens(inner: &Inner, record: &TokenRecord) -> std::result::Result<(), BlockError> {
+    let (seq, at, len) = write_record(inner, RecordKind::Tokens, &record.encode(), record.snapshot).await?;
+    lock(&inner.core).tokens_committed(seq, at, len, record.snapshot);
+    if record.snapshot {
+        checkpoint(inner).await;
+        inner.progress.notify_waiters();
+    }
+    Ok(())
+}
+
+/// Places a record holding `body` in the ring (waiting for room behind the applier) and makes
+/// it durable; the caller holds the turn. Returns its number, place and length.
+///
+/// Every record but a `copy` of the token table leaves room behind it for one: when the ring is
+/// full and the table's last copy is what holds its head back, a new copy always fits, and lets
+/// the head move on.
+async fn write_record(
+    inner: &Inner,
+    kind: RecordKind,
+    body: &[u8],
+    copy: bool,
+) -> std::result::Result<(u64, u64, u64), BlockError> {
+    let len = BLOCK + (body.len() as u64).div_ceil(BLOCK) * BLOCK;
+    if lock(&inner.core).too_large(len) {
+        return Err(refused(format!("a record of {} bytes does not fit a journal of this size", body.len())));
+    }
+    let (at, seq, uuid) = loop {
+        let notified = inner.progress.notified();
+        let (placed, due) = {
+            let c = lock(&inner.core);
+            let keep =
+                if copy || !c.has_snapshot() { 0 } else { BLOCK + inner.tokens.copy_len().div_ceil(BLOCK) * BLOCK };
+            (c.place(len + keep).map(|at| (at, c.next_seq(), c.uuid())), !copy && c.snapshot_due())
+        };
+        if let Some(p) = placed {
+            break p;
+        }
+        if due {
+            let record = inner.tokens.copy();
+            if let Err(e) = Box::pin(write_tokens(inner, &record)).await {
+                // The copy took what changed: the next record is a whole copy again.
+                inner.tokens.failed(Vec::new());
+                return Err(e);
+            }
+            continue;
+        }
+        // The ring is full of groups not yet on the medium: wait for the applier.
+        let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+    };
+    let header =
+        RecordHeader { uuid, seq, offset: at, group_len: body.len() as u64, group_crc: crc32c::crc32c(body), kind };
+    write_durable(inner.journal.as_ref(), at, Bytes::from(header.encode_record(body))).await?;
+    Ok((seq, at, len))
 }
 
 impl Drop for JournalDev {
@@ -293,10 +402,12 @@ async fn format(journal: &dyn BlockDev, device_bytes: u64, g: Geometry) -> Resul
 }
 
 /// Follows the chain of records from the checkpoint and commits each again in the core;
-/// returns how many. A record that is absent or damaged ends the chain: it was being written
-/// when the SG stopped and never answered.
-async fn scan(journal: &dyn BlockDev, sb: &Superblock, core: &mut Core) -> Result<usize> {
+/// returns how many, and the lock server's table as its records left it. A record that is
+/// absent or damaged ends the chain: it was being written when the SG stopped and never
+/// answered.
+async fn scan(journal: &dyn BlockDev, sb: &Superblock, core: &mut Core) -> Result<(usize, TokenTable)> {
     let mut n = 0;
+    let mut table = TokenTable::default();
     let mut at = sb.head_offset;
     loop {
         let seq = core.next_seq();
@@ -317,9 +428,24 @@ async fn scan(journal: &dyn BlockDev, sb: &Superblock, core: &mut Core) -> Resul
             found = Some((h, g));
             break;
         }
-        let Some((h, g)) = found else { return Ok(n) };
-        let Ok(Take::New(checked)) = core.check(&g, true) else { return Ok(n) };
-        core.committed(seq, h.offset, h.record_len(), checked, &g);
+        let Some((h, g)) = found else { return Ok((n, table)) };
+        match h.kind {
+            RecordKind::Group => {
+                let Ok(Take::New(checked)) = core.check(&g, true) else { return Ok((n, table)) };
+                core.committed(seq, h.offset, h.record_len(), checked, &g);
+            }
+            RecordKind::Tokens => {
+                let r = match TokenRecord::decode(&g) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::warn!(record = seq, "a tokens record whose checksum holds does not decode: {e}");
+                        return Ok((n, table));
+                    }
+                };
+                core.tokens_committed(seq, h.offset, h.record_len(), r.snapshot);
+                table.apply(r);
+            }
+        }
         at = h.offset + h.record_len();
         n += 1;
     }
@@ -384,6 +510,7 @@ async fn apply(inner: &Inner, a: &crate::core::Apply) -> std::result::Result<(),
 /// Writes the checkpoint (retrying the same bytes at the same place until it is durable), then
 /// lets the core reuse the space of the records it leaves behind.
 async fn checkpoint(inner: &Inner) {
+    let _one = inner.ckpt.lock().await;
     let (offset, bytes, head_seq) = {
         let (head_offset, head_seq, sources) = lock(&inner.core).checkpoint();
         let mut sb = lock(&inner.sb);
@@ -437,26 +564,8 @@ impl GroupSink for JournalDev {
             Err(e) => return Err(refused(e.to_string())),
         };
         // The fence: a write lands only under the token it was made under.
-        self.tokens.admit(&checked.head.source, checked.fences.as_ref(), |b| checked.segments(b))?;
-        let len = BLOCK + (group.len() as u64).div_ceil(BLOCK) * BLOCK;
-        if lock(&inner.core).too_large(len) {
-            return Err(refused(format!("a group of {} bytes does not fit a journal of this size", group.len())));
-        }
-        let (at, seq, uuid) = loop {
-            let notified = inner.progress.notified();
-            let placed = {
-                let c = lock(&inner.core);
-                c.place(len).map(|at| (at, c.next_seq(), c.uuid()))
-            };
-            if let Some(p) = placed {
-                break p;
-            }
-            // The ring is full of groups not yet on the medium: wait for the applier.
-            let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
-        };
-        let header =
-            RecordHeader { uuid, seq, offset: at, group_len: group.len() as u64, group_crc: crc32c::crc32c(&group) };
-        write_durable(inner.journal.as_ref(), at, Bytes::from(header.encode_record(&group))).await?;
+        inner.tokens.admit(&checked.head.source, checked.fences.as_ref(), |b| checked.segments(b))?;
+        let (seq, at, len) = write_record(inner, RecordKind::Group, &group, false).await?;
         let (raw, encoded) = (checked.raw_len, checked.encoded_len);
         lock(&inner.core).committed(seq, at, len, checked, &group);
         lock(&inner.pending_since).push_back(Instant::now());
@@ -471,7 +580,9 @@ impl GroupSink for JournalDev {
     }
 
     async fn tokens(&self, exchange: Bytes, new_connection: bool) -> std::result::Result<(), BlockError> {
-        self.tokens.exchange(&exchange, new_connection, Instant::now())
+        let _turn = self.inner.turn.lock().await;
+        let step = self.inner.tokens.exchange(&exchange, new_connection, Instant::now())?;
+        persist(&self.inner, step).await
     }
 
     async fn token_poll(
@@ -482,7 +593,7 @@ impl GroupSink for JournalDev {
         max: usize,
     ) -> std::result::Result<Bytes, BlockError> {
         // Bounded so that a poll never outlasts an initiator's patience with one command.
-        Ok(self.tokens.poll(gateway, from, wait.min(Duration::from_secs(5)), max).await)
+        Ok(self.inner.tokens.poll(gateway, from, wait.min(Duration::from_secs(5)), max).await)
     }
 
     async fn link_status(&self, fence: u64) -> std::result::Result<Bytes, BlockError> {

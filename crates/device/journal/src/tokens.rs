@@ -4,9 +4,12 @@
 //! answer lost with a connection is read again), and a tick that lets the server break what its
 //! policy allows.
 //!
-//! The table lives in memory: an SG restart forgets it, and with it which gateway may cache what.
-//! Until the journal keeps it (with the generations the fence needs), a LUN is safely shared only
-//! while its SG runs; gateways learn of a restart from their lost connection.
+//! Every change to the table is a [`Step`]: what the server said, held back until the journal
+//! has made the change durable (a tokens record: the whole table, or what changed), so that a
+//! restarted SG ([`Tokens::restore`], from a [`TokenTable`] replayed from the journal) never
+//! forgets a grant a gateway heard of, nor hands out a generation twice. The message queues are
+//! not kept: a restarted SG's numbers start elsewhere, so every gateway sees a gap and starts
+//! afresh.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
@@ -14,10 +17,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use stics_block::BlockError;
-use stics_coherence::server::{Blocked, Counts, Out};
+use stics_coherence::server::{Blocked, Counts, Entry, Out};
 use stics_coherence::{Gw, Msg, Policy, Server};
 use stics_link::token;
 use tokio::sync::Notify;
+
+use crate::format::TokenRecord;
 
 /// Most messages one exchange may carry.
 pub const MAX_EXCHANGE: usize = 4096;
@@ -50,6 +55,10 @@ impl Queue {
 /// of gateways grows the SG's memory without bound.
 pub const MAX_SEGMENTS: usize = 1 << 20;
 
+/// Bytes a held segment may take in a whole copy of the table (one shared holder beside the
+/// entry): the table is bounded so that a copy fits a sixteenth of the journal's ring.
+pub const SNAPSHOT_BYTES_PER_SEGMENT: u64 = 36;
+
 #[derive(Debug)]
 struct State {
     server: Server,
@@ -57,6 +66,12 @@ struct State {
     ids: BTreeMap<[u8; 16], Gw>,
     by_fold: BTreeMap<u64, Gw>,
     queued: BTreeMap<Gw, Queue>,
+    /// Gateways named since the last step.
+    new_ids: Vec<([u8; 16], Gw)>,
+    /// What steps said whose changes did not become durable: sent after the next whole copy.
+    held: Vec<Out>,
+    /// A change did not become durable: the next record is the whole table.
+    must_copy: bool,
 }
 
 /// A LUN's lock server.
@@ -65,6 +80,53 @@ pub struct Tokens {
     state: Mutex<State>,
     news: Notify,
     segment_bytes: u32,
+    max_segments: usize,
+}
+
+/// A change to the table: what the server said, to send once `record` is durable.
+#[derive(Debug)]
+#[must_use = "what the server said goes out only through Tokens::deliver or Tokens::failed"]
+pub struct Step {
+    pub outs: Vec<Out>,
+    /// What changed, as a tokens record that is not a whole copy.
+    pub record: TokenRecord,
+}
+
+/// The table as the journal's tokens records left it: the last whole copy with every change
+/// after it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenTable {
+    pub segment_bytes: u32,
+    pub next_gen: u64,
+    pub gateways: BTreeMap<[u8; 16], Gw>,
+    pub entries: BTreeMap<u64, Entry>,
+    pub untold: Vec<(Gw, u64, u64)>,
+}
+
+impl TokenTable {
+    /// Takes the next tokens record in the journal's order.
+    pub fn apply(&mut self, r: TokenRecord) {
+        if r.snapshot {
+            *self = TokenTable::default();
+        }
+        self.segment_bytes = r.segment_bytes;
+        self.next_gen = self.next_gen.max(r.next_gen);
+        self.gateways.extend(r.gateways);
+        if let Some(u) = r.untold {
+            self.untold = u;
+        }
+        for (seg, e) in r.segs {
+            match e {
+                Some(e) => self.entries.insert(seg, e),
+                None => self.entries.remove(&seg),
+            };
+        }
+    }
+
+    /// True when no gateway holds or is owed anything.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.untold.is_empty()
+    }
 }
 
 /// What `/status` shows of the tokens.
@@ -124,10 +186,110 @@ impl Tokens {
                 ids: BTreeMap::new(),
                 by_fold: BTreeMap::new(),
                 queued: BTreeMap::new(),
+                new_ids: Vec::new(),
+                held: Vec::new(),
+                must_copy: false,
             }),
             news: Notify::new(),
             segment_bytes,
+            max_segments: MAX_SEGMENTS,
         }
+    }
+
+    /// The table the journal kept, under `policy`: every holder keeps its token and a lease
+    /// from `now` in which to come back. Refused when it holds tokens on segments of another
+    /// size than `segment_bytes`.
+    pub fn restore(policy: Policy, segment_bytes: u32, table: TokenTable, now: Instant) -> Result<Tokens, String> {
+        if !table.is_empty() && table.segment_bytes != segment_bytes {
+            return Err(format!(
+                "the journal's tokens cover segments of {} bytes, not {segment_bytes}: start it with segment={}, or let every gateway give its tokens back first",
+                table.segment_bytes, table.segment_bytes
+            ));
+        }
+        let entries: Vec<Entry> = table.entries.into_values().collect();
+        let t = Tokens::new(policy, segment_bytes);
+        {
+            let mut st = lock(&t.state);
+            st.server = Server::restore(policy, &entries, &table.untold, table.next_gen, now);
+            for (source, gw) in table.gateways {
+                st.by_fold.insert(stics_link::fence_of(&source), gw);
+                st.ids.insert(source, gw);
+            }
+        }
+        Ok(t)
+    }
+
+    /// Keeps the table to `n` segments (a whole copy must fit the journal).
+    pub fn with_max_segments(mut self, n: usize) -> Tokens {
+        self.max_segments = n.min(MAX_SEGMENTS);
+        self
+    }
+
+    /// Runs `f` on the table and takes what it changed as a step.
+    fn step<R>(&self, f: impl FnOnce(&mut State) -> (Vec<Out>, R)) -> (Step, R) {
+        let mut st = lock(&self.state);
+        let (outs, r) = f(&mut st);
+        let changes = st.server.take_changes();
+        let record = TokenRecord {
+            snapshot: false,
+            segment_bytes: self.segment_bytes,
+            next_gen: changes.next_gen,
+            gateways: std::mem::take(&mut st.new_ids),
+            untold: changes.untold,
+            segs: changes.segs,
+        };
+        (Step { outs, record }, r)
+    }
+
+    /// The whole table now, as a tokens record.
+    pub fn copy(&self) -> TokenRecord {
+        let mut st = lock(&self.state);
+        // What changed is in the copy.
+        let next_gen = st.server.take_changes().next_gen;
+        st.new_ids.clear();
+        TokenRecord {
+            snapshot: true,
+            segment_bytes: self.segment_bytes,
+            next_gen,
+            gateways: st.ids.iter().map(|(s, &g)| (*s, g)).collect(),
+            untold: Some(st.server.untold()),
+            segs: st.server.entries().into_iter().map(|e| (e.seg, Some(e))).collect(),
+        }
+    }
+
+    /// Bytes a whole copy of the table would take now.
+    pub fn copy_len(&self) -> u64 {
+        let st = lock(&self.state);
+        let (sr, _) = st.server.held();
+        let segs = st.server.len() as u64;
+        // Every held segment's entry, every shared holder's, every gateway's, every broken token's.
+        40 + segs * 24 + sr as u64 * 12 + st.ids.len() as u64 * 20 + st.server.untold().len() as u64 * 20
+    }
+
+    /// Whether the next record must be a whole copy: a change did not become durable.
+    pub fn must_copy(&self) -> bool {
+        lock(&self.state).must_copy
+    }
+
+    /// A step's record (or a whole copy in its place) is durable: what it said goes out, after
+    /// what earlier steps whose records failed said.
+    pub fn deliver(&self, outs: Vec<Out>, copied: bool) {
+        let mut st = lock(&self.state);
+        if copied {
+            st.must_copy = false;
+            let mut held = std::mem::take(&mut st.held);
+            held.extend(outs);
+            self.send(st, held);
+        } else {
+            self.send(st, outs);
+        }
+    }
+
+    /// A step's record did not become durable: what it said waits for the next whole copy.
+    pub fn failed(&self, outs: Vec<Out>) {
+        let mut st = lock(&self.state);
+        st.must_copy = true;
+        st.held.extend(outs);
     }
 
     /// Queues `outs` for their gateways and wakes the polls that wait, after letting go of the
@@ -150,15 +312,30 @@ impl Tokens {
     }
 
     /// Takes a gateway's exchange (LINK TOKENS).
-    pub fn exchange(&self, body: &[u8], new_connection: bool, now: Instant) -> Result<(), BlockError> {
+    pub fn exchange(&self, body: &[u8], new_connection: bool, now: Instant) -> Result<Step, BlockError> {
         let (source, msgs) = token::decode_exchange(body, MAX_EXCHANGE)
             .map_err(|e| BlockError::Rejected(format!("token exchange: {e}")))?;
         if msgs.iter().any(|m| !m.from_gateway()) {
             return Err(BlockError::Rejected("token exchange: a message only the SG sends".into()));
         }
-        let mut st = lock(&self.state);
-        if st.server.len() >= MAX_SEGMENTS && msgs.iter().any(|m| matches!(m, Msg::Request { .. })) {
-            return Err(BlockError::Busy(format!("the lock server's table holds {MAX_SEGMENTS} segments")));
+        // A refused exchange changes nothing.
+        let (step, taken) = self.step(|st| match self.take_exchange(st, source, &msgs, new_connection, now) {
+            Ok(outs) => (outs, Ok(())),
+            Err(e) => (Vec::new(), Err(e)),
+        });
+        taken.map(|()| step)
+    }
+
+    fn take_exchange(
+        &self,
+        st: &mut State,
+        source: [u8; 16],
+        msgs: &[Msg],
+        new_connection: bool,
+        now: Instant,
+    ) -> Result<Vec<Out>, BlockError> {
+        if st.server.len() >= self.max_segments && msgs.iter().any(|m| matches!(m, Msg::Request { .. })) {
+            return Err(BlockError::Busy(format!("the lock server's table holds {} segments", self.max_segments)));
         }
         let gw = match st.ids.get(&source) {
             Some(&gw) => gw,
@@ -175,6 +352,7 @@ impl Tokens {
                 let gw = st.ids.len() as Gw;
                 st.ids.insert(source, gw);
                 st.by_fold.insert(fold, gw);
+                st.new_ids.push((source, gw));
                 gw
             }
         };
@@ -185,9 +363,8 @@ impl Tokens {
             // do the numbers, so that its next poll reads on without a gap of its own making.
             outs.extend(st.server.reconnected(gw, now));
         }
-        outs.extend(st.server.handle(gw, &msgs, now));
-        self.send(st, outs);
-        Ok(())
+        outs.extend(st.server.handle(gw, msgs, now));
+        Ok(outs)
     }
 
     /// The messages for a gateway from number `from` on (LINK POLL), every earlier one
@@ -224,31 +401,33 @@ impl Tokens {
     }
 
     /// Lets the server break what its policy allows (called about once a second).
-    pub fn tick(&self, now: Instant) {
-        let mut st = lock(&self.state);
-        let (outs, broke) = st.server.tick(now);
-        for b in &broke {
-            tracing::warn!(gateway = b.gw, segment = b.seg, kind = ?b.kind, "a silent holder's token was broken");
-        }
-        self.send(st, outs);
+    pub fn tick(&self, now: Instant) -> Step {
+        self.step(|st| {
+            let (outs, broke) = st.server.tick(now);
+            for b in &broke {
+                tracing::warn!(gateway = b.gw, segment = b.seg, kind = ?b.kind, "a silent holder's token was broken");
+            }
+            (outs, ())
+        })
+        .0
     }
 
     /// An operator takes `seg`'s tokens from the holders asked to give them up: what they did not
     /// ship is refused from now on, and the first in line is served. Returns what was broken:
     /// (source in hex, kind, generation).
-    pub fn break_segment(&self, seg: u64) -> Vec<(String, String, u64)> {
-        let mut st = lock(&self.state);
-        let (outs, broke) = st.server.break_segment(seg);
-        let names = st.names();
-        let said = broke
-            .iter()
-            .map(|b| {
-                tracing::warn!(gateway = b.gw, segment = b.seg, "an operator broke a token");
-                (names.get(&b.gw).cloned().unwrap_or_default(), format!("{:?}", b.kind).to_lowercase(), b.gen)
-            })
-            .collect();
-        self.send(st, outs);
-        said
+    pub fn break_segment(&self, seg: u64) -> (Step, Vec<(String, String, u64)>) {
+        self.step(|st| {
+            let (outs, broke) = st.server.break_segment(seg);
+            let names = st.names();
+            let said = broke
+                .iter()
+                .map(|b| {
+                    tracing::warn!(gateway = b.gw, segment = b.seg, "an operator broke a token");
+                    (names.get(&b.gw).cloned().unwrap_or_default(), format!("{:?}", b.kind).to_lowercase(), b.gen)
+                })
+                .collect();
+            (outs, said)
+        })
     }
 
     /// Counters and what waits for whom.
@@ -337,7 +516,14 @@ mod tests {
     }
 
     fn ex(t: &Tokens, source: u8, msgs: &[Msg]) {
-        t.exchange(&token::encode_exchange(&src(source), msgs), false, Instant::now()).unwrap();
+        exch(t, &token::encode_exchange(&src(source), msgs), false).unwrap();
+    }
+
+    /// An exchange whose changes became durable at once.
+    fn exch(t: &Tokens, body: &[u8], new_connection: bool) -> Result<(), BlockError> {
+        let step = t.exchange(body, new_connection, Instant::now())?;
+        t.deliver(step.outs, false);
+        Ok(())
     }
 
     thread_local! {
@@ -390,12 +576,12 @@ mod tests {
     #[tokio::test]
     async fn bad_exchanges_are_refused_and_the_table_serves_on() {
         let t = Tokens::new(Policy::default(), 64 << 10);
-        assert!(t.exchange(b"short", false, Instant::now()).is_err());
+        assert!(exch(&t, b"short", false).is_err());
         let sg_only = token::encode_exchange(&src(1), &[Msg::Queued { op: 1, ticket: 1 }]);
-        assert!(t.exchange(&sg_only, false, Instant::now()).is_err());
+        assert!(exch(&t, &sg_only, false).is_err());
         // Two sources that fold alike ([1; 16] and [2; 16] both fold to 1): the second is refused.
-        t.exchange(&token::encode_exchange(&[1; 16], &[]), false, Instant::now()).unwrap();
-        assert!(t.exchange(&token::encode_exchange(&[2; 16], &[]), false, Instant::now()).is_err());
+        exch(&t, &token::encode_exchange(&[1; 16], &[]), false).unwrap();
+        assert!(exch(&t, &token::encode_exchange(&[2; 16], &[]), false).is_err());
         ex(&t, 1, &[Msg::Request { op: 1, seg: 0, kind: Kind::Shared }]);
         assert_eq!(poll(&t, 1).await.len(), 1);
         assert!(poll(&t, 9).await.is_empty(), "an unknown gateway has nothing");
@@ -418,7 +604,7 @@ mod tests {
         let (first, _) = poll_from(&t, 1, start).await;
         assert_ne!(first, start, "a gap tells the gateway it lost messages");
         let too_many: Vec<Msg> = (0..=MAX_EXCHANGE as u64).map(|op| Msg::Done { op }).collect();
-        assert!(t.exchange(&token::encode_exchange(&src(1), &too_many), false, Instant::now()).is_err());
+        assert!(exch(&t, &token::encode_exchange(&src(1), &too_many), false).is_err());
     }
 
     #[tokio::test]
@@ -436,7 +622,7 @@ mod tests {
         assert_eq!(poll_from(&t, 1, n.wrapping_add(1)).await, (n.wrapping_add(1), vec![]));
         // A gateway that starts afresh hears the revoke it has not answered again, numbered on
         // from where it read: no gap of its own making.
-        t.exchange(&token::encode_exchange(&src(1), &[]), true, Instant::now()).unwrap();
+        exch(&t, &token::encode_exchange(&src(1), &[]), true).unwrap();
         let (first, msgs) = poll_from(&t, 1, n.wrapping_add(1)).await;
         assert!(first == n.wrapping_add(1) && matches!(msgs[..], [Msg::Revoke { .. }]), "{first} {msgs:?}");
         // Numbers never sent: the answer says from where on there are messages.
@@ -456,15 +642,49 @@ mod tests {
         assert_ne!(first, n, "the gateway learns that messages were lost");
         // It starts afresh (asks again for what it waits for, flagged new) and reads on from
         // where the answer left it: no second gap, and the new grant comes.
-        t.exchange(
-            &token::encode_exchange(&src(1), &[Msg::Request { op: 2, seg: 3, kind: Kind::Exclusive }]),
-            true,
-            Instant::now(),
-        )
-        .unwrap();
+        exch(&t, &token::encode_exchange(&src(1), &[Msg::Request { op: 2, seg: 3, kind: Kind::Exclusive }]), true)
+            .unwrap();
         let from = first.wrapping_add(msgs.len() as u32);
         let (again, more) = poll_from(&t, 1, from).await;
         assert_eq!(again, from, "the fresh exchange made no gap of its own");
         assert!(msgs.iter().chain(&more).any(|m| matches!(m, Msg::Grant { seg: 3, .. })), "{msgs:?} {more:?}");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Whatever the gateways do, the journal's records (each step's changes, or now and then
+        /// the whole table in their place), encoded, decoded and folded in order, give back the
+        /// table the server holds: what a restarted SG restores is what it had.
+        #[test]
+        fn the_records_fold_back_into_the_table(
+            ops in proptest::collection::vec((0u8..3, 0u8..4, 0u64..6, proptest::bool::ANY), 1..120)
+        ) {
+            let t = Tokens::new(Policy::default(), 64 << 10);
+            let mut table = TokenTable::default();
+            let now = Instant::now();
+            for (i, (g, what, seg, copy)) in ops.into_iter().enumerate() {
+                let gw = Gw::from(g);
+                let held = lock(&t.state).server.entries().into_iter().find(|e| e.seg == seg);
+                let gen_of = |e: &Entry| e.ew.filter(|h| h.0 == gw).or_else(|| e.sr.iter().copied().find(|h| h.0 == gw)).map(|h| h.1);
+                let msg = match what {
+                    0 => Msg::Request { op: i as u64, seg, kind: stics_coherence::Kind::Shared },
+                    1 => Msg::Request { op: i as u64, seg, kind: stics_coherence::Kind::Exclusive },
+                    2 => match held.as_ref().and_then(gen_of) {
+                        Some(gen) => Msg::Release { seg, gen, keep: None },
+                        None => Msg::Done { op: i as u64 },
+                    },
+                    _ => Msg::Done { op: (i as u64).saturating_sub(1) },
+                };
+                let step = t.exchange(&token::encode_exchange(&src(g + 1), &[msg]), i % 7 == 0, now).unwrap();
+                let record = if copy { t.copy() } else { step.record };
+                table.apply(TokenRecord::decode(&record.encode()).unwrap());
+                t.deliver(step.outs, copy);
+                let whole = t.copy();
+                let mut want = TokenTable::default();
+                want.apply(whole);
+                proptest::prop_assert_eq!(&table, &want);
+            }
+        }
     }
 }

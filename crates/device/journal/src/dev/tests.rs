@@ -300,3 +300,166 @@ async fn a_group_lands_only_under_the_tokens_it_was_written_under() {
     assert!(blocks.chunks(512).skip(2).take(8).all(|b| b.iter().all(|&x| x == 7)), "only A's first group is there");
     dev.close().await;
 }
+
+mod tokens_kept {
+    use super::*;
+    use stics_coherence::{Kind, Msg};
+    use stics_link::token;
+
+    fn gw(n: u8) -> [u8; 16] {
+        let mut s = [0; 16];
+        s[0] = n;
+        s[15] = 9;
+        s
+    }
+
+    fn ask(src: [u8; 16], op: u64, seg: u64, kind: Kind) -> Bytes {
+        Bytes::from(token::encode_exchange(&src, &[Msg::Request { op, seg, kind }]))
+    }
+
+    /// What the SG has for gateway `src` that it has not read yet (it reads on from whatever
+    /// number the queue has, and acknowledges what it read).
+    async fn inbox(dev: &JournalDev, src: [u8; 16], wait: Duration) -> Vec<Msg> {
+        let fold = stics_link::fence_of(&src);
+        let poll = |from, wait| async move {
+            token::decode_answer(&dev.token_poll(fold, from, wait, 4096).await.unwrap(), 4096).unwrap()
+        };
+        let (first, _) = poll(0, Duration::ZERO).await;
+        let (first, msgs) = poll(first, wait).await;
+        poll(first.wrapping_add(msgs.len() as u32), Duration::ZERO).await;
+        msgs
+    }
+
+    fn granted(msgs: &[Msg], seg: u64) -> u64 {
+        msgs.iter()
+            .find_map(|m| match *m {
+                Msg::Grant { seg: s, gen, .. } if s == seg => Some(gen),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no grant of segment {seg} in {msgs:?}"))
+    }
+
+    #[tokio::test]
+    async fn the_lock_server_s_table_survives_an_sg_crash_and_its_generations_go_on() {
+        let journal = fault(11, 2048 * 16);
+        let medium = Arc::new(MemDev::new(512, BLOCKS));
+        let dev = JournalDev::open(Arc::new(journal.clone()), medium.clone(), JournalConfig::default()).await.unwrap();
+        let (a, b, c) = (gw(1), gw(2), gw(3));
+        dev.tokens(ask(a, 1, 1, Kind::Exclusive), true).await.unwrap();
+        let gen_a = granted(&inbox(&dev, a, Duration::ZERO).await, 1);
+        dev.tokens(ask(b, 1, 2, Kind::Shared), true).await.unwrap();
+        granted(&inbox(&dev, b, Duration::ZERO).await, 2);
+        // B waits for segment 1 when the power goes.
+        dev.tokens(ask(b, 2, 1, Kind::Exclusive), false).await.unwrap();
+        drop(dev);
+        journal.crash();
+        let journal = journal.reopen();
+        let dev = JournalDev::open(Arc::new(journal.clone()), medium.clone(), JournalConfig::default()).await.unwrap();
+        let s = dev.token_status();
+        assert_eq!((s.gateways, s.held_exclusive, s.held_shared), (2, 1, 1), "{s:?}");
+        // A's token is still good: its group lands; B's claim to it does not.
+        dev.commit(fenced_group(a, 1, 130, 8, 7, Some(vec![(1, gen_a)]))).await.expect("under A's token");
+        let e = dev.commit(fenced_group(b, 1, 131, 1, 8, Some(vec![(1, gen_a)]))).await.unwrap_err();
+        assert!(e.to_string().contains("fenced"), "{e}");
+        // No generation is handed out twice.
+        dev.tokens(ask(c, 1, 5, Kind::Exclusive), true).await.unwrap();
+        let gen_c = granted(&inbox(&dev, c, Duration::ZERO).await, 5);
+        assert!(gen_c > gen_a, "{gen_c} after {gen_a}");
+        // B asks again (it lost its connection): A is asked for segment 1, gives it up, and B
+        // gets it under a generation of its own.
+        dev.tokens(ask(b, 2, 1, Kind::Exclusive), true).await.unwrap();
+        assert!(inbox(&dev, a, Duration::ZERO).await.iter().any(|m| matches!(m, Msg::Revoke { seg: 1, .. })));
+        let release = token::encode_exchange(&a, &[Msg::Release { seg: 1, gen: gen_a, keep: None }]);
+        dev.tokens(Bytes::from(release), false).await.unwrap();
+        let gen_b = granted(&inbox(&dev, b, Duration::ZERO).await, 1);
+        assert!(gen_b > gen_c);
+        // Reopened once more, cleanly: the last changes are there too.
+        dev.close().await;
+        drop(dev);
+        let dev = JournalDev::open(Arc::new(journal), medium, JournalConfig::default()).await.unwrap();
+        dev.commit(fenced_group(b, 1, 132, 1, 8, Some(vec![(1, gen_b)]))).await.expect("under B's token");
+        assert!(dev.commit(fenced_group(a, 2, 133, 1, 7, Some(vec![(1, gen_a)]))).await.is_err());
+        dev.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_token_change_that_did_not_become_durable_is_not_said_until_the_table_is_written_whole() {
+        let journal = fault(12, 2048 * 16);
+        let medium = Arc::new(MemDev::new(512, BLOCKS));
+        let dev = JournalDev::open(Arc::new(journal.clone()), medium.clone(), JournalConfig::default()).await.unwrap();
+        let a = gw(1);
+        journal.add_rule(Rule::fail(Op::Write));
+        assert!(dev.tokens(ask(a, 1, 1, Kind::Exclusive), true).await.is_err());
+        assert!(inbox(&dev, a, Duration::ZERO).await.is_empty(), "a grant that is not durable is not sent");
+        journal.clear_rules();
+        // The tick writes the table whole within a second, and the grant goes out.
+        let gen = granted(&inbox(&dev, a, Duration::from_secs(4)).await, 1);
+        drop(dev);
+        journal.crash();
+        let dev = JournalDev::open(Arc::new(journal.reopen()), medium, JournalConfig::default()).await.unwrap();
+        assert_eq!(dev.token_status().held_exclusive, 1);
+        dev.commit(fenced_group(a, 1, 130, 1, 7, Some(vec![(1, gen)]))).await.expect("under the token sent");
+        dev.close().await;
+    }
+
+    #[tokio::test]
+    async fn the_ring_moves_past_the_table_s_copies_and_a_reopen_finds_the_newest() {
+        // A ring of 1 MiB: sixty groups of 32 KiB go round it several times.
+        let journal = Arc::new(MemDev::new(512, 2048 + 16));
+        let medium = Arc::new(MemDev::new(512, BLOCKS));
+        let dev = JournalDev::open(journal.clone(), medium.clone(), JournalConfig::default()).await.unwrap();
+        let a = gw(1);
+        let mut gens = std::collections::BTreeMap::new();
+        for i in 0..60u64 {
+            let seg = i % 7;
+            match gens.remove(&seg) {
+                None => {
+                    dev.tokens(ask(a, i + 1, seg, Kind::Exclusive), false).await.unwrap();
+                    gens.insert(seg, granted(&inbox(&dev, a, Duration::ZERO).await, seg));
+                }
+                Some(gen) => {
+                    let release = token::encode_exchange(&a, &[Msg::Release { seg, gen, keep: None }]);
+                    dev.tokens(Bytes::from(release), false).await.unwrap();
+                }
+            }
+            let commit = dev.commit(noise_group(i + 1, 3000, 64));
+            tokio::time::timeout(Duration::from_secs(10), commit).await.expect("never stalls").unwrap();
+        }
+        dev.settle().await;
+        let before = dev.token_status();
+        dev.close().await;
+        drop(dev);
+        let dev = JournalDev::open(journal, medium, JournalConfig::default()).await.unwrap();
+        let after = dev.token_status();
+        assert_eq!((after.held_exclusive, after.gateways), (before.held_exclusive, 1));
+        assert_eq!(after.held_exclusive, gens.len());
+        for (seg, gen) in gens {
+            let lba = seg * 128;
+            dev.commit(fenced_group(a, 100 + seg, lba, 1, 1, Some(vec![(seg, gen)])))
+                .await
+                .unwrap_or_else(|e| panic!("segment {seg} under {gen}: {e}"));
+        }
+        dev.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_journal_whose_tokens_cover_other_segments_is_refused_until_nothing_is_held() {
+        let journal = Arc::new(MemDev::new(512, 2048 * 16));
+        let medium = Arc::new(MemDev::new(512, BLOCKS));
+        let dev = JournalDev::open(journal.clone(), medium.clone(), JournalConfig::default()).await.unwrap();
+        let a = gw(1);
+        dev.tokens(ask(a, 1, 1, Kind::Exclusive), true).await.unwrap();
+        let gen = granted(&inbox(&dev, a, Duration::ZERO).await, 1);
+        dev.close().await;
+        drop(dev);
+        let other = JournalConfig { segment_bytes: 128 << 10, ..JournalConfig::default() };
+        let e = JournalDev::open(journal.clone(), medium.clone(), other.clone()).await.unwrap_err();
+        assert!(e.to_string().contains("segment=65536"), "{e}");
+        let dev = JournalDev::open(journal.clone(), medium.clone(), JournalConfig::default()).await.unwrap();
+        let release = token::encode_exchange(&a, &[Msg::Release { seg: 1, gen, keep: None }]);
+        dev.tokens(Bytes::from(release), false).await.unwrap();
+        dev.close().await;
+        drop(dev);
+        JournalDev::open(journal, medium, other).await.expect("nothing is held: the new size is taken").close().await;
+    }
+}
