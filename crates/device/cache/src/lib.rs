@@ -15,7 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub use config::{Config, ConfigError, Layout, Mode};
-pub use driver::{claim_key, Cache, CacheError, GroupStatus, HealthStatus, Status};
+pub use driver::{claim_key, Cache, CacheError, Fencer, GroupStatus, HealthStatus, Status};
 
 pub mod config;
 pub mod core;

@@ -67,6 +67,12 @@ pub struct Client {
     released: BTreeMap<u64, (u64, Instant)>,
     ops: BTreeMap<u64, Op>,
     next_op: u64,
+    /// Until its first exchange is answered and its answer read, a new table (a restarted
+    /// gateway) does not know what it holds: the SG grants it again what it holds, after revokes
+    /// queued for the gateway before it restarted. Those revokes wait here until then, so that
+    /// a token whose writes are still in the log is shipped under it, not given up unshipped.
+    learning: bool,
+    deferred: Vec<Msg>,
 }
 
 impl Client {
@@ -79,6 +85,8 @@ impl Client {
             released: BTreeMap::new(),
             ops: BTreeMap::new(),
             next_op: 1,
+            learning: true,
+            deferred: Vec::new(),
         }
     }
 
@@ -89,6 +97,11 @@ impl Client {
         self.lease_until = Some(self.lease_until.map_or(until, |u| u.max(until)));
         self.released.retain(|_, (_, at)| *at >= sent);
         let mut acts = Vec::new();
+        if std::mem::take(&mut self.learning) {
+            for m in std::mem::take(&mut self.deferred) {
+                acts.extend(self.on_msg(m, now));
+            }
+        }
         self.check_all(now, &mut acts);
         acts
     }
@@ -217,6 +230,7 @@ impl Client {
                 self.check_all(now, &mut acts);
                 self.try_comply(seg, &mut acts);
             }
+            Msg::Revoke { seg, .. } if self.learning && !self.held.contains_key(&seg) => self.deferred.push(msg),
             Msg::Revoke { seg, gen, keep, ticket } => match self.held.get_mut(&seg) {
                 // Grants come before the revokes that follow them: a token not held was given
                 // up already, or its grant was lost with a connection, and the SG may have it.

@@ -286,6 +286,11 @@ impl Server {
         self.segs.get(&seg).map_or((None, Vec::new()), |s| (s.ew, s.m().sr.keys().copied().collect()))
     }
 
+    /// The first segment of `segs` someone holds a token on.
+    pub fn first_held(&self, segs: std::ops::RangeInclusive<u64>) -> Option<u64> {
+        self.segs.range(segs).find(|(_, s)| s.ew.is_some() || !s.m().sr.is_empty()).map(|(&seg, _)| seg)
+    }
+
     /// Tokens held, by kind.
     pub fn held(&self) -> (usize, usize) {
         self.segs.values().fold((0, 0), |(sr, ew), s| (sr + s.m().sr.len(), ew + usize::from(s.ew.is_some())))
@@ -371,13 +376,36 @@ impl Server {
         out
     }
 
-    /// `gw`'s connection was lost and is back: what was sent to it may be lost, so revokes that
-    /// it has not answered are sent again (it asks again for what it waits for).
+    /// `gw`'s connection was lost and is back, or it restarted: what was sent to it may be lost,
+    /// so every token it holds is granted again (same generation: a restarted gateway learns what
+    /// it holds, with the writes in its log made under it) and revokes that it has not answered
+    /// are sent again, after them (it asks again for what it waits for).
     pub fn reconnected(&mut self, gw: Gw, now: Instant) -> Vec<Out> {
         self.heard.insert(gw, now);
-        let segs: Vec<u64> =
-            self.segs.iter_mut().filter_map(|(&seg, s)| s.more.as_mut()?.revoked.remove(&gw).map(|_| seg)).collect();
-        let mut out = Vec::new();
+        let mut out: Vec<Out> = self
+            .segs
+            .iter()
+            .filter_map(|(&seg, s)| {
+                let (kind, gen) = s.holds(gw)?;
+                Some(Out { to: gw, msg: Msg::Grant { op: 0, seg, kind, gen, ticket: 0 } })
+            })
+            .collect();
+        // Its operations ask again (a restarted gateway's are gone): their places in line go,
+        // and what they held up is served.
+        let ops: Vec<(Gw, u64)> = self.waiting.range((gw, 0)..=(gw, u64::MAX)).map(|(&k, _)| k).collect();
+        let mut segs: BTreeSet<u64> = BTreeSet::new();
+        for key in ops {
+            self.tickets.remove(&key);
+            for seg in self.waiting.remove(&key).unwrap_or_default() {
+                if let Some(s) = self.segs.get_mut(&seg) {
+                    s.mm().line.retain(|w| !(w.gw == key.0 && w.op == key.1));
+                    s.tidy();
+                }
+                segs.insert(seg);
+            }
+        }
+        self.tickets.retain(|&(g, _), _| g != gw);
+        segs.extend(self.segs.iter_mut().filter_map(|(&seg, s)| s.more.as_mut()?.revoked.remove(&gw).map(|_| seg)));
         for seg in segs {
             self.serve(seg, &mut out);
         }

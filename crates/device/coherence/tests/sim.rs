@@ -32,6 +32,9 @@ enum Step {
     Surrender(usize),
     Run(usize),
     Reset(usize),
+    /// The gateway's process dies and starts again on its log: its dirty writes stay, and so do
+    /// the messages the SG queued for it; everything else of it is gone.
+    Crash(usize),
     Restart,
     /// The gateway's link goes down (everything in flight is lost) or comes back.
     Cut(usize),
@@ -52,7 +55,8 @@ fn step() -> impl Strategy<Value = Step> {
         6 => g.clone().prop_map(Step::ToGateway),
         2 => g.clone().prop_map(Step::Surrender),
         3 => g.clone().prop_map(Step::Run),
-        1 => g.prop_map(Step::Reset),
+        1 => g.clone().prop_map(Step::Reset),
+        1 => g.prop_map(Step::Crash),
         1 => Just(Step::Restart),
     ]
 }
@@ -276,13 +280,41 @@ impl World {
                 }
                 self.reconnect(*g, t);
             }
+            Step::Crash(g) => {
+                if self.gws[*g].cut {
+                    return;
+                }
+                let gw = &mut self.gws[*g];
+                // What was on its way to the old process is lost, and the new one's fresh
+                // exchange drops what the SG still had queued for it.
+                gw.outbox.clear();
+                gw.inbox.clear();
+                gw.cache.retain(|_, (_, dirty)| *dirty);
+                gw.surrenders.clear();
+                gw.ready.clear();
+                // Its operations died with it (the host's commands fail).
+                self.ended += gw.needs.len();
+                gw.needs.clear();
+                self.clients[*g] = Client::new(LEASE);
+                // The new driver's first exchange says it starts afresh.
+                let outs = self.server.reconnected(*g as Gw, t);
+                self.sent(outs);
+                self.exchange(*g, t);
+            }
             Step::Restart => {
                 let j = &self.journal;
                 let entries: Vec<Entry> = j.segs.values().cloned().collect();
                 self.server = Server::restore(self.policy, &entries, &j.untold, j.next_gen, t);
+                // Every gateway sees a gap in the restarted SG's numbers and starts afresh: the
+                // SG says again what it holds, and it asks again for what it waits for.
                 for g in 0..GWS {
                     self.gws[g].inbox.clear();
                     self.gws[g].outbox.clear();
+                    if self.gws[g].cut {
+                        continue;
+                    }
+                    let outs = self.server.reconnected(g as Gw, t);
+                    self.sent(outs);
                     let acts = self.clients[g].reconnected();
                     self.act(g, acts);
                 }

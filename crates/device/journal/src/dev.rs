@@ -680,6 +680,7 @@ impl BlockDev for JournalDev {
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> std::result::Result<(), BlockError> {
         let blocks = stics_block::blocks_in(&data, self.geometry().block_size)?;
         self.geometry().check_range(lba, blocks)?;
+        self.inner.tokens.admit_plain(lba, blocks, self.geometry().block_size)?;
         self.clear_of_groups(lba, blocks).await;
         self.inner.medium.write(lba, data, fua).await
     }
@@ -690,12 +691,14 @@ impl BlockDev for JournalDev {
 
     async fn write_zeros(&self, lba: u64, blocks: u64) -> std::result::Result<(), BlockError> {
         self.geometry().check_range(lba, blocks)?;
+        self.inner.tokens.admit_plain(lba, blocks, self.geometry().block_size)?;
         self.clear_of_groups(lba, blocks).await;
         self.inner.medium.write_zeros(lba, blocks).await
     }
 
     async fn discard(&self, lba: u64, blocks: u64) -> std::result::Result<(), BlockError> {
         self.geometry().check_range(lba, blocks)?;
+        self.inner.tokens.admit_plain(lba, blocks, self.geometry().block_size)?;
         self.clear_of_groups(lba, blocks).await;
         self.inner.medium.discard(lba, blocks).await
     }

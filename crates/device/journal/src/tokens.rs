@@ -358,9 +358,15 @@ impl Tokens {
         };
         let mut outs = Vec::new();
         if new_connection {
-            // The gateway starts afresh (restarted, or it saw a gap): it may have lost what the
-            // SG sent it, so its unanswered revokes are said again. What is queued stays, and so
-            // do the numbers, so that its next poll reads on without a gap of its own making.
+            // The gateway starts afresh (restarted, or it saw a gap): what is queued for it may
+            // be an earlier process's (whose operation numbers its own would be taken for), so
+            // it goes, and the SG says again what the gateway holds and what is asked of it. The
+            // numbers go on past what went, so that a gateway that read it all reads on without
+            // a gap of the SG's making.
+            if let Some(q) = st.queued.get_mut(&gw) {
+                q.base = q.base.wrapping_add(q.msgs.len() as u32);
+                q.msgs.clear();
+            }
             outs.extend(st.server.reconnected(gw, now));
         }
         outs.extend(st.server.handle(gw, msgs, now));
@@ -462,6 +468,22 @@ impl Tokens {
     pub fn fence(&self, source: &[u8; 16], seg: u64, gen: u64) -> Result<(), stics_coherence::Fenced> {
         let st = lock(&self.state);
         st.server.fence(st.gw(source), seg, gen)
+    }
+
+    /// Whether a plain write (not a group: no generations, no source) to blocks
+    /// `lba..lba + blocks` of `block_size` bytes may land: only where no gateway holds a token.
+    pub fn admit_plain(&self, lba: u64, blocks: u64, block_size: u32) -> Result<(), BlockError> {
+        let st = lock(&self.state);
+        if st.server.is_empty() || blocks == 0 {
+            return Ok(());
+        }
+        let per = u64::from((self.segment_bytes / block_size.max(1)).max(1));
+        match st.server.first_held(lba / per..=(lba + blocks - 1) / per) {
+            Some(seg) => Err(BlockError::Rejected(format!(
+                "a plain write to segment {seg}, which a gateway holds a token on: gateways share this LUN, write through one of them"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Whether a group from `source` may land: every generation it carries is its segment's
@@ -620,13 +642,24 @@ mod tests {
         let (first, again) = poll_from(&t, 1, n).await;
         assert!(first == n && matches!(again[..], [Msg::Revoke { .. }]), "{again:?}");
         assert_eq!(poll_from(&t, 1, n.wrapping_add(1)).await, (n.wrapping_add(1), vec![]));
-        // A gateway that starts afresh hears the revoke it has not answered again, numbered on
-        // from where it read: no gap of its own making.
+        // A gateway that starts afresh hears what it holds and the revoke it has not answered
+        // again, in that order, numbered on from where it read: no gap of its own making.
         exch(&t, &token::encode_exchange(&src(1), &[]), true).unwrap();
         let (first, msgs) = poll_from(&t, 1, n.wrapping_add(1)).await;
-        assert!(first == n.wrapping_add(1) && matches!(msgs[..], [Msg::Revoke { .. }]), "{first} {msgs:?}");
+        assert!(
+            first == n.wrapping_add(1)
+                && matches!(msgs[..], [Msg::Grant { seg: 2, kind: Kind::Exclusive, .. }, Msg::Revoke { seg: 2, .. }]),
+            "{first} {msgs:?}"
+        );
         // Numbers never sent: the answer says from where on there are messages.
         assert_eq!(poll_from(&t, 1, n.wrapping_add(99)).await.0, n.wrapping_add(1));
+        // A restarted gateway's fresh exchange drops what was queued for the process before it
+        // (its operation numbers were that process's), and numbers on past it.
+        ex(&t, 3, &[Msg::Request { op: 1, seg: 2, kind: Kind::Exclusive }]);
+        exch(&t, &token::encode_exchange(&src(1), &[]), true).unwrap();
+        let (first, msgs) = poll_from(&t, 1, n.wrapping_add(1)).await;
+        assert_ne!(first, n.wrapping_add(1), "what was queued before went");
+        assert!(matches!(msgs[..], [Msg::Grant { op: 0, seg: 2, .. }, Msg::Revoke { seg: 2, .. }]), "{msgs:?}");
     }
 
     #[tokio::test]

@@ -329,6 +329,17 @@ impl Core {
         self.changes.extend(change);
     }
 
+    /// Closes the epoch under way and returns the newest epoch that holds writes so far.
+    pub fn mark(&mut self) -> u64 {
+        self.close_epoch();
+        self.log.epoch.saturating_sub(1)
+    }
+
+    /// True when no version of an epoch up to `through` is left off the remote.
+    pub fn settled(&self, through: u64) -> bool {
+        self.epochs.keys().next().is_none_or(|&e| e > through)
+    }
+
     /// True when nothing is dirty, pending or in flight: the remote holds everything.
     pub fn is_clean(&self) -> bool {
         self.newest.is_empty() && self.log.is_idle() && self.epochs.is_empty()

@@ -193,12 +193,15 @@ async fn ship_group(inner: &Arc<Inner>, plan: GroupPlan) -> Result<u64, BlockErr
                 block_size: inner.geometry.block_size,
             };
             let level = inner.cfg.group_level;
+            let fences =
+                inner.fencer.as_ref().map(|f| fences(f.as_ref(), &plan.extents, head.block_size)).transpose()?;
             // Compression is CPU work of tens of milliseconds for a large group: off the runtime.
-            let encoded =
-                tokio::task::spawn_blocking(move || stics_link::group::encode(&head, &plan.extents, &data, level))
-                    .await
-                    .map_err(|e| BlockError::Io { lba: 0, source: std::io::Error::other(e) })?
-                    .map_err(|e| BlockError::Rejected(format!("encoding a group: {e}")))?;
+            let encoded = tokio::task::spawn_blocking(move || {
+                stics_link::group::encode_fenced(&head, &plan.extents, &data, level, fences.as_ref())
+            })
+            .await
+            .map_err(|e| BlockError::Io { lba: 0, source: std::io::Error::other(e) })?
+            .map_err(|e| BlockError::Rejected(format!("encoding a group: {e}")))?;
             let b = Bytes::from(encoded);
             *lock(&inner.group_bytes) = Some((plan.seq, b.clone()));
             b
@@ -209,6 +212,26 @@ async fn ship_group(inner: &Arc<Inner>, plan: GroupPlan) -> Result<u64, BlockErr
     *lock(&inner.group_bytes) = None;
     lock(&inner.counters).remote_write_bytes += len;
     Ok(len)
+}
+
+/// The generation of the exclusive token each segment a group writes is held under. A segment
+/// without one was written under a token this gateway no longer holds: the group cannot land.
+fn fences(
+    f: &dyn crate::driver::Fencer,
+    extents: &[stics_link::group::Extent],
+    block_size: u32,
+) -> Result<stics_link::group::Fences, BlockError> {
+    let segment_bytes = f.segment_bytes();
+    let gens = stics_link::group::segments_touched(extents, block_size, segment_bytes)
+        .map(|seg| {
+            f.exclusive(seg).map(|gen| (seg, gen)).ok_or_else(|| {
+                BlockError::Rejected(format!(
+                    "a group writes segment {seg}, on which this gateway holds no exclusive token"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(stics_link::group::Fences { segment_bytes, gens })
 }
 
 /// What the SG holds of this log.

@@ -6,7 +6,10 @@
 //! One writer per remote: opening claims the remote ([`BlockDev::claim`], a persistent
 //! reservation on a remote LUN) under a key derived from the log's UUID, in every mode, and
 //! refuses to start when another key holds it. Closing keeps the claim: the log may still hold
-//! data the remote lacks, and the next open of the same log takes the claim back.
+//! data the remote lacks, and the next open of the same log takes the claim back. A cache of a
+//! LUN that gateways share ([`Cache::open_shared`]) claims nothing: tokens from the SG say who may
+//! cache and write what, and every group it ships carries the generation of the token each of
+//! its segments was written under ([`Fencer`]), which the SG checks.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,6 +62,9 @@ pub enum CacheError {
     /// The log device's size does not match the log written on it.
     #[error("the log was formatted for {formatted} bytes but the device has {device}")]
     LogSize { formatted: u64, device: u64 },
+    /// A shared LUN cannot be cached this way.
+    #[error("shared LUN: {0}")]
+    Shared(String),
     /// Another writer (another cache, or any initiator) holds the remote.
     #[error(
         "another writer holds the remote LUN: reservation key {holder:#018x}; stop it, or, if it is gone for good, \
@@ -115,6 +121,15 @@ impl LogRead for &LogDev {
     }
 }
 
+/// Under which token a cache of a shared LUN writes each segment: what its groups carry for the
+/// SG's fence.
+pub trait Fencer: Send + Sync + 'static {
+    /// The SG's segment, in bytes.
+    fn segment_bytes(&self) -> u32;
+    /// The generation of the exclusive token this gateway holds on `seg`, if it holds one.
+    fn exclusive(&self, seg: u64) -> Option<u64>;
+}
+
 /// How often a request waiting for its acknowledgement looks whether it should end instead.
 const STALL_CHECK: Duration = Duration::from_secs(1);
 
@@ -146,6 +161,8 @@ pub(crate) struct Inner {
     prefetching: Mutex<Vec<(u64, u64, Arc<Notify>)>>,
     /// The group being shipped, encoded: sent again as the same bytes.
     group_bytes: Mutex<Option<(u64, Bytes)>>,
+    /// The tokens a shared LUN's groups are fenced under.
+    fencer: Option<Arc<dyn Fencer>>,
 }
 
 /// The STICS cache as a block device over a remote one.
@@ -163,6 +180,39 @@ impl Cache {
         remote: Arc<dyn BlockDev>,
         remote_id: &[u8],
         cfg: Config,
+    ) -> Result<Cache, CacheError> {
+        Cache::open_with(log, remote, remote_id, cfg, None).await
+    }
+
+    /// Opens a cache of a LUN that other gateways share through tokens from its SG: it claims
+    /// nothing, ships only groups, each fenced under `fencer`'s tokens, and reads nothing ahead
+    /// (read-ahead would cache blocks of segments it holds no token on). Write-through mode,
+    /// whose writes would reach the SG unfenced, is refused.
+    pub async fn open_shared(
+        log: Arc<dyn BlockDev>,
+        remote: Arc<dyn BlockDev>,
+        remote_id: &[u8],
+        cfg: Config,
+        fencer: Arc<dyn Fencer>,
+    ) -> Result<Cache, CacheError> {
+        if cfg.mode == Mode::WriteThrough {
+            return Err(CacheError::Shared(
+                "write-through mode writes to the SG unfenced: a shared LUN is cached in log or immediate mode".into(),
+            ));
+        }
+        if remote.group_sink().is_none_or(|g| g.max_group() == 0) {
+            return Err(CacheError::Shared("the remote is no stics SG: only an SG hands out tokens".into()));
+        }
+        let cfg = Config { read_ahead_bytes: 0, ..cfg };
+        Cache::open_with(log, remote, remote_id, cfg, Some(fencer)).await
+    }
+
+    async fn open_with(
+        log: Arc<dyn BlockDev>,
+        remote: Arc<dyn BlockDev>,
+        remote_id: &[u8],
+        cfg: Config,
+        fencer: Option<Arc<dyn Fencer>>,
     ) -> Result<Cache, CacheError> {
         let geometry = remote.geometry();
         let wanted = RemoteBinding {
@@ -206,7 +256,8 @@ impl Cache {
         // Once the settings are known to work and before recovery destages anything: nobody else
         // may write behind this log's back.
         let key = claim_key(&sb.log_uuid);
-        match remote.claim(key).await {
+        let claim = if fencer.is_some() { Ok(Claim::Unsupported) } else { remote.claim(key).await };
+        match claim {
             Ok(Claim::Held) => tracing::info!(key = format_args!("{key:#018x}"), "claimed the remote"),
             Ok(Claim::TakenOver) => {
                 tracing::info!(
@@ -261,6 +312,7 @@ impl Cache {
             halted: AtomicBool::new(false),
             prefetching: Mutex::new(Vec::new()),
             group_bytes: Mutex::new(None),
+            fencer,
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(log_writer::log_writer(Arc::clone(&inner)));
@@ -312,6 +364,55 @@ impl Cache {
             self.inner.destager.notify_one();
             let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
         }
+    }
+
+    /// Waits until every write made before the call is on the remote, or superseded by a later
+    /// one (what a gateway does before it gives a segment's token up: the current epoch is closed,
+    /// and destage hurries until no older epoch is left). Ends with the cause when the remote
+    /// keeps failing for the full timeout.
+    pub async fn settle(&self) -> Result<(), BlockError> {
+        struct Hurry<'a>(&'a Inner);
+        impl Drop for Hurry<'_> {
+            fn drop(&mut self) {
+                lock(&self.0.core).hurry(false);
+            }
+        }
+        let through = {
+            let mut c = lock(&self.inner.core);
+            c.hurry(true);
+            c.mark()
+        };
+        let _hurry = Hurry(&self.inner);
+        let started = Instant::now();
+        loop {
+            let notified = self.inner.space.notified();
+            {
+                let c = lock(&self.inner.core);
+                if c.settled(through) {
+                    return Ok(());
+                }
+                let now = Instant::now();
+                if now.saturating_duration_since(started) >= self.inner.cfg.full_timeout {
+                    if let Some(e) = c.stalled(true, now) {
+                        return Err(e);
+                    }
+                }
+            }
+            self.inner.logger.notify_one();
+            self.inner.destager.notify_one();
+            let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+        }
+    }
+
+    /// The log's identity: the source its groups carry, and a gateway's name at the SG.
+    pub fn log_uuid(&self) -> [u8; 16] {
+        lock(&self.inner.core).log_uuid
+    }
+
+    /// Forgets clean copies of blocks `lba..lba + blocks` (the read cache's, and remote data of
+    /// reads still under way): another gateway may write them now.
+    pub fn forget(&self, lba: u64, blocks: u64) {
+        lock(&self.inner.core).invalidate(lba, lba.saturating_add(blocks));
     }
 
     /// Stops the cache. Acknowledged writes still in RAM (`immediate` mode) are written to the

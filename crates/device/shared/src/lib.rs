@@ -1,0 +1,253 @@
+//! A gateway's cache of a LUN that several gateways share (seed 004 §3.4): the STICS cache
+//! ([`stics_cache::Cache::open_shared`]) under tokens from the SG ([`stics_coherence::driver`]).
+//! Every host command runs as an operation that holds the tokens of the segments it touches,
+//! shared to read and exclusive to write; once a gateway holds them, a command costs what it
+//! costs a single gateway. A token is given up only after every write made under it is on the SG
+//! ([`stics_cache::Cache::settle`]) and, unless it is kept shared, the segment's clean copies
+//! are forgotten; every group the cache ships carries the generation of the exclusive token each
+//! of its segments was written under, which the SG checks.
+//!
+//! **Architecture Invariant:** no host command reads or writes a block while its gateway's lease
+//! on the block's segment has run out, and no clean copy of a segment outlives the token it was
+//! read under.
+
+#![forbid(unsafe_code)]
+
+use std::sync::{Arc, OnceLock, Weak};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use stics_block::{BlockDev, BlockError, Geometry};
+use stics_cache::{Cache, CacheError, Config, Fencer};
+use stics_coherence::driver::{Driver, DriverConfig, Holder};
+use stics_coherence::Kind;
+
+/// Most segments one operation takes tokens on: a zeroing or discard over more (mkfs discards
+/// the whole LUN) goes as several operations, one after the other, so that no command asks the SG
+/// for more tokens than its table holds.
+const MAX_OP_SEGMENTS: u64 = 1024;
+
+/// Why a shared cache cannot open.
+#[derive(Debug, thiserror::Error)]
+pub enum SharedError {
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    /// The remote's link status is unreadable, or it hands out no tokens.
+    #[error("the SG's link status: {0}")]
+    Status(String),
+    #[error(transparent)]
+    Granularity(#[from] stics_coherence::CoherenceError),
+}
+
+/// What the cache and the token driver reach each other through (each holds it weakly, so that
+/// dropping the [`SharedCache`] ends both).
+struct Link {
+    cache: OnceLock<Cache>,
+    driver: OnceLock<Driver>,
+    segment_bytes: u32,
+    seg_blocks: u64,
+}
+
+impl Link {
+    fn blocks_of(&self, seg: u64) -> (u64, u64) {
+        (seg.saturating_mul(self.seg_blocks), self.seg_blocks)
+    }
+}
+
+struct Fence(Weak<Link>);
+
+impl Fencer for Fence {
+    fn segment_bytes(&self) -> u32 {
+        self.0.upgrade().map_or(0, |l| l.segment_bytes)
+    }
+
+    fn exclusive(&self, seg: u64) -> Option<u64> {
+        let link = self.0.upgrade()?;
+        match link.driver.get()?.holds(seg)? {
+            (Kind::Exclusive, gen) => Some(gen),
+            (Kind::Shared, _) => None,
+        }
+    }
+}
+
+struct Keeper(Weak<Link>);
+
+#[async_trait]
+impl Holder for Keeper {
+    async fn surrender(&self, seg: u64, _gen: u64, keep: Option<Kind>) -> Result<(), BlockError> {
+        let Some(link) = self.0.upgrade() else { return Ok(()) };
+        let Some(cache) = link.cache.get() else { return Ok(()) };
+        let exclusive = link.driver.get().and_then(|d| d.holds(seg)).is_some_and(|(k, _)| k == Kind::Exclusive);
+        if exclusive {
+            // Every write made under the token reaches the SG under it before it goes.
+            cache.settle().await?;
+        }
+        if keep != Some(Kind::Shared) {
+            let (lba, blocks) = link.blocks_of(seg);
+            cache.forget(lba, blocks);
+        }
+        Ok(())
+    }
+
+    fn broken(&self, seg: u64, gen: u64) {
+        let Some(link) = self.0.upgrade() else { return };
+        tracing::error!(
+            segment = seg,
+            generation = gen,
+            "the SG broke this gateway's token: writes made under it and not yet shipped will be refused"
+        );
+        if let Some(cache) = link.cache.get() {
+            let (lba, blocks) = link.blocks_of(seg);
+            cache.forget(lba, blocks);
+        }
+    }
+}
+
+/// A cache of a shared LUN: a block device whose commands run under tokens.
+pub struct SharedCache {
+    link: Arc<Link>,
+    geometry: Geometry,
+}
+
+impl std::fmt::Debug for SharedCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedCache").field("segment_bytes", &self.link.segment_bytes).finish_non_exhaustive()
+    }
+}
+
+impl SharedCache {
+    /// Opens the cache on `log` for `remote`, a LUN of a stics SG that hands out tokens (its
+    /// LINK STATUS names the segment), and starts the token driver under the log's identity.
+    pub async fn open(
+        log: Arc<dyn BlockDev>,
+        remote: Arc<dyn BlockDev>,
+        remote_id: &[u8],
+        cfg: Config,
+        tokens: DriverConfig,
+    ) -> Result<SharedCache, SharedError> {
+        let sink = remote.group_sink().ok_or_else(|| SharedError::Status("the remote is no stics SG".into()))?;
+        let status = sink.link_status(0).await.map_err(|e| SharedError::Status(e.to_string()))?;
+        let status = stics_link::status::Status::decode(&status).map_err(|e| SharedError::Status(e.to_string()))?;
+        if status.segment_bytes == 0 {
+            return Err(SharedError::Status("the SG hands out no tokens (it is older than this gateway)".into()));
+        }
+        let geometry = remote.geometry();
+        let seg_blocks = stics_coherence::seg_blocks(status.segment_bytes, geometry.block_size)?;
+        let link = Arc::new(Link {
+            cache: OnceLock::new(),
+            driver: OnceLock::new(),
+            segment_bytes: status.segment_bytes,
+            seg_blocks,
+        });
+        let fence = Arc::new(Fence(Arc::downgrade(&link)));
+        let cache = Cache::open_shared(log, Arc::clone(&remote), remote_id, cfg, fence).await?;
+        let source = cache.log_uuid();
+        let _ = link.cache.set(cache);
+        let driver = Driver::start(remote, source, Arc::new(Keeper(Arc::downgrade(&link))), tokens);
+        let _ = link.driver.set(driver);
+        Ok(SharedCache { link, geometry })
+    }
+
+    fn cache(&self) -> Result<&Cache, BlockError> {
+        self.link.cache.get().ok_or(BlockError::Unsupported("the shared cache is not open"))
+    }
+
+    /// Runs `run` on the cache holding `kind` on every segment of `lba..lba + blocks`.
+    async fn under<T, F>(&self, lba: u64, blocks: u64, kind: Kind, run: F) -> Result<T, BlockError>
+    where
+        F: std::future::Future<Output = Result<T, BlockError>>,
+    {
+        self.geometry.check_range(lba, blocks)?;
+        let driver = self.link.driver.get().ok_or(BlockError::Unsupported("the shared cache is not open"))?;
+        let need: Vec<(u64, Kind)> =
+            stics_coherence::segments(lba, blocks, self.link.seg_blocks).map(|s| (s, kind)).collect();
+        let op = driver.begin(&need).await;
+        if !op.valid() {
+            return Err(BlockError::Busy(
+                "this gateway's tokens lapsed (the SG has not answered within the lease): try again".into(),
+            ));
+        }
+        let r = run.await;
+        drop(op);
+        r
+    }
+
+    /// `lba..lba + blocks` cut at segment boundaries into runs of at most [`MAX_OP_SEGMENTS`].
+    fn pieces(&self, lba: u64, blocks: u64) -> Result<Vec<(u64, u64)>, BlockError> {
+        self.geometry.check_range(lba, blocks)?;
+        let span = MAX_OP_SEGMENTS * self.link.seg_blocks;
+        let mut out = Vec::new();
+        let (mut at, end) = (lba, lba + blocks);
+        while at < end {
+            let next = ((at / span + 1) * span).min(end);
+            out.push((at, next - at));
+            at = next;
+        }
+        Ok(out)
+    }
+
+    /// Tokens held, by kind (shared, exclusive).
+    pub fn tokens_held(&self) -> (usize, usize) {
+        self.link.driver.get().map_or((0, 0), Driver::held)
+    }
+
+    /// The cache under the tokens.
+    pub fn inner(&self) -> Option<&Cache> {
+        self.link.cache.get()
+    }
+
+    /// Stops the cache (see [`Cache::close`]); its tokens stay with the SG until the gateway
+    /// comes back or they are broken.
+    pub async fn close(&self) {
+        if let Some(c) = self.link.cache.get() {
+            c.close().await;
+        }
+    }
+}
+
+#[async_trait]
+impl BlockDev for SharedCache {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    fn volatile_cache(&self) -> bool {
+        self.link.cache.get().is_some_and(BlockDev::volatile_cache)
+    }
+
+    fn supports_discard(&self) -> bool {
+        true
+    }
+
+    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
+        let cache = self.cache()?;
+        self.under(lba, u64::from(blocks), Kind::Shared, cache.read(lba, blocks)).await
+    }
+
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
+        let cache = self.cache()?;
+        let blocks = stics_block::blocks_in(&data, self.geometry.block_size)?;
+        self.under(lba, blocks, Kind::Exclusive, cache.write(lba, data, fua)).await
+    }
+
+    async fn flush(&self) -> Result<(), BlockError> {
+        // Makes this gateway's own writes durable in its log: no token is needed.
+        self.cache()?.flush().await
+    }
+
+    async fn write_zeros(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        let cache = self.cache()?;
+        for (lba, blocks) in self.pieces(lba, blocks)? {
+            self.under(lba, blocks, Kind::Exclusive, cache.write_zeros(lba, blocks)).await?;
+        }
+        Ok(())
+    }
+
+    async fn discard(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        let cache = self.cache()?;
+        for (lba, blocks) in self.pieces(lba, blocks)? {
+            self.under(lba, blocks, Kind::Exclusive, cache.discard(lba, blocks)).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,350 @@
+//! Three gateways' shared caches (`SharedCache`: the STICS cache under tokens) over one SG's
+//! journal, in one process: every read sees the newest write that completed before it began or
+//! one concurrent with it, never a mix inside a block; a volume written through one gateway is
+//! read whole through another with no drain; what a gateway cannot do safely is refused.
+
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::{Rng, SeedableRng};
+use stics_block::{BlockDev, MemDev};
+use stics_cache::{Config, Mode};
+use stics_coherence::driver::DriverConfig;
+use stics_journal::{JournalConfig, JournalDev};
+use stics_shared::SharedCache;
+
+const BS: u32 = 512;
+/// 32 KiB segments: 64 blocks.
+const SEG_BYTES: u32 = 32 << 10;
+const SEG: u64 = 64;
+const BLOCKS: u64 = 64 * SEG;
+
+fn cache_cfg(mode: Mode) -> Config {
+    Config {
+        mode,
+        ram_bytes: 1 << 20,
+        max_record_bytes: 256 << 10,
+        destage_io_bytes: 64 << 10,
+        destage_inflight: 4,
+        epoch_max_writes: 64,
+        epoch_max_bytes: 1 << 20,
+        retry_delay: Duration::from_millis(10),
+        retry_max: Duration::from_millis(100),
+        read_cache_bytes: 1 << 20,
+        ..Config::default()
+    }
+}
+
+fn tokens() -> DriverConfig {
+    DriverConfig { poll_wait: Duration::from_millis(50), retry: Duration::from_millis(20), ..DriverConfig::default() }
+}
+
+async fn sg() -> Arc<JournalDev> {
+    let medium = Arc::new(MemDev::new(BS, BLOCKS));
+    let cfg = JournalConfig { segment_bytes: SEG_BYTES, ..JournalConfig::default() };
+    Arc::new(JournalDev::open(Arc::new(MemDev::new(BS, 2048 * 32)), medium, cfg).await.expect("SG opens"))
+}
+
+async fn gateway(sg: &Arc<JournalDev>, mode: Mode) -> SharedCache {
+    let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(BS, 2048 * 8));
+    let remote: Arc<dyn BlockDev> = Arc::clone(sg) as Arc<dyn BlockDev>;
+    SharedCache::open(log, remote, b"sg-lun", cache_cfg(mode), tokens()).await.expect("gateway opens")
+}
+
+/// A block that says `stamp` in every one of its words.
+fn block(stamp: u64) -> Bytes {
+    Bytes::from(stamp.to_le_bytes().repeat(BS as usize / 8))
+}
+
+/// The stamp a block says; fails on a block that mixes two.
+#[track_caller]
+fn stamp_of(b: &[u8]) -> u64 {
+    let first = u64::from_le_bytes(b[..8].try_into().unwrap());
+    assert!(b.chunks(8).all(|w| w == first.to_le_bytes()), "a block mixes writes: {:?}", &b[..24]);
+    first
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    block: u64,
+    stamp: u64,
+    start: u64,
+    end: u64,
+    write: bool,
+}
+
+/// Per-block linearizability of single-block reads and writes: a read returns a write that
+/// began before it ended and that no other write followed entirely before the read began (or the
+/// zeros it started with, when no write completed before it began).
+fn check(events: &[Event]) {
+    let writes: Vec<&Event> = events.iter().filter(|e| e.write).collect();
+    for r in events.iter().filter(|e| !e.write) {
+        let on = writes.iter().filter(|w| w.block == r.block);
+        if r.stamp == 0 {
+            let done = on.clone().find(|w| w.end < r.start);
+            assert!(done.is_none(), "read {r:?} saw zeros after write {done:?} completed");
+            continue;
+        }
+        let w =
+            on.clone().find(|w| w.stamp == r.stamp).unwrap_or_else(|| panic!("read {r:?} saw a stamp never written"));
+        assert!(w.start < r.end, "read {r:?} saw write {w:?} that began after it");
+        let newer = on.clone().find(|w2| w.end < w2.start && w2.end < r.start);
+        assert!(newer.is_none(), "read {r:?} saw {w:?}, but {newer:?} followed it and completed first");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_caches_share_a_lun_and_every_read_sees_the_newest_write() {
+    for mode in [Mode::Log, Mode::Immediate] {
+        let sg = sg().await;
+        let mut gws = Vec::new();
+        for _ in 0..3 {
+            gws.push(Arc::new(gateway(&sg, mode).await));
+        }
+        let clock = Arc::new(AtomicU64::new(1));
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = tokio::task::JoinSet::new();
+        for (g, gw) in gws.iter().enumerate() {
+            for host in 0..2u64 {
+                let (gw, clock, events) = (Arc::clone(gw), Arc::clone(&clock), Arc::clone(&events));
+                tasks.spawn(async move {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(g as u64 * 10 + host);
+                    for i in 0..150u64 {
+                        // Eight segments, the first two hot.
+                        let block =
+                            if rng.gen_bool(0.5) { rng.gen_range(0..2 * SEG) } else { rng.gen_range(0..8 * SEG) };
+                        let start = clock.fetch_add(1, SeqCst);
+                        if rng.gen_bool(0.4) {
+                            let stamp = ((g as u64 + 1) << 40) | (host << 32) | (i + 1);
+                            gw.write(block, block_of(stamp), false).await.expect("write");
+                            let end = clock.fetch_add(1, SeqCst);
+                            events.lock().unwrap().push(Event { block, stamp, start, end, write: true });
+                        } else if rng.gen_bool(0.2) && block % SEG == SEG - 1 {
+                            // Across a segment boundary: two tokens at once.
+                            let got = gw.read(block, 2).await.expect("read");
+                            let end = clock.fetch_add(1, SeqCst);
+                            let mut ev = events.lock().unwrap();
+                            for (k, b) in got.chunks(BS as usize).enumerate() {
+                                ev.push(Event {
+                                    block: block + k as u64,
+                                    stamp: stamp_of(b),
+                                    start,
+                                    end,
+                                    write: false,
+                                });
+                            }
+                        } else {
+                            let got = gw.read(block, 1).await.expect("read");
+                            let end = clock.fetch_add(1, SeqCst);
+                            events.lock().unwrap().push(Event {
+                                block,
+                                stamp: stamp_of(&got),
+                                start,
+                                end,
+                                write: false,
+                            });
+                        }
+                    }
+                });
+            }
+        }
+        let all = tokio::time::timeout(Duration::from_secs(120), async {
+            while let Some(r) = tasks.join_next().await {
+                r.expect("host task");
+            }
+        });
+        all.await.expect("every operation completes");
+        let events = events.lock().unwrap().clone();
+        check(&events);
+        // Every gateway settles: the SG alone then holds, for each block, a write no other
+        // followed entirely.
+        for gw in &gws {
+            gw.inner().expect("open").settle().await.expect("settles");
+        }
+        for b in 0..8 * SEG {
+            let got = stamp_of(&sg.read(b, 1).await.expect("SG read"));
+            let on: Vec<&Event> = events.iter().filter(|e| e.write && e.block == b).collect();
+            if on.is_empty() {
+                assert_eq!(got, 0, "block {b}");
+                continue;
+            }
+            let w = on.iter().find(|w| w.stamp == got).unwrap_or_else(|| panic!("block {b}: {got:#x} never written"));
+            assert!(!on.iter().any(|w2| w.end < w2.start), "{mode:?} block {b}: {w:?} was followed by a later write");
+        }
+        let st = sg.token_status();
+        assert!(st.grants > 10 && st.revokes > 0, "{mode:?}: segments changed hands: {st:?}");
+        for gw in &gws {
+            gw.close().await;
+        }
+    }
+}
+
+fn block_of(stamp: u64) -> Bytes {
+    block(stamp)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_written_through_one_gateway_is_read_whole_through_another_with_no_drain() {
+    let sg = sg().await;
+    let (a, b) = (gateway(&sg, Mode::Log).await, gateway(&sg, Mode::Immediate).await);
+    // A writes across twenty segments and stops; nothing is drained by hand.
+    for blk in (0..20 * SEG).step_by(5) {
+        a.write(blk, block(blk + 1), false).await.expect("A writes");
+    }
+    a.flush().await.expect("A flushes");
+    for blk in (0..20 * SEG).step_by(5) {
+        assert_eq!(stamp_of(&b.read(blk, 1).await.expect("B reads")), blk + 1, "block {blk}");
+    }
+    let (sr, ew) = b.tokens_held();
+    assert!(sr >= 20 && ew == 0, "B reads under shared tokens: {sr} {ew}");
+    // And back: B writes, A reads what B wrote, not its own older blocks.
+    for blk in (0..20 * SEG).step_by(10) {
+        b.write(blk, block(blk + 1000), false).await.expect("B writes");
+    }
+    for blk in (0..20 * SEG).step_by(5) {
+        let want = if blk % 10 == 0 { blk + 1000 } else { blk + 1 };
+        assert_eq!(stamp_of(&a.read(blk, 1).await.expect("A reads")), want, "block {blk}");
+    }
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test]
+async fn what_a_shared_lun_cannot_take_is_refused() {
+    let sg = sg().await;
+    let a = gateway(&sg, Mode::Log).await;
+    a.write(3, block(7), false).await.expect("A writes");
+    // A plain write (any initiator's, not a gateway's) to a segment a gateway holds: refused.
+    let e = sg.write(4, block(9), false).await.unwrap_err();
+    assert!(e.to_string().contains("holds a token"), "{e}");
+    sg.write(40 * SEG, block(9), false).await.expect("where no gateway holds a token");
+    // Write-through would reach the SG unfenced; a plain remote hands out no tokens.
+    let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(BS, 2048 * 8));
+    let remote: Arc<dyn BlockDev> = Arc::clone(&sg) as Arc<dyn BlockDev>;
+    let e =
+        SharedCache::open(log.clone(), remote, b"sg-lun", cache_cfg(Mode::WriteThrough), tokens()).await.unwrap_err();
+    assert!(e.to_string().contains("write-through"), "{e}");
+    let plain: Arc<dyn BlockDev> = Arc::new(MemDev::new(BS, BLOCKS));
+    let e = SharedCache::open(log, plain, b"mem", cache_cfg(Mode::Log), tokens()).await.unwrap_err();
+    assert!(e.to_string().contains("no stics SG"), "{e}");
+    // A zeroing of the whole LUN goes as several operations and lands.
+    a.write_zeros(0, BLOCKS).await.expect("zeroes");
+    assert_eq!(stamp_of(&a.read(3, 1).await.expect("reads")), 0);
+    a.close().await;
+}
+
+/// The SG as one gateway's process reaches it: `commits` off, its groups fail (its writes stay
+/// dirty in its log); `alive` off, nothing passes (the process is gone).
+struct Path {
+    sg: Arc<JournalDev>,
+    commits: std::sync::atomic::AtomicBool,
+    alive: std::sync::atomic::AtomicBool,
+}
+
+impl Path {
+    fn check(&self, commit: bool) -> Result<(), stics_block::BlockError> {
+        let ok = self.alive.load(SeqCst) && (!commit || self.commits.load(SeqCst));
+        ok.then_some(()).ok_or_else(|| stics_block::BlockError::Busy("cut".into()))
+    }
+}
+
+#[async_trait::async_trait]
+impl stics_block::GroupSink for Path {
+    fn max_group(&self) -> u32 {
+        self.sg.max_group()
+    }
+    async fn commit(&self, group: Bytes) -> Result<(), stics_block::BlockError> {
+        self.check(true)?;
+        self.sg.commit(group).await
+    }
+    async fn link_status(&self, fence: u64) -> Result<Bytes, stics_block::BlockError> {
+        self.check(false)?;
+        self.sg.link_status(fence).await
+    }
+    async fn tokens(&self, exchange: Bytes, new_connection: bool) -> Result<(), stics_block::BlockError> {
+        self.check(false)?;
+        self.sg.tokens(exchange, new_connection).await
+    }
+    async fn token_poll(
+        &self,
+        g: u64,
+        from: u32,
+        wait: Duration,
+        max: usize,
+    ) -> Result<Bytes, stics_block::BlockError> {
+        self.check(false)?;
+        self.sg.token_poll(g, from, wait, max).await
+    }
+}
+
+#[async_trait::async_trait]
+impl BlockDev for Path {
+    fn geometry(&self) -> stics_block::Geometry {
+        self.sg.geometry()
+    }
+    fn volatile_cache(&self) -> bool {
+        false
+    }
+    fn group_sink(&self) -> Option<&dyn stics_block::GroupSink> {
+        Some(self)
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, stics_block::BlockError> {
+        self.check(false)?;
+        self.sg.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), stics_block::BlockError> {
+        self.check(false)?;
+        self.sg.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> Result<(), stics_block::BlockError> {
+        self.check(false)?;
+        self.sg.flush().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_restarted_on_its_log_ships_what_it_held_before_anyone_reads_past_it() {
+    let sg = sg().await;
+    let path = Arc::new(Path {
+        sg: Arc::clone(&sg),
+        commits: std::sync::atomic::AtomicBool::new(false),
+        alive: std::sync::atomic::AtomicBool::new(true),
+    });
+    let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(BS, 2048 * 8));
+    let a = SharedCache::open(Arc::clone(&log), path.clone(), b"sg-lun", cache_cfg(Mode::Log), tokens())
+        .await
+        .expect("A opens");
+    // A writes three segments; its groups cannot reach the SG: the writes are in its log only.
+    for blk in [1, SEG + 1, 2 * SEG + 1] {
+        a.write(blk, block(blk + 100), true).await.expect("A writes");
+    }
+    assert_eq!(a.tokens_held().1, 3);
+    assert_eq!(sg.status().groups_committed, 0);
+    // A's process dies.
+    path.alive.store(false, SeqCst);
+    drop(a);
+    // B wants the first segment: the SG asks A, which does not answer; B waits (the default
+    // policy never takes an exclusive token from a silent writer).
+    let b = Arc::new(gateway(&sg, Mode::Log).await);
+    let reader = {
+        let b = Arc::clone(&b);
+        tokio::spawn(async move { stamp_of(&b.read(1, 1).await.expect("B reads")) })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!reader.is_finished(), "B waits for A's segment");
+    assert_eq!(sg.token_status().blocked.len(), 1);
+    // A starts again on its log: the SG tells it what it holds, and it ships its writes under
+    // those tokens before it gives the first segment up.
+    let a = SharedCache::open(log, Arc::clone(&sg) as Arc<dyn BlockDev>, b"sg-lun", cache_cfg(Mode::Log), tokens())
+        .await
+        .expect("A reopens");
+    let got = tokio::time::timeout(Duration::from_secs(20), reader).await.expect("B reads on").expect("reader");
+    assert_eq!(got, 101, "B reads A's acknowledged write, not what the SG had before");
+    for blk in [SEG + 1, 2 * SEG + 1] {
+        assert_eq!(stamp_of(&b.read(blk, 1).await.expect("B reads")), blk + 100, "block {blk}");
+    }
+    a.close().await;
+    b.close().await;
+}
