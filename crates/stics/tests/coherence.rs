@@ -10,6 +10,7 @@
 mod common;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -233,4 +234,182 @@ async fn an_operator_breaks_a_silent_writer_s_token_and_its_late_group_is_refuse
     assert_eq!(st["journals"][0]["tokens"]["breaks"], 1, "{st}");
     a.lun.close().await;
     b.lun.close().await;
+}
+
+/// A `stics gateway --shared` in front of the SG's LUN, its log and stderr in `dir` under `name`:
+/// (process, iSCSI port, metrics port).
+fn shared_gateway(sg: &SticsTarget, dir: &Path, name: &str, mode: &str) -> (stics_testkit::proc::Guard, u16, u16) {
+    let metrics = stics_testkit::net::free_port();
+    let (g, port) = gateway_with(
+        &sg.url(0),
+        &dir.join(format!("{name}.log")),
+        mode,
+        &dir.join(format!("{name}.err")),
+        &["--shared", "--metrics", &format!("127.0.0.1:{metrics}")],
+    );
+    assert!(stics_testkit::proc::wait_port(metrics, Duration::from_secs(20)), "{name}: no metrics endpoint");
+    (g, port, metrics)
+}
+
+/// File `i` of the volume: where it lives and what it holds.
+fn volume_file(fs: &Path, i: u64) -> (std::path::PathBuf, Bytes) {
+    (fs.join(format!("d{}/f{i}", i % 10)), file_data(i))
+}
+
+#[track_caller]
+fn files_there(fs: &Path, files: std::ops::Range<u64>, what: &str) {
+    for i in files {
+        let (path, want) = volume_file(fs, i);
+        let got = std::fs::read(&path).unwrap_or_else(|e| panic!("{what}: {}: {e}", path.display()));
+        assert!(got == want, "{what}: {} differs", path.display());
+    }
+}
+
+#[test]
+fn a_volume_changes_hands_between_gateways_with_no_manual_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = stics_testkit::net::free_port();
+    let sg = sg(dir.path(), journal_lun(dir.path()), metrics);
+    let (_a, port_a, metrics_a) = shared_gateway(&sg, dir.path(), "a", "log");
+    let (_b, port_b, metrics_b) = shared_gateway(&sg, dir.path(), "b", "immediate");
+    // Host A: ext4 through its gateway, files written, unmounted. Nothing is drained by hand.
+    let mut on_a = Export::start(&url(port_a), dir.path(), "on-a");
+    on_a.mkfs();
+    on_a.mount_fs("");
+    write_files(&on_a.fs, 0..60);
+    on_a.umount_fs();
+    on_a.stop();
+    // Host B mounts it through its own gateway: every file is there and the file system is
+    // clean.
+    let mut on_b = Export::start(&url(port_b), dir.path(), "on-b");
+    on_b.fsck_clean("B's view of what A wrote");
+    on_b.mount_fs("");
+    files_there(&on_b.fs, 0..60, "B reads A's files");
+    for i in 60..90 {
+        let (path, data) = volume_file(&on_b.fs, i);
+        std::fs::write(path, data).unwrap();
+    }
+    on_b.umount_fs();
+    on_b.stop();
+    // And back to A, whose cache held the volume before: it sees B's files, not its old blocks.
+    let mut again = Export::start(&url(port_a), dir.path(), "on-a-again");
+    again.fsck_clean("A's view after B");
+    again.mount_fs("");
+    files_there(&again.fs, 0..90, "A reads B's files");
+    again.umount_fs();
+    again.stop();
+    let a = status(metrics_a);
+    assert!(a["tokens"]["surrenders"].as_u64().unwrap() > 0, "A gave tokens up to B: {}", a["tokens"]);
+    let text = http(metrics_b, "GET /metrics");
+    assert!(text.contains("stics_cache_tokens_held{"), "{text}");
+    let s = status(metrics);
+    assert!(s["journals"][0]["tokens"]["revokes"].as_u64().unwrap() > 0, "{}", s["journals"][0]["tokens"]);
+}
+
+/// A block of `size` bytes that says `stamp` in every word.
+fn stamped(stamp: u64, size: usize) -> Bytes {
+    Bytes::from(stamp.to_le_bytes().repeat(size / 8))
+}
+
+#[track_caller]
+fn stamp_in(b: &[u8]) -> u64 {
+    let first = u64::from_le_bytes(b[..8].try_into().unwrap());
+    assert!(b.chunks(8).all(|w| w == first.to_le_bytes()), "a block mixes two writes");
+    first
+}
+
+#[test]
+fn three_gateways_see_each_other_s_writes_through_kills_of_a_gateway_and_of_the_sg() {
+    use rand::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = stics_testkit::net::free_port();
+    let mut sg = sg(dir.path(), journal_lun(dir.path()), metrics);
+    let modes = ["log", "immediate", "log"];
+    let mut gws: Vec<_> = (0..3).map(|i| shared_gateway(&sg, dir.path(), &format!("g{i}"), modes[i])).collect();
+    let mut luns: Vec<_> = gws.iter().map(|(_, port, _)| common::open(*port)).collect();
+    let bs = luns[0].1.geometry().block_size as usize;
+    // Sixteen 64 KiB segments, written and read by all three.
+    let blocks = (16 * (64 << 10) / bs) as u64;
+    let mut model = std::collections::BTreeMap::new();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(29);
+    for i in 1..=300u64 {
+        if i == 100 {
+            // A gateway is SIGKILLed and starts again on its log: its writes, dirty or not, stay.
+            gws[1].0.kill();
+            gws[1] = shared_gateway(&sg, dir.path(), "g1", modes[1]);
+            luns[1] = common::open(gws[1].1);
+        }
+        if i == 200 {
+            // The SG is SIGKILLed and starts again on its journal, tokens and all.
+            sg.kill();
+            sg.restart();
+        }
+        let g = rng.gen_range(0..3);
+        let block = rng.gen_range(0..blocks);
+        let (rt, lun) = &luns[g];
+        if rng.gen_bool(0.5) {
+            let stamp = (g as u64 + 1) << 32 | i;
+            rt.block_on(lun.write(block, stamped(stamp, bs), false)).unwrap_or_else(|e| panic!("write {i}: {e}"));
+            model.insert(block, stamp);
+        } else {
+            let got = stamp_in(&rt.block_on(lun.read(block, 1)).unwrap_or_else(|e| panic!("read {i}: {e}")));
+            assert_eq!(got, model.get(&block).copied().unwrap_or(0), "op {i}: gateway {g} reads block {block}");
+        }
+    }
+    // Every block written, read through every gateway: the newest write.
+    for (g, (rt, lun)) in luns.iter().enumerate() {
+        for (&block, &stamp) in &model {
+            let got = stamp_in(&rt.block_on(lun.read(block, 1)).unwrap());
+            assert_eq!(got, stamp, "at the end, gateway {g} reads block {block}");
+        }
+    }
+}
+
+#[test]
+fn readers_of_a_shared_image_see_an_update_once_it_completes_and_never_half_a_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = stics_testkit::net::free_port();
+    let sg = sg(dir.path(), journal_lun(dir.path()), metrics);
+    let gws: Vec<_> = (0..3).map(|i| shared_gateway(&sg, dir.path(), &format!("g{i}"), "log")).collect();
+    let bs = common::open(gws[0].1).1.geometry().block_size as usize;
+    // The region: 128 KiB across two segments, written whole by each update.
+    let region = (128 << 10) / bs;
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for (_, port, _) in gws.iter().skip(1).chain(gws.iter().take(1)) {
+        let (port, done, stop) = (*port, Arc::clone(&done), Arc::clone(&stop));
+        readers.push(std::thread::spawn(move || {
+            let (rt, lun) = common::open(port);
+            let mut reads = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let floor = done.load(std::sync::atomic::Ordering::SeqCst);
+                let data = rt.block_on(lun.read(0, region as u32)).unwrap();
+                for (b, block) in data.chunks(bs).enumerate() {
+                    let v = stamp_in(block);
+                    assert!(v >= floor, "block {b}: version {v}, but version {floor} had completed before the read");
+                }
+                reads += 1;
+            }
+            reads
+        }));
+    }
+    {
+        let (rt, lun) = common::open(gws[0].1);
+        for v in 1..=20u64 {
+            let data: Vec<u8> = (0..region).flat_map(|_| v.to_le_bytes().repeat(bs / 8)).collect();
+            rt.block_on(lun.write(0, Bytes::from(data), false)).unwrap();
+            done.store(v, std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for r in readers {
+        assert!(r.join().expect("reader") > 0);
+    }
+    for (_, port, _) in &gws {
+        let (rt, lun) = common::open(*port);
+        let data = rt.block_on(lun.read(0, region as u32)).unwrap();
+        assert!(data.chunks(bs).all(|b| stamp_in(b) == 20), "every gateway reads the last update whole");
+    }
 }

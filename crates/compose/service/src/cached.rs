@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use stics_block::BlockDev;
 use stics_cache::Cache;
+use stics_shared::SharedCache;
 use stics_stack::{CacheLog, DeviceSpec, OpenContext, OpenError};
 
 /// A remote served through the STICS cache.
@@ -20,6 +22,16 @@ pub struct CachedLun {
     pub cache: stics_cache::Config,
     /// The log's file behind a disk model, for the papers' setups.
     pub log_disk: Option<stics_disk::Preset>,
+    /// Other gateways share the remote (a stics SG's LUN): the cache runs under its tokens.
+    pub shared: Option<stics_coherence::driver::DriverConfig>,
+}
+
+/// An opened cached LUN: the device to serve, and its cache for status, drain and metrics.
+pub struct Opened {
+    pub dev: Arc<dyn BlockDev>,
+    pub cache: Arc<Cache>,
+    /// The tokens of a shared LUN.
+    pub shared: Option<Arc<SharedCache>>,
 }
 
 /// Why a cached LUN could not be opened.
@@ -36,13 +48,20 @@ pub enum CachedError {
         #[source]
         source: stics_cache::CacheError,
     },
+    /// A shared cache could not start (the remote hands out no tokens, or refused the log).
+    #[error("cache log {log}: {source}")]
+    Shared {
+        log: PathBuf,
+        #[source]
+        source: stics_shared::SharedError,
+    },
 }
 
 impl CachedLun {
     /// Opens the log (refused while another cache has it), then the remote through `ctx`
     /// (which logs out of it at `close`), then the cache over both. A log this made is removed
     /// again when the remote cannot be opened.
-    pub async fn open(&self, ctx: &OpenContext) -> Result<Arc<Cache>, CachedError> {
+    pub async fn open(&self, ctx: &OpenContext) -> Result<Opened, CachedError> {
         let log = CacheLog::open(&self.log, self.log_size).await?;
         let remote = match stics_stack::open_remote(&self.remote, ctx).await {
             Ok(r) => r,
@@ -52,9 +71,22 @@ impl CachedLun {
             }
         };
         let id = stics_stack::log_binding(&self.remote, remote.as_ref());
-        let cache = Cache::open(log.into_dev(self.log_disk)?, remote, id.as_bytes(), self.cache.clone())
+        let log_dev = log.into_dev(self.log_disk)?;
+        if let Some(tokens) = self.shared {
+            let shared = SharedCache::open(log_dev, remote, id.as_bytes(), self.cache.clone(), tokens)
+                .await
+                .map_err(|source| CachedError::Shared { log: self.log.clone(), source })?;
+            let shared = Arc::new(shared);
+            let cache = shared.cache().ok_or_else(|| CachedError::Shared {
+                log: self.log.clone(),
+                source: stics_shared::SharedError::Status("the cache did not open".into()),
+            })?;
+            return Ok(Opened { dev: Arc::clone(&shared) as Arc<dyn BlockDev>, cache, shared: Some(shared) });
+        }
+        let cache = Cache::open(log_dev, remote, id.as_bytes(), self.cache.clone())
             .await
             .map_err(|source| CachedError::Cache { log: self.log.clone(), source })?;
-        Ok(Arc::new(cache))
+        let cache = Arc::new(cache);
+        Ok(Opened { dev: Arc::clone(&cache) as Arc<dyn BlockDev>, cache, shared: None })
     }
 }

@@ -279,6 +279,14 @@ pub struct CachedLunConfig {
     /// papers' setups: `o7n3200`, `as010a1`, `91366u4`, `dnes`, `ddys`, `raid5`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_disk: Option<String>,
+    /// Other gateways cache the same remote LUN of a stics SG: commands run under tokens from
+    /// the SG, which keep every gateway's copy coherent (seed 004 §3.4). Mode log or immediate.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared: bool,
+    /// How long the SG's answers keep a shared cache's tokens good, in seconds (at most the
+    /// SG's `lease`; 30 if unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_secs: Option<u64>,
 }
 
 impl CachedLunConfig {
@@ -296,6 +304,8 @@ impl CachedLunConfig {
             index_memory: None,
             max_lag_secs: None,
             log_disk: None,
+            shared: false,
+            lease_secs: None,
         }
     }
 
@@ -343,12 +353,34 @@ impl CachedLunConfig {
             cache.max_lag = Some(std::time::Duration::from_secs(n));
         }
         let log_disk = self.log_disk.as_deref().map(str::parse).transpose().map_err(|e| format!("log_disk: {e}"))?;
+        if self.lease_secs.is_some() && !self.shared {
+            return Err("lease_secs is for a shared LUN (shared = true)".into());
+        }
+        let shared = match (self.shared, self.lease_secs) {
+            (false, _) => None,
+            (true, Some(n)) if !(1..=3600).contains(&n) => {
+                return Err(format!("lease_secs = {n} is outside 1..=3600"));
+            }
+            (true, n) => {
+                let mut d = stics_coherence::driver::DriverConfig::default();
+                if let Some(n) = n {
+                    d.lease = std::time::Duration::from_secs(n);
+                }
+                Some(d)
+            }
+        };
+        if shared.is_some() && cache.mode == stics_cache::Mode::WriteThrough {
+            return Err(
+                "mode = write-through: a shared LUN's writes would reach the SG unfenced; use log or immediate".into(),
+            );
+        }
         Ok(CachedLun {
             remote,
             log: self.log.clone(),
             log_size: size("log_size", &self.log_size, false)?,
             cache,
             log_disk,
+            shared,
         })
     }
 }
@@ -478,6 +510,25 @@ mod tests {
 
     fn spec(text: &str) -> LunConfig {
         LunConfig::Spec(text.into())
+    }
+
+    #[test]
+    fn a_shared_lun_takes_a_lease_and_refuses_write_through() {
+        let lun = |shared, lease, mode: &str| CachedLunConfig {
+            shared,
+            lease_secs: lease,
+            mode: Some(mode.into()),
+            ..CachedLunConfig::new("iscsi://127.0.0.1/iqn.2024-01.org.example:sg/0", "/tmp/log")
+        };
+        let t = lun(true, Some(10), "log").typed().unwrap();
+        assert_eq!(t.shared.map(|d| d.lease), Some(std::time::Duration::from_secs(10)));
+        assert!(lun(false, None, "log").typed().unwrap().shared.is_none());
+        assert!(lun(true, None, "write-through").typed().unwrap_err().contains("unfenced"));
+        assert!(lun(false, Some(10), "log").typed().unwrap_err().contains("shared"));
+        assert!(lun(true, Some(0), "log").typed().unwrap_err().contains("lease_secs"));
+        let text = toml::to_string(&lun(true, None, "log")).unwrap();
+        assert!(text.contains("shared = true"), "{text}");
+        assert!(!toml::to_string(&lun(false, None, "log")).unwrap().contains("shared"));
     }
 
     #[test]

@@ -116,6 +116,9 @@ fn no_caches() -> Response {
 fn lun_status(c: &ServedCache) -> Value {
     let mut v = serde_json::to_value(c.cache.status()).unwrap_or(Value::Null);
     if let Some(o) = v.as_object_mut() {
+        if let Some(s) = &c.shared {
+            o.insert("tokens".into(), serde_json::to_value(s.token_stats()).unwrap_or(Value::Null));
+        }
         o.insert("target".into(), Value::from(c.target.clone()));
         o.insert("lun".into(), Value::from(c.lun));
     }

@@ -16,7 +16,7 @@ pub mod http;
 pub mod metrics;
 pub mod service;
 
-pub use cached::{CachedError, CachedLun};
+pub use cached::{CachedError, CachedLun, Opened};
 pub use config::{CachedLunConfig, Config, ConfigError, LunConfig, RbdConfig, TargetConfig, TlsConfig};
 pub use http::Endpoint;
 pub use service::{ServedCache, Service, ServiceError};

@@ -345,6 +345,9 @@ const CACHE_SERIES: &[(&str, &str, Value)] = &[
 /// How a counter of [`GROUP_SERIES`] is read from a cache's group status.
 type GroupCount = fn(&GroupStatus) -> u64;
 
+/// How a counter of a shared LUN's tokens is read.
+type TokenCount = fn(&stics_coherence::driver::TokenStats) -> u64;
+
 /// The counters of what a cache shipped to a stics SG, as [`CACHE_SERIES`].
 const GROUP_SERIES: &[(&str, &str, GroupCount)] = &[
     ("sg_groups", "Groups of epochs the stics SG took", |g| g.groups),
@@ -405,7 +408,37 @@ impl prometheus_client::collector::Collector for CacheCollector {
             counter(&mut enc, &format!("stics_cache_{name}"), help, &rows)?;
         }
         let rows: Vec<(&Labels<'_>, f64)> = groups.iter().map(|(l, g)| (*l, g.ship_bytes_per_sec)).collect();
-        gauge(&mut enc, "stics_cache_sg_ship_rate_bytes_per_second", "Rate groups were shipped at, smoothed", &rows)
+        gauge(&mut enc, "stics_cache_sg_ship_rate_bytes_per_second", "Rate groups were shipped at, smoothed", &rows)?;
+        // A shared LUN's tokens: only those LUNs have the series.
+        let tokens: Vec<(&[(&'static str, &str); 3], stics_coherence::driver::TokenStats)> =
+            labels.iter().zip(&self.0).filter_map(|(l, c)| c.shared.as_ref().map(|s| (l, s.token_stats()))).collect();
+        let held: Vec<([(&'static str, &str); 4], f64)> = tokens
+            .iter()
+            .flat_map(|(l, t)| {
+                [
+                    ([l[0], l[1], l[2], ("kind", "shared")], t.held_shared as f64),
+                    ([l[0], l[1], l[2], ("kind", "exclusive")], t.held_exclusive as f64),
+                ]
+            })
+            .collect();
+        let rows: Vec<(&Labels<'_>, f64)> = held.iter().map(|(l, n)| (&l[..], *n)).collect();
+        gauge(&mut enc, "stics_cache_tokens_held", "Tokens of a shared LUN this gateway holds, by kind", &rows)?;
+        let series: [(&str, &str, TokenCount); 3] = [
+            ("stics_cache_token_waits", "Commands that waited for a token", |t| t.waits),
+            ("stics_cache_token_surrenders", "Tokens given up when another gateway asked", |t| t.surrenders),
+            ("stics_cache_tokens_broken", "Tokens the SG took away from this gateway", |t| t.broken),
+        ];
+        for (name, help, read) in series {
+            let rows: Vec<(&Labels<'_>, u64)> = tokens.iter().map(|(l, t)| (&l[..], read(t))).collect();
+            counter(&mut enc, name, help, &rows)?;
+        }
+        let rows: Vec<(&Labels<'_>, f64)> = tokens.iter().map(|(l, t)| (&l[..], t.wait_secs)).collect();
+        gauge(
+            &mut enc,
+            "stics_cache_token_wait_seconds",
+            "Seconds commands waited for tokens, in all (it only grows)",
+            &rows,
+        )
     }
 }
 

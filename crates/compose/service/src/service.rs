@@ -61,6 +61,8 @@ pub struct ServedCache {
     pub lun: usize,
     /// The cache: for status, drain and metrics.
     pub cache: Arc<Cache>,
+    /// Its tokens, when other gateways share its remote.
+    pub shared: Option<Arc<stics_shared::SharedCache>>,
 }
 
 impl std::fmt::Debug for ServedCache {
@@ -172,13 +174,18 @@ async fn open_targets(
                 LunConfig::Cached(c) => {
                     let typed =
                         c.typed().map_err(|e| ConfigError::Invalid(format!("target {} LUN {i}: {e}", t.iqn)))?;
-                    let cache = typed.open(devices).await.map_err(|source| ServiceError::Cached {
+                    let opened = typed.open(devices).await.map_err(|source| ServiceError::Cached {
                         iqn: t.iqn.clone(),
                         lun: i,
                         source,
                     })?;
-                    caches.push(ServedCache { target: t.iqn.clone(), lun: i, cache: Arc::clone(&cache) });
-                    cache
+                    caches.push(ServedCache {
+                        target: t.iqn.clone(),
+                        lun: i,
+                        cache: opened.cache,
+                        shared: opened.shared,
+                    });
+                    opened.dev
                 }
             };
             luns.push(dev);

@@ -6,7 +6,7 @@
 //! ones) or loses one is the [`Holder`]'s.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -71,6 +71,30 @@ struct Shared {
     dev: Arc<dyn BlockDev>,
     source: [u8; 16],
     cfg: DriverConfig,
+    counts: Counts,
+}
+
+/// What a gateway's tokens cost it, for metrics.
+#[derive(Debug, Default)]
+struct Counts {
+    waits: AtomicU64,
+    wait_micros: AtomicU64,
+    surrenders: AtomicU64,
+    broken: AtomicU64,
+}
+
+/// A gateway's tokens and what they cost it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct TokenStats {
+    pub held_shared: usize,
+    pub held_exclusive: usize,
+    /// Operations that waited for a token, and how long they waited in all.
+    pub waits: u64,
+    pub wait_secs: f64,
+    /// Tokens given up when another gateway asked for them.
+    pub surrenders: u64,
+    /// Tokens the SG took away from this gateway.
+    pub broken: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -97,11 +121,15 @@ impl Shared {
                             tracing::warn!(seg, gen, "giving a token up failed, trying again: {e}");
                             tokio::time::sleep(me.cfg.retry).await;
                         }
+                        me.counts.surrenders.fetch_add(1, Ordering::Relaxed);
                         let acts = lock(&me.core).surrendered(seg, Instant::now());
                         me.dispatch(acts);
                     });
                 }
-                Action::Broken { seg, gen } => self.holder.broken(seg, gen),
+                Action::Broken { seg, gen } => {
+                    self.counts.broken.fetch_add(1, Ordering::Relaxed);
+                    self.holder.broken(seg, gen);
+                }
             }
         }
     }
@@ -253,6 +281,7 @@ impl Driver {
             dev,
             source,
             cfg,
+            counts: Counts::default(),
         });
         shared.send_news.notify_one();
         let tasks = vec![tokio::spawn(Arc::clone(&shared).sender()), tokio::spawn(Arc::clone(&shared).poller())];
@@ -264,17 +293,39 @@ impl Driver {
     /// waits, gives its place up).
     pub async fn begin(&self, need: &[(u64, Kind)]) -> Op<'_> {
         let s = &self.shared;
-        let (op, acts) = lock(&s.core).begin(need, Instant::now());
+        let started = Instant::now();
+        let (op, acts) = lock(&s.core).begin(need, started);
         let guard = Op { driver: self, op };
         s.dispatch(acts);
+        let mut waited = false;
         loop {
             let news = s.ready_news.notified();
             tokio::pin!(news);
             news.as_mut().enable();
             if lock(&s.ready).contains(&op) {
+                if waited {
+                    s.counts.waits.fetch_add(1, Ordering::Relaxed);
+                    let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    s.counts.wait_micros.fetch_add(micros, Ordering::Relaxed);
+                }
                 return guard;
             }
+            waited = true;
             news.await;
+        }
+    }
+
+    /// Tokens held and what they cost.
+    pub fn stats(&self) -> TokenStats {
+        let c = &self.shared.counts;
+        let (held_shared, held_exclusive) = self.held();
+        TokenStats {
+            held_shared,
+            held_exclusive,
+            waits: c.waits.load(Ordering::Relaxed),
+            wait_secs: c.wait_micros.load(Ordering::Relaxed) as f64 / 1e6,
+            surrenders: c.surrenders.load(Ordering::Relaxed),
+            broken: c.broken.load(Ordering::Relaxed),
         }
     }
 

@@ -42,7 +42,7 @@ pub enum SharedError {
 /// What the cache and the token driver reach each other through (each holds it weakly, so that
 /// dropping the [`SharedCache`] ends both).
 struct Link {
-    cache: OnceLock<Cache>,
+    cache: OnceLock<Arc<Cache>>,
     driver: OnceLock<Driver>,
     segment_bytes: u32,
     seg_blocks: u64,
@@ -142,14 +142,14 @@ impl SharedCache {
         let fence = Arc::new(Fence(Arc::downgrade(&link)));
         let cache = Cache::open_shared(log, Arc::clone(&remote), remote_id, cfg, fence).await?;
         let source = cache.log_uuid();
-        let _ = link.cache.set(cache);
+        let _ = link.cache.set(Arc::new(cache));
         let driver = Driver::start(remote, source, Arc::new(Keeper(Arc::downgrade(&link))), tokens);
         let _ = link.driver.set(driver);
         Ok(SharedCache { link, geometry })
     }
 
-    fn cache(&self) -> Result<&Cache, BlockError> {
-        self.link.cache.get().ok_or(BlockError::Unsupported("the shared cache is not open"))
+    fn open_cache(&self) -> Result<&Cache, BlockError> {
+        self.link.cache.get().map(AsRef::as_ref).ok_or(BlockError::Unsupported("the shared cache is not open"))
     }
 
     /// Runs `run` on the cache holding `kind` on every segment of `lba..lba + blocks`.
@@ -186,6 +186,11 @@ impl SharedCache {
         Ok(out)
     }
 
+    /// Tokens held and what they cost.
+    pub fn token_stats(&self) -> stics_coherence::driver::TokenStats {
+        self.link.driver.get().map(Driver::stats).unwrap_or_default()
+    }
+
     /// Tokens held, by kind (shared, exclusive).
     pub fn tokens_held(&self) -> (usize, usize) {
         self.link.driver.get().map_or((0, 0), Driver::held)
@@ -193,7 +198,12 @@ impl SharedCache {
 
     /// The cache under the tokens.
     pub fn inner(&self) -> Option<&Cache> {
-        self.link.cache.get()
+        self.link.cache.get().map(AsRef::as_ref)
+    }
+
+    /// The cache under the tokens, shared (for status, drain and metrics).
+    pub fn cache(&self) -> Option<Arc<Cache>> {
+        self.link.cache.get().cloned()
     }
 
     /// Stops the cache (see [`Cache::close`]); its tokens stay with the SG until the gateway
@@ -212,7 +222,7 @@ impl BlockDev for SharedCache {
     }
 
     fn volatile_cache(&self) -> bool {
-        self.link.cache.get().is_some_and(BlockDev::volatile_cache)
+        self.link.cache.get().is_some_and(|c| c.volatile_cache())
     }
 
     fn supports_discard(&self) -> bool {
@@ -220,23 +230,23 @@ impl BlockDev for SharedCache {
     }
 
     async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
-        let cache = self.cache()?;
+        let cache = self.open_cache()?;
         self.under(lba, u64::from(blocks), Kind::Shared, cache.read(lba, blocks)).await
     }
 
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
-        let cache = self.cache()?;
+        let cache = self.open_cache()?;
         let blocks = stics_block::blocks_in(&data, self.geometry.block_size)?;
         self.under(lba, blocks, Kind::Exclusive, cache.write(lba, data, fua)).await
     }
 
     async fn flush(&self) -> Result<(), BlockError> {
         // Makes this gateway's own writes durable in its log: no token is needed.
-        self.cache()?.flush().await
+        self.open_cache()?.flush().await
     }
 
     async fn write_zeros(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
-        let cache = self.cache()?;
+        let cache = self.open_cache()?;
         for (lba, blocks) in self.pieces(lba, blocks)? {
             self.under(lba, blocks, Kind::Exclusive, cache.write_zeros(lba, blocks)).await?;
         }
@@ -244,7 +254,7 @@ impl BlockDev for SharedCache {
     }
 
     async fn discard(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
-        let cache = self.cache()?;
+        let cache = self.open_cache()?;
         for (lba, blocks) in self.pieces(lba, blocks)? {
             self.under(lba, blocks, Kind::Exclusive, cache.discard(lba, blocks)).await?;
         }

@@ -13,7 +13,7 @@ use stics_stack::OpenContext;
 use stics_target::{Server, ServerConfig, Target};
 
 /// The flags that describe the one cached LUN of a gateway started without --config.
-const LUN_FLAGS: [&str; 11] = [
+const LUN_FLAGS: [&str; 13] = [
     "iqn",
     "remote",
     "log",
@@ -25,6 +25,8 @@ const LUN_FLAGS: [&str; 11] = [
     "index_memory",
     "max_lag",
     "log_disk",
+    "shared",
+    "lease",
 ];
 
 /// Serve remote LUNs through the STICS cache (seed 004): writes are acknowledged from a local
@@ -106,6 +108,18 @@ pub struct Args {
     /// disk`). For reproducing the papers; default the file as it is.
     #[arg(long, value_name = "MODEL")]
     pub log_disk: Option<stics_disk::Preset>,
+
+    /// Other gateways cache the same remote, a LUN of a stics SG (`stics target` over
+    /// `journal(...)`): every command runs under tokens from the SG, shared to read and
+    /// exclusive to write a segment, so each gateway reads what the others wrote and a volume
+    /// moves between hosts with no drain (seed 004 §3.4). Mode log or immediate.
+    #[arg(long)]
+    pub shared: bool,
+
+    /// With --shared: how long the SG's answers keep this gateway's tokens good, in seconds; at
+    /// most the SG's `lease` (30 there by default).
+    #[arg(long, value_name = "SECS", requires = "shared")]
+    pub lease: Option<u64>,
 
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (every series labelled with its
     /// target and LUN), JSON at /status; POST /drain destages everything and answers when the
@@ -199,6 +213,8 @@ fn build_config(args: &Args, remote: &str) -> anyhow::Result<(Config, Option<Emb
                 index_memory: Some(SizeText(args.index_memory.clone())),
                 max_lag_secs: args.max_lag,
                 log_disk: args.log_disk.map(|m| m.to_string()),
+                shared: args.shared,
+                lease_secs: args.lease,
                 ..CachedLunConfig::new(args.remote.as_deref().unwrap_or(remote), log)
             };
             let iqn = args.iqn.clone().unwrap_or_else(|| "iqn.2024-01.org.stics:gateway0".into());
@@ -234,6 +250,11 @@ async fn embedded_remote() -> anyhow::Result<(String, tokio::sync::oneshot::Send
 }
 
 async fn serve(args: Args) -> anyhow::Result<()> {
+    if args.shared && args.remote.is_none() {
+        anyhow::bail!(
+            "--shared needs --remote: a LUN of a stics SG (`stics target` over `journal(...)`) that hands out tokens"
+        );
+    }
     // The embedded default: a remote target in this process and a log in a temporary directory.
     let remote = if args.config.is_none() && args.remote.is_none() {
         let (url, tx, task) = embedded_remote().await?;
