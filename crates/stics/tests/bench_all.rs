@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use serde_json::Value;
 
 /// What `stics bench all` runs, in its order.
-const EXPERIMENTS: [&str; 17] = [
+const EXPERIMENTS: [&str; 18] = [
     "wan",
     "conformance",
     "interop",
@@ -32,6 +32,7 @@ const EXPERIMENTS: [&str; 17] = [
     "trace",
     "gateway",
     "app",
+    "coherence",
 ];
 
 /// The columns that name a row (the rest are measured), per experiment and table (1-based);
@@ -63,6 +64,9 @@ const KEYS: &[(&str, usize, &[&str])] = &[
     ("gateway", 1, &["mode"]),
     ("gateway", 4, &["path"]),
     ("app", 1, &["at", "path", "workload", "mount"]),
+    ("coherence", 1, &["delay", "path"]),
+    ("coherence", 2, &["delay"]),
+    ("coherence", 3, &["delay", "share"]),
 ];
 
 /// The columns that name the rows of table `table` of `exp` (none: matched by position only).

@@ -108,7 +108,12 @@ impl Shared {
             match a {
                 Action::Send(m) => {
                     lock(&self.outbox).push_back(m);
-                    self.send_news.notify_one();
+                    // A `Done` only lets the SG forget an operation's ticket: it goes with the
+                    // next exchange or heartbeat, so that an exchange of its own never delays the
+                    // next operation's request by a round trip.
+                    if !matches!(m, Msg::Done { .. }) {
+                        self.send_news.notify_one();
+                    }
                 }
                 Action::Ready(op) => {
                     lock(&self.ready).insert(op);
@@ -184,8 +189,11 @@ impl Shared {
         let fold = stics_link::fence_of(&self.source);
         loop {
             let started = Instant::now();
+            // Without a lease nothing may run: a poll that waits for news would hold it back by
+            // as long as it waits, so it asks for what is there and comes back at once.
+            let wait = if lock(&self.core).lease_valid(started) { self.cfg.poll_wait } else { Duration::ZERO };
             let answer = match self.sink() {
-                Ok(s) => s.token_poll(fold, from.unwrap_or(0), self.cfg.poll_wait, POLL_BYTES).await,
+                Ok(s) => s.token_poll(fold, from.unwrap_or(0), wait, POLL_BYTES).await,
                 Err(e) => Err(e),
             };
             let (first, msgs) = match answer.and_then(|b| {
@@ -200,6 +208,7 @@ impl Shared {
             };
             let now = Instant::now();
             let mut acts = Vec::new();
+            let idle = wait.is_zero() && msgs.is_empty();
             let gap = from.is_some_and(|f| f != first);
             {
                 let mut core = lock(&self.core);
@@ -226,6 +235,10 @@ impl Shared {
             self.dispatch(acts);
             if gap {
                 self.send_news.notify_one();
+            }
+            if idle && !lock(&self.core).lease_valid(Instant::now()) {
+                // No exchange answered yet: a little pause, not a spin.
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
     }

@@ -80,7 +80,8 @@ impl Holder for Keeper {
         let exclusive = link.driver.get().and_then(|d| d.holds(seg)).is_some_and(|(k, _)| k == Kind::Exclusive);
         if exclusive {
             // Every write made under the token reaches the SG under it before it goes.
-            cache.settle().await?;
+            let (lba, blocks) = link.blocks_of(seg);
+            cache.settle_range(lba, blocks).await?;
         }
         if keep != Some(Kind::Shared) {
             let (lba, blocks) = link.blocks_of(seg);

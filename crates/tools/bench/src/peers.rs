@@ -339,6 +339,35 @@ impl Wan {
         self.gateway_at(b, name, role, "127.0.0.1", remote, o)
     }
 
+    /// The `n`th of several `stics gateway`s in `role`'s namespace, on 127.0.0.1:3270+n with its
+    /// metrics on 127.0.0.1:9110+n, caching `remote`.
+    pub fn gateway_n(
+        &self,
+        b: &Bench,
+        name: &str,
+        role: &str,
+        n: u16,
+        remote: &str,
+        o: &GatewayOptions,
+    ) -> Result<Gateway> {
+        let (port, metrics) = (3270 + n, format!("127.0.0.1:{}", 9110 + n));
+        let mut cmd = self.exec(role, b.stics());
+        cmd.args(["gateway", "--listen", &format!("127.0.0.1:{port}"), "--iqn", GATEWAY_IQN, "--remote", remote])
+            .args(["--log", &o.log, "--mode", &o.mode, "--ram", &o.ram, "--read-cache", &o.read_cache])
+            .args(&o.extra)
+            .args(["--metrics", &metrics]);
+        let mut proc = b.spawn(name, &mut cmd)?;
+        self.wait_port(&mut proc, role, "127.0.0.1", port)?;
+        self.wait_port(&mut proc, role, "127.0.0.1", 9110 + n)?;
+        Ok(Gateway {
+            proc,
+            url: format!("iscsi://127.0.0.1:{port}/{GATEWAY_IQN}/0"),
+            metrics,
+            remote: remote.to_owned(),
+            role: role.to_owned(),
+        })
+    }
+
     /// `stics gateway` in `role`'s namespace serving on `addr`:3261 (so that it may share the
     /// namespace with a target on port 3260), caching `remote`.
     pub fn gateway_at(

@@ -335,6 +335,17 @@ impl Core {
         self.log.epoch.saturating_sub(1)
     }
 
+    /// The newest epoch that holds a write to blocks `start..end` not yet on the remote, if any
+    /// (the epoch under way is closed when it is that one): settling through it puts every
+    /// write to those blocks on the remote, behind every older epoch.
+    pub fn dirty_through(&mut self, start: u64, end: u64) -> Option<u64> {
+        let newest = self.newest.overlapping(start, end).map(|(_, _, v)| v.epoch).max()?;
+        if newest >= self.log.epoch {
+            self.close_epoch();
+        }
+        Some(newest)
+    }
+
     /// True when no version of an epoch up to `through` is left off the remote.
     pub fn settled(&self, through: u64) -> bool {
         self.epochs.keys().next().is_none_or(|&e| e > through)

@@ -371,17 +371,29 @@ impl Cache {
     /// and destage hurries until no older epoch is left). Ends with the cause when the remote
     /// keeps failing for the full timeout.
     pub async fn settle(&self) -> Result<(), BlockError> {
+        let through = lock(&self.inner.core).mark();
+        self.settle_through(through).await
+    }
+
+    /// Waits until every write to blocks `lba..lba + blocks` made before the call is on the
+    /// remote, with every older epoch (what a gateway does before it gives a segment's token
+    /// up); at once when none of them is dirty.
+    pub async fn settle_range(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        let through = lock(&self.inner.core).dirty_through(lba, lba.saturating_add(blocks));
+        match through {
+            Some(through) => self.settle_through(through).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn settle_through(&self, through: u64) -> Result<(), BlockError> {
         struct Hurry<'a>(&'a Inner);
         impl Drop for Hurry<'_> {
             fn drop(&mut self) {
                 lock(&self.0.core).hurry(false);
             }
         }
-        let through = {
-            let mut c = lock(&self.inner.core);
-            c.hurry(true);
-            c.mark()
-        };
+        lock(&self.inner.core).hurry(true);
         let _hurry = Hurry(&self.inner);
         let started = Instant::now();
         loop {

@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod cache_location;
+pub mod coherence;
 pub mod conformance;
 pub mod congestion;
 pub mod delay;

@@ -1,0 +1,279 @@
+//! `stics bench coherence`: gateways that share one SG LUN (seed 004 §3.4) across `stics wan`:
+//! what a token costs to get and what the single-owner fast path costs against a gateway that
+//! shares nothing, what one segment written alternately by two gateways costs per transfer, and
+//! how three gateways' writes go as their spans overlap more.
+
+use std::time::Duration;
+
+use stics_report::plot::{Figure, Series};
+use stics_report::{Column, Table};
+
+use super::fs::{sg_lun, SG_PORT};
+use crate::load::Outcome;
+use crate::peers::{Gateway, GatewayOptions, Wan};
+use crate::{Bench, Report, Result};
+
+/// Options of `stics bench coherence`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// One-way delays of the WAN.
+    #[arg(long, value_delimiter = ',', default_value = "2ms,8ms")]
+    pub delays: Vec<String>,
+    /// Seconds of each timed run (`--quick`: 3).
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+    /// 64 KiB writes in the acquisition runs, each to a segment of its own (`--quick`: 64).
+    #[arg(long, default_value_t = 512)]
+    pub writes: u64,
+    /// How much of each of the three gateways' spans the others' cover too, as fractions.
+    #[arg(long, value_delimiter = ',', default_value = "0,0.25,0.5,1")]
+    pub shares: Vec<f64>,
+}
+
+const LUN_BYTES: u64 = 4 << 30;
+/// The SG's segment (its default).
+const SEGMENT: u64 = 64 << 10;
+/// Each gateway's span in the overlap runs.
+const SPAN: u64 = 16 << 20;
+
+fn options(b: &Bench, name: &str, shared: bool) -> GatewayOptions {
+    let path = b.work().join(format!("{name}-log.img"));
+    let _ = std::fs::remove_file(&path);
+    let mut o = GatewayOptions::usual("log", &path, "256MiB");
+    o.ram = "16MiB".into();
+    o.read_cache = "64MiB".into();
+    if shared {
+        o.extra.push("--shared".into());
+    }
+    o
+}
+
+/// `stics bench load --json` from the host namespace through `g`.
+fn load(b: &Bench, wan: &Wan, g: &Gateway, args: &[String]) -> Result<Outcome> {
+    let mut cmd = wan.exec("host", b.stics());
+    cmd.args(["bench", "load", &g.url, "--op", "write", "--json"]).args(args);
+    Outcome::from_json(&b.run(&mut cmd)?.stdout)
+}
+
+/// Several loads at once, one per gateway.
+fn loads(b: &Bench, wan: &Wan, runs: &[(&Gateway, Vec<String>)]) -> Result<Vec<Outcome>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = runs.iter().map(|(g, args)| s.spawn(move || load(b, wan, g, args))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(crate::Error::Output { what: "load".into(), detail: "panicked".into() }))
+            })
+            .collect()
+    })
+}
+
+/// A counter of the gateway's tokens (`/status`'s `tokens`).
+fn tokens(b: &Bench, wan: &Wan, g: &Gateway, key: &str) -> Result<f64> {
+    Ok(wan.gateway_status(b, g)?["tokens"][key].as_f64().unwrap_or(0.0))
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn ms(delay: &str) -> f64 {
+    stics_units::parse_duration(delay).map_or(f64::NAN, |d| d * 1e3)
+}
+
+pub fn run(b: &Bench, a: &Args) -> Result<Report> {
+    b.need(&["curl"])?;
+    let secs = if b.quick() { a.seconds.min(3) } else { a.seconds };
+    let writes = super::scaled(b, a.writes, a.writes.min(64));
+    let mut r = Report::new(
+        "coherence",
+        "Gateways that share one SG LUN: token acquisition, the fast path, a segment written alternately, overlap",
+    );
+    let mut acquire = Table::new(vec![
+        Column::new("delay", "one way", "", 1.0),
+        Column::new("path", "gateway", "", 1.0),
+        Column::new("iops", "writes/s", "", 1.0),
+        Column::new("mean", "mean", "ms", 1e3),
+        Column::new("p99", "p99", "ms", 1e3),
+    ])?;
+    let mut pingpong = Table::new(vec![
+        Column::new("delay", "one way", "", 1.0),
+        Column::new("transfers", "transfers", "", 1.0),
+        Column::new("per_transfer", "per transfer", "ms", 1.0),
+        Column::new("rtts", "round trips per transfer", "", 1.0),
+        Column::new("writes_per_hold", "writes per hold", "", 1.0),
+    ])?;
+    let mut overlap = Table::new(vec![
+        Column::new("delay", "one way", "", 1.0),
+        Column::new("share", "overlap", "", 1.0),
+        Column::new("iops", "writes/s, all three", "", 1.0),
+        Column::new("mean", "mean", "ms", 1e3),
+        Column::new("transfers", "tokens given up", "", 1.0),
+    ])?;
+    let mut curves = Vec::new();
+    let mut notes = Vec::new();
+    let mut pp_notes = Vec::new();
+    let bar = b.bar(a.delays.len() as u64, "coherence");
+    for delay in &a.delays {
+        let rtt = 2.0 * ms(delay);
+        let wan = Wan::up(b, &format!("sbco{}", std::process::id()), &["--delay", delay])?;
+        let sg = wan.stics_target_on(b, "sg", "storage", SG_PORT, &[&sg_lun(b, "sg", LUN_BYTES)?])?;
+        let seq64 = |from: u64| {
+            let span = writes * SEGMENT;
+            strings(&["--pattern", "seq", "--size", "64KiB", "--depth", "1"])
+                .into_iter()
+                .chain([format!("--from={from}"), format!("--span={span}"), format!("--count={writes}")])
+                .collect::<Vec<_>>()
+        };
+
+        // 1. A gateway that shares nothing, then a shared one on segments it touches first, then
+        //    on segments it holds.
+        let o = options(b, "alone", false);
+        let alone = wan.gateway_n(b, "alone", "host", 0, &sg.url, &o)?;
+        let by_itself = load(b, &wan, &alone, &seq64(0))?;
+        let log = b.work().join("alone-log.img");
+        wan.gateway_stop(b, alone, &sg.url, &log)?;
+        let g0 = wan.gateway_n(b, "g0", "host", 1, &sg.url, &options(b, "g0", true))?;
+        let first = load(b, &wan, &g0, &seq64(1 << 30))?;
+        let held = load(b, &wan, &g0, &seq64(1 << 30))?;
+        for (path, o) in [
+            ("alone (no tokens)", &by_itself),
+            ("shared, first touch (a token per write)", &first),
+            ("shared, tokens held (fast path)", &held),
+        ] {
+            acquire.push(vec![delay.as_str().into(), path.into(), o.iops.into(), o.mean.into(), o.p99.into()])?;
+        }
+        notes.push(format!(
+            "At {delay} one way ({rtt:.0} ms round trip): a token took {:.1} ms to get (first touch's mean less the \
+             fast path's, {:.2} round trips); with its tokens held a shared gateway's writes took {:.2}× as long as \
+             those of a gateway that shares nothing.",
+            (first.mean - held.mean) * 1e3,
+            (first.mean - held.mean) * 1e3 / rtt,
+            held.mean / by_itself.mean
+        ));
+
+        // 2. One segment, written by two gateways at once: it goes back and forth.
+        let g1 = wan.gateway_n(b, "g1", "host", 2, &sg.url, &options(b, "g1", true))?;
+        let hot = format!("--from={}", 2u64 << 30);
+        let one = strings(&["--size", "4KiB", "--depth", "1", "--span", "64KiB", "--seconds"])
+            .into_iter()
+            .chain([format!("{secs}s"), hot])
+            .collect::<Vec<_>>();
+        let before = tokens(b, &wan, &g0, "surrenders")? + tokens(b, &wan, &g1, "surrenders")?;
+        let outs = loads(b, &wan, &[(&g0, one.clone()), (&g1, one)])?;
+        let transfers = tokens(b, &wan, &g0, "surrenders")? + tokens(b, &wan, &g1, "surrenders")? - before;
+        let done: f64 = outs.iter().map(|o| o.requests as f64).sum();
+        let elapsed = outs.iter().map(|o| o.seconds).fold(0.0, f64::max);
+        let per = elapsed * 1e3 / transfers.max(1.0);
+        pingpong.push(vec![
+            delay.as_str().into(),
+            transfers.into(),
+            per.into(),
+            (per / rtt).into(),
+            (done / transfers.max(1.0)).into(),
+        ])?;
+        pp_notes.push(format!("{:.1} round trips at {delay} one way ({per:.1} ms)", per / rtt));
+
+        // 3. Three gateways, their spans overlapping more and more.
+        let g2 = wan.gateway_n(b, "g2", "host", 3, &sg.url, &options(b, "g2", true))?;
+        let gws = [&g0, &g1, &g2];
+        let mut points = Vec::new();
+        for (k, &share) in a.shares.iter().enumerate() {
+            let base = (3u64 << 30) + k as u64 * 64 * SPAN / 16;
+            let step = ((SPAN as f64 * (1.0 - share.clamp(0.0, 1.0))) as u64 / SEGMENT) * SEGMENT;
+            let runs: Vec<(&Gateway, Vec<String>)> = gws
+                .iter()
+                .enumerate()
+                .map(|(i, g)| {
+                    let args = strings(&["--size", "4KiB", "--depth", "4"])
+                        .into_iter()
+                        .chain([
+                            format!("--from={}", base + i as u64 * step),
+                            format!("--span={SPAN}"),
+                            format!("--seconds={secs}s"),
+                            format!("--seed={}", i + 1),
+                        ])
+                        .collect();
+                    (*g, args)
+                })
+                .collect();
+            let mut before = 0.0;
+            for g in gws {
+                before += tokens(b, &wan, g, "surrenders")?;
+            }
+            let outs = loads(b, &wan, &runs)?;
+            let mut after = 0.0;
+            for g in gws {
+                after += tokens(b, &wan, g, "surrenders")?;
+            }
+            let iops: f64 = outs.iter().map(|o| o.iops).sum();
+            let mean = outs.iter().map(|o| o.mean).sum::<f64>() / outs.len() as f64;
+            overlap.push(vec![
+                delay.as_str().into(),
+                format!("{:.0} %", share * 100.0).into(),
+                iops.into(),
+                mean.into(),
+                (after - before).into(),
+            ])?;
+            points.push((share * 100.0, iops));
+        }
+        curves.push(Series::line(format!("{delay} one way"), points));
+        for (g, name) in [(g0, "g0"), (g1, "g1"), (g2, "g2")] {
+            let mut g = g;
+            g.proc.stop(libc::SIGTERM, Duration::from_secs(60));
+            let _ = std::fs::remove_file(b.work().join(format!("{name}-log.img")));
+        }
+        drop(sg);
+        drop(wan);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    r.section(
+        format!(
+            "Token acquisition and the fast path: {writes} sequential 64 KiB writes at depth 1, each to a segment \
+             (64 KiB) of its own, in log mode, through a gateway that shares nothing, through a shared one on \
+             segments it does not hold yet, and through it again on the same segments"
+        ),
+        acquire,
+        None,
+    );
+    for n in notes {
+        r.note(n);
+    }
+    r.section(
+        format!(
+            "One segment written by two shared gateways at once: random 4 KiB writes at depth 1 within one 64 KiB \
+             segment from each, for {secs} s; a transfer is a token given up by one for the other (its writes \
+             shipped to the SG as a group first)"
+        ),
+        pingpong,
+        None,
+    );
+    r.note(format!(
+        "A transfer took {}. It is a revoke to the holder (half a round trip, on the poll it keeps waiting at the \
+         SG), the holder's writes shipped as a group (one round trip and the SG's journal write), its release (one \
+         round trip and the SG's write of its token table) and the grant to the other (half a round trip): three \
+         round trips and two journal writes, against the one round trip and the data the goal names. Sending the \
+         release with the group, and the data with the grant, would take two of them off.",
+        pp_notes.join(", ")
+    ));
+    r.section(
+        format!(
+            "Three shared gateways writing random 4 KiB at depth 4 for {secs} s, each over a span of {} MiB that \
+             covers this share of the others' (0 %: disjoint; 100 %: the same blocks)",
+            SPAN >> 20
+        ),
+        overlap,
+        Some(Figure {
+            title: "Three gateways' writes against the overlap of their spans".into(),
+            x_label: "overlap [%]".into(),
+            y_label: "writes/s, all three".into(),
+            log_x: false,
+            log_y: false,
+            categories: Vec::new(),
+            series: curves,
+        }),
+    );
+    Ok(r)
+}
