@@ -62,6 +62,9 @@ pub struct SgHolds {
 pub(crate) struct Groups {
     /// Groups are off: the remote takes none, or refused them too often.
     pub(crate) off: bool,
+    /// Groups only, never plain writes: other gateways share the remote, and a plain write
+    /// carries no token generation for the SG to check.
+    only: bool,
     /// The number the next group gets; `None` until the SG's status was read.
     next_seq: Option<u64>,
     /// A status read is out.
@@ -223,8 +226,18 @@ impl Core {
             }
             let own = bound(m);
             if first.is_none() && own > cap {
-                *plain = true;
-                return None;
+                if !self.destage.groups.only {
+                    *plain = true;
+                    return None;
+                }
+                // Fenced: the epoch goes alone, past the cap. Under a lag bound it still fits
+                // the SG's largest group, which epochs are kept to half of at open; one past
+                // even that is refused by the SG, and tried again, rather than sent unfenced.
+                merged = m.clone();
+                before = m.blocks();
+                first = Some(epoch);
+                last = epoch;
+                break;
             }
             // The sum of the epochs' own bounds is past the merged one: only near the cap is the
             // merged size checked on a copy.
@@ -337,6 +350,13 @@ impl Core {
         }
         g.sent = false;
         match err {
+            // A fenced cache never turns to plain writes: it tries again, after the status.
+            BlockError::Unsupported(_) | BlockError::Rejected(_) if g.only => {
+                g.refusals += 1;
+                g.next_seq = None;
+                g.status_sent = false;
+                g.inflight = None;
+            }
             BlockError::Unsupported(_) => self.groups_off(err),
             BlockError::Rejected(_) => {
                 g.refusals += 1;
@@ -351,6 +371,12 @@ impl Core {
             _ => {}
         }
         self.remote_failed(err, None, now);
+    }
+
+    /// Ships groups only, never plain writes, whatever the SG answers (a cache of a LUN other
+    /// gateways share: see [`crate::driver::Fencer`]).
+    pub fn groups_only(&mut self) {
+        self.destage.groups.only = true;
     }
 
     fn groups_off(&mut self, err: &BlockError) {

@@ -647,6 +647,47 @@ fn a_remote_that_refuses_groups_gets_plain_destage() {
 }
 
 #[test]
+fn a_fenced_cache_never_turns_to_plain_writes_whatever_the_sg_answers() {
+    let mut c = sg_core(Mode::Log, 1 << 20);
+    c.groups_only();
+    let mut t = now();
+    one_io(&mut c, t);
+    c.group_status(crate::core::SgHolds::default(), t);
+    c.write(0, blocks(2, 1), false).unwrap();
+    log_all(&mut c);
+    for err in [
+        BlockError::Rejected("fenced".into()),
+        BlockError::Rejected("fenced".into()),
+        BlockError::Rejected("fenced".into()),
+        BlockError::Unsupported("no link"),
+    ] {
+        let g = group_of(one_io(&mut c, t));
+        c.group_failed(g.seq, &err, t);
+        assert!(c.groups_on(), "{err}");
+        t += Duration::from_secs(10);
+        assert_eq!(one_io(&mut c, t), DestageIo::GroupStatus, "the status again, then the group");
+        c.group_status(crate::core::SgHolds::default(), t);
+    }
+    assert!(!c.take_changes().iter().any(|ch| matches!(ch, crate::core::Change::GroupsOff { .. })));
+    let ios = c.next_destage(0, t);
+    assert!(ios.iter().all(|io| matches!(io, DestageIo::Group(_))), "{ios:?}");
+}
+
+#[test]
+fn a_fenced_cache_ships_an_epoch_past_its_group_cap_as_a_group_not_as_plain_writes() {
+    let mut c = sg_core(Mode::Log, 4096);
+    c.groups_only();
+    let t = now();
+    one_io(&mut c, t);
+    c.group_status(crate::core::SgHolds::default(), t);
+    c.write(0, blocks(16, 1), false).unwrap();
+    c.flush();
+    log_all(&mut c);
+    let g = group_of(one_io(&mut c, t));
+    assert_eq!(g.extents.iter().map(|e| u64::from(e.blocks)).sum::<u64>(), 16);
+}
+
+#[test]
 fn an_epoch_too_large_for_a_group_goes_as_plain_writes_and_groups_follow() {
     let mut c = sg_core(Mode::Log, 4096);
     let t = now();

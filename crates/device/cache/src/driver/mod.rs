@@ -284,6 +284,10 @@ impl Cache {
             scanned.tail_offset,
             scanned.next_seq,
         );
+        let mut core = core;
+        if fencer.is_some() {
+            core.groups_only();
+        }
         drop(records);
         drop(scanned);
         if live > 0 {
