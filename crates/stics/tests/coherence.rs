@@ -225,7 +225,9 @@ async fn an_operator_breaks_a_silent_writer_s_token_and_its_late_group_is_refuse
     let group = stics_link::group::encode_fenced(&head, &extents, &[7; 512], 1, Some(&fences)).unwrap();
     let e = a.lun.group_sink().unwrap().commit(Bytes::from(group)).await.unwrap_err();
     assert!(matches!(e, BlockError::Rejected(_)), "{e}");
-    assert!(matches!(a.poll(Duration::from_secs(2)).await[..], [Msg::Revoke { seg: 3, .. }]));
+    // It is told at once, and again with every answer until it acknowledges it.
+    let got = a.poll(Duration::from_secs(2)).await;
+    assert!(matches!(got[..], [Msg::Revoke { seg: 3, .. }, Msg::Broken { seg: 3, gen: g }] if g == gen), "{got:?}");
     a.send(&[], false).await.unwrap();
     let got = a.poll(Duration::from_secs(2)).await;
     assert!(matches!(got[..], [Msg::Broken { seg: 3, gen: g }] if g == gen), "{got:?}");

@@ -58,6 +58,16 @@ pub enum CachedError {
 }
 
 impl CachedLun {
+    /// Where a shared LUN's writes under broken tokens are kept: beside a log file, and under
+    /// /var/lib/stics for a log on a block device.
+    pub fn quarantine_dir(&self) -> PathBuf {
+        let name = self.log.file_name().map_or_else(|| "log".into(), |n| n.to_string_lossy().into_owned());
+        if self.log.starts_with("/dev") {
+            return PathBuf::from("/var/lib/stics").join(format!("{name}.quarantine"));
+        }
+        self.log.with_file_name(format!("{name}.quarantine"))
+    }
+
     /// Opens the log (refused while another cache has it), then the remote through `ctx`
     /// (which logs out of it at `close`), then the cache over both. A log this made is removed
     /// again when the remote cannot be opened.
@@ -73,9 +83,10 @@ impl CachedLun {
         let id = stics_stack::log_binding(&self.remote, remote.as_ref());
         let log_dev = log.into_dev(self.log_disk)?;
         if let Some(tokens) = self.shared {
-            let shared = SharedCache::open(log_dev, remote, id.as_bytes(), self.cache.clone(), tokens)
-                .await
-                .map_err(|source| CachedError::Shared { log: self.log.clone(), source })?;
+            let shared =
+                SharedCache::open(log_dev, remote, id.as_bytes(), self.cache.clone(), tokens, self.quarantine_dir())
+                    .await
+                    .map_err(|source| CachedError::Shared { log: self.log.clone(), source })?;
             let shared = Arc::new(shared);
             let cache = shared.cache().ok_or_else(|| CachedError::Shared {
                 log: self.log.clone(),

@@ -522,6 +522,9 @@ mod tests {
         };
         let t = lun(true, Some(10), "log").typed().unwrap();
         assert_eq!(t.shared.map(|d| d.lease), Some(std::time::Duration::from_secs(10)));
+        assert_eq!(t.quarantine_dir(), std::path::Path::new("/tmp/log.quarantine"));
+        let on_a_disk = CachedLunConfig { log: "/dev/sdb".into(), ..lun(true, None, "log") };
+        assert_eq!(on_a_disk.typed().unwrap().quarantine_dir(), std::path::Path::new("/var/lib/stics/sdb.quarantine"));
         assert!(lun(false, None, "log").typed().unwrap().shared.is_none());
         assert!(lun(true, None, "write-through").typed().unwrap_err().contains("unfenced"));
         assert!(lun(false, Some(10), "log").typed().unwrap_err().contains("shared"));

@@ -118,6 +118,7 @@ fn lun_status(c: &ServedCache) -> Value {
     if let Some(o) = v.as_object_mut() {
         if let Some(s) = &c.shared {
             o.insert("tokens".into(), serde_json::to_value(s.token_stats()).unwrap_or(Value::Null));
+            o.insert("quarantine".into(), serde_json::to_value(s.quarantined()).unwrap_or(Value::Null));
         }
         o.insert("target".into(), Value::from(c.target.clone()));
         o.insert("lun".into(), Value::from(c.lun));

@@ -243,6 +243,10 @@ pub enum ExtentKind {
     Discard,
     /// The blocks were written with zeros; no slots.
     Zero,
+    /// What the blocks held dirty before is dropped, never to reach the remote (a shared LUN's
+    /// writes under a token the SG broke, kept in quarantine instead); no slots, and no new
+    /// content: they read as the remote has them.
+    Forget,
 }
 
 impl ExtentKind {
@@ -251,6 +255,7 @@ impl ExtentKind {
             ExtentKind::Data => 1,
             ExtentKind::Discard => 2,
             ExtentKind::Zero => 3,
+            ExtentKind::Forget => 4,
         }
     }
 
@@ -259,6 +264,7 @@ impl ExtentKind {
             1 => Some(ExtentKind::Data),
             2 => Some(ExtentKind::Discard),
             3 => Some(ExtentKind::Zero),
+            4 => Some(ExtentKind::Forget),
             _ => None,
         }
     }

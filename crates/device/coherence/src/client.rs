@@ -112,6 +112,12 @@ impl Client {
         self.lease_until.is_some_and(|u| now < u)
     }
 
+    /// True until the first answered exchange was read: the table may not know yet what the
+    /// gateway holds.
+    pub fn learning(&self) -> bool {
+        self.learning
+    }
+
     /// The token held on `seg`, with its generation.
     pub fn holds(&self, seg: u64) -> Option<(Kind, u64)> {
         self.held.get(&seg).map(|h| (h.kind, h.gen))

@@ -342,6 +342,12 @@ impl Driver {
         }
     }
 
+    /// True once the gateway knows which tokens it holds (a new one learns it with its first
+    /// answered exchange).
+    pub fn knows_tokens(&self) -> bool {
+        !lock(&self.shared.core).learning()
+    }
+
     /// Tokens held, by kind (shared, exclusive).
     pub fn held(&self) -> (usize, usize) {
         lock(&self.shared.core).counts()

@@ -151,6 +151,11 @@ pub struct Blocked {
     pub waiters: Vec<(Gw, Kind, Duration)>,
 }
 
+/// The message that tells a holder its token was taken away.
+fn told(b: &Broke) -> Out {
+    Out { to: b.gw, msg: Msg::Broken { seg: b.seg, gen: b.gen } }
+}
+
 /// A token taken away from a holder that did not answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Broke {
@@ -529,6 +534,7 @@ impl Server {
         let mut broke = Vec::new();
         for (seg, h) in doomed {
             if let Some(b) = self.take_away(seg, h) {
+                out.push(told(&b));
                 broke.push(b);
             }
             self.serve(seg, &mut out);
@@ -540,12 +546,15 @@ impl Server {
     /// up: what they did not ship is refused from now on.
     pub fn break_segment(&mut self, seg: u64) -> (Vec<Out>, Vec<Broke>) {
         let holders: Vec<Gw> = self.segs.get(&seg).map(|s| s.m().revoked.keys().copied().collect()).unwrap_or_default();
-        let broke = holders.into_iter().filter_map(|h| self.take_away(seg, h)).collect();
-        let mut out = Vec::new();
+        let broke: Vec<Broke> = holders.into_iter().filter_map(|h| self.take_away(seg, h)).collect();
+        let mut out: Vec<Out> = broke.iter().map(told).collect();
         self.serve(seg, &mut out);
         (out, broke)
     }
 
+    /// Takes `h`'s token on `seg` away. The holder is told at once (a silent one may be only
+    /// slow, and a writer that hears of it soon puts its writes in quarantine soon), and again
+    /// in every answer until it acknowledges it.
     fn take_away(&mut self, seg: u64, h: Gw) -> Option<Broke> {
         let s = self.segs.get_mut(&seg)?;
         let (kind, gen) = s.holds(h)?;

@@ -7,13 +7,22 @@
 //! are forgotten; every group the cache ships carries the generation of the exclusive token each
 //! of its segments was written under, which the SG checks.
 //!
+//! Writes made under a token the SG broke (an operator's break, or `break-after`) can never land:
+//! they go to a [`quarantine`] file beside the log, and leave the log's dirty index for good (a
+//! logged drop), while commands on their segment wait; a restarted gateway that finds dirty
+//! writes on a segment it no longer holds does the same.
+//!
 //! **Architecture Invariant:** no host command reads or writes a block while its gateway's lease
 //! on the block's segment has run out, and no clean copy of a segment outlives the token it was
 //! read under.
 
 #![forbid(unsafe_code)]
 
-use std::sync::{Arc, OnceLock, Weak};
+pub mod quarantine;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -46,11 +55,84 @@ struct Link {
     driver: OnceLock<Driver>,
     segment_bytes: u32,
     seg_blocks: u64,
+    block_size: u32,
+    /// Where writes under broken tokens go.
+    quarantine_dir: PathBuf,
+    /// Segments whose writes are being put in quarantine: commands on them wait.
+    quarantining: Mutex<BTreeSet<u64>>,
+    cleared: tokio::sync::Notify,
+    /// The quarantine files written since the gateway started.
+    quarantined: Mutex<Vec<Quarantined>>,
+}
+
+/// Writes under a broken token, kept in a file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Quarantined {
+    pub segment: u64,
+    pub generation: u64,
+    pub blocks: u64,
+    pub file: PathBuf,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Link {
     fn blocks_of(&self, seg: u64) -> (u64, u64) {
         (seg.saturating_mul(self.seg_blocks), self.seg_blocks)
+    }
+
+    /// Puts `seg`'s dirty writes (made under generation `gen`, 0 when not known) in quarantine,
+    /// in the background, until it succeeds; commands on `seg` wait meanwhile.
+    fn quarantine(self: &Arc<Self>, seg: u64, gen: u64) {
+        if !lock(&self.quarantining).insert(seg) {
+            return;
+        }
+        let link = Arc::clone(self);
+        tokio::spawn(async move {
+            while let Err(e) = link.quarantine_once(seg, gen).await {
+                tracing::error!(
+                    segment = seg,
+                    "putting writes under a broken token in quarantine failed, retrying: {e}"
+                );
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            lock(&link.quarantining).remove(&seg);
+            link.cleared.notify_waiters();
+        });
+    }
+
+    async fn quarantine_once(&self, seg: u64, gen: u64) -> Result<(), String> {
+        let Some(cache) = self.cache.get() else { return Ok(()) };
+        let (lba, blocks) = self.blocks_of(seg);
+        let runs = cache.dirty_data(lba, blocks).await.map_err(|e| e.to_string())?;
+        if !runs.is_empty() {
+            let q = quarantine::Quarantine {
+                block_size: self.block_size,
+                segment: seg,
+                generation: gen,
+                runs: runs.into_iter().map(|(at, data, n)| (at, data.map(|d| d.to_vec()), n)).collect(),
+            };
+            let dir = self.quarantine_dir.clone();
+            let blocks = q.blocks();
+            let file = tokio::task::spawn_blocking(move || q.write_to(&dir))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            tracing::error!(
+                segment = seg,
+                generation = gen,
+                blocks,
+                file = %file.display(),
+                "writes made under a token the SG broke can never land: they are kept in quarantine"
+            );
+            lock(&self.quarantined).push(Quarantined { segment: seg, generation: gen, blocks, file });
+        }
+        // Durable in the log: a restart does not bring them back.
+        cache.drop_dirty(lba, blocks).await.map_err(|e| e.to_string())?;
+        cache.forget(lba, blocks);
+        Ok(())
     }
 }
 
@@ -68,6 +150,16 @@ impl Fencer for Fence {
             (Kind::Shared, _) => None,
         }
     }
+
+    fn known(&self) -> bool {
+        self.0.upgrade().and_then(|l| l.driver.get().map(Driver::knows_tokens)).unwrap_or(false)
+    }
+
+    fn lost(&self, seg: u64) {
+        if let Some(link) = self.0.upgrade() {
+            link.quarantine(seg, 0);
+        }
+    }
 }
 
 struct Keeper(Weak<Link>);
@@ -77,14 +169,12 @@ impl Holder for Keeper {
     async fn surrender(&self, seg: u64, _gen: u64, keep: Option<Kind>) -> Result<(), BlockError> {
         let Some(link) = self.0.upgrade() else { return Ok(()) };
         let Some(cache) = link.cache.get() else { return Ok(()) };
-        let exclusive = link.driver.get().and_then(|d| d.holds(seg)).is_some_and(|(k, _)| k == Kind::Exclusive);
-        if exclusive {
-            // Every write made under the token reaches the SG under it before it goes.
-            let (lba, blocks) = link.blocks_of(seg);
-            cache.settle_range(lba, blocks).await?;
-        }
+        let (lba, blocks) = link.blocks_of(seg);
+        // Every write made under the token reaches the SG under it before it goes (nothing to
+        // do for a shared one: no write is made under it). Whether it is exclusive is not asked
+        // of the driver, which may not be in place yet when its first answer asks for one.
+        cache.settle_range(lba, blocks).await?;
         if keep != Some(Kind::Shared) {
-            let (lba, blocks) = link.blocks_of(seg);
             cache.forget(lba, blocks);
         }
         Ok(())
@@ -101,6 +191,7 @@ impl Holder for Keeper {
             let (lba, blocks) = link.blocks_of(seg);
             cache.forget(lba, blocks);
         }
+        link.quarantine(seg, gen);
     }
 }
 
@@ -118,13 +209,15 @@ impl std::fmt::Debug for SharedCache {
 
 impl SharedCache {
     /// Opens the cache on `log` for `remote`, a LUN of a stics SG that hands out tokens (its
-    /// LINK STATUS names the segment), and starts the token driver under the log's identity.
+    /// LINK STATUS names the segment), and starts the token driver under the log's identity;
+    /// writes under tokens the SG breaks go to files in `quarantine_dir`.
     pub async fn open(
         log: Arc<dyn BlockDev>,
         remote: Arc<dyn BlockDev>,
         remote_id: &[u8],
         cfg: Config,
         tokens: DriverConfig,
+        quarantine_dir: PathBuf,
     ) -> Result<SharedCache, SharedError> {
         let sink = remote.group_sink().ok_or_else(|| SharedError::Status("the remote is no stics SG".into()))?;
         let status = sink.link_status(0).await.map_err(|e| SharedError::Status(e.to_string()))?;
@@ -139,6 +232,11 @@ impl SharedCache {
             driver: OnceLock::new(),
             segment_bytes: status.segment_bytes,
             seg_blocks,
+            block_size: geometry.block_size,
+            quarantine_dir,
+            quarantining: Mutex::new(BTreeSet::new()),
+            cleared: tokio::sync::Notify::new(),
+            quarantined: Mutex::new(Vec::new()),
         });
         let fence = Arc::new(Fence(Arc::downgrade(&link)));
         let cache = Cache::open_shared(log, Arc::clone(&remote), remote_id, cfg, fence).await?;
@@ -162,6 +260,15 @@ impl SharedCache {
         let driver = self.link.driver.get().ok_or(BlockError::Unsupported("the shared cache is not open"))?;
         let need: Vec<(u64, Kind)> =
             stics_coherence::segments(lba, blocks, self.link.seg_blocks).map(|s| (s, kind)).collect();
+        loop {
+            let cleared = self.link.cleared.notified();
+            tokio::pin!(cleared);
+            cleared.as_mut().enable();
+            if !need.iter().any(|(s, _)| lock(&self.link.quarantining).contains(s)) {
+                break;
+            }
+            cleared.await;
+        }
         let op = driver.begin(&need).await;
         if !op.valid() {
             return Err(BlockError::Busy(
@@ -185,6 +292,11 @@ impl SharedCache {
             at = next;
         }
         Ok(out)
+    }
+
+    /// The quarantine files written since the gateway started.
+    pub fn quarantined(&self) -> Vec<Quarantined> {
+        lock(&self.link.quarantined).clone()
     }
 
     /// Tokens held and what they cost.

@@ -41,6 +41,13 @@ fn tokens() -> DriverConfig {
     DriverConfig { poll_wait: Duration::from_millis(50), retry: Duration::from_millis(20), ..DriverConfig::default() }
 }
 
+/// A quarantine directory of its own, made only when a write goes to quarantine (these tests
+/// break no token: it never is).
+fn quarantine_dir() -> std::path::PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    std::env::temp_dir().join(format!("stics-quarantine-test-{}-{}", std::process::id(), N.fetch_add(1, SeqCst)))
+}
+
 async fn sg() -> Arc<JournalDev> {
     let medium = Arc::new(MemDev::new(BS, BLOCKS));
     let cfg = JournalConfig { segment_bytes: SEG_BYTES, ..JournalConfig::default() };
@@ -50,7 +57,7 @@ async fn sg() -> Arc<JournalDev> {
 async fn gateway(sg: &Arc<JournalDev>, mode: Mode) -> SharedCache {
     let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(BS, 2048 * 8));
     let remote: Arc<dyn BlockDev> = Arc::clone(sg) as Arc<dyn BlockDev>;
-    SharedCache::open(log, remote, b"sg-lun", cache_cfg(mode), tokens()).await.expect("gateway opens")
+    SharedCache::open(log, remote, b"sg-lun", cache_cfg(mode), tokens(), quarantine_dir()).await.expect("gateway opens")
 }
 
 /// A block that says `stamp` in every one of its words.
@@ -224,15 +231,23 @@ async fn what_a_shared_lun_cannot_take_is_refused() {
     let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(BS, 2048 * 8));
     let remote: Arc<dyn BlockDev> = Arc::clone(&sg) as Arc<dyn BlockDev>;
     let e =
-        SharedCache::open(log.clone(), remote, b"sg-lun", cache_cfg(Mode::WriteThrough), tokens()).await.unwrap_err();
+        SharedCache::open(log.clone(), remote, b"sg-lun", cache_cfg(Mode::WriteThrough), tokens(), quarantine_dir())
+            .await
+            .unwrap_err();
     assert!(e.to_string().contains("write-through"), "{e}");
     let plain: Arc<dyn BlockDev> = Arc::new(MemDev::new(BS, BLOCKS));
-    let e = SharedCache::open(log, plain, b"mem", cache_cfg(Mode::Log), tokens()).await.unwrap_err();
+    let e = SharedCache::open(log, plain, b"mem", cache_cfg(Mode::Log), tokens(), quarantine_dir()).await.unwrap_err();
     assert!(e.to_string().contains("no stics SG"), "{e}");
     // A zeroing of the whole LUN goes as several operations and lands.
     a.write_zeros(0, BLOCKS).await.expect("zeroes");
     assert_eq!(stamp_of(&a.read(3, 1).await.expect("reads")), 0);
     a.close().await;
+}
+
+/// Waits until everything `c` wrote is on the SG, for at most 30 s.
+async fn settles(c: &SharedCache) {
+    let settle = tokio::time::timeout(Duration::from_secs(30), c.inner().expect("open").settle());
+    settle.await.expect("settles in time").expect("settles");
 }
 
 /// The SG as one gateway's process reaches it: `commits` off, its groups fail (its writes stay
@@ -313,9 +328,10 @@ async fn a_gateway_restarted_on_its_log_ships_what_it_held_before_anyone_reads_p
         alive: std::sync::atomic::AtomicBool::new(true),
     });
     let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(BS, 2048 * 8));
-    let a = SharedCache::open(Arc::clone(&log), path.clone(), b"sg-lun", cache_cfg(Mode::Log), tokens())
-        .await
-        .expect("A opens");
+    let a =
+        SharedCache::open(Arc::clone(&log), path.clone(), b"sg-lun", cache_cfg(Mode::Log), tokens(), quarantine_dir())
+            .await
+            .expect("A opens");
     // A writes three segments; its groups cannot reach the SG: the writes are in its log only.
     for blk in [1, SEG + 1, 2 * SEG + 1] {
         a.write(blk, block(blk + 100), true).await.expect("A writes");
@@ -337,14 +353,79 @@ async fn a_gateway_restarted_on_its_log_ships_what_it_held_before_anyone_reads_p
     assert_eq!(sg.token_status().blocked.len(), 1);
     // A starts again on its log: the SG tells it what it holds, and it ships its writes under
     // those tokens before it gives the first segment up.
-    let a = SharedCache::open(log, Arc::clone(&sg) as Arc<dyn BlockDev>, b"sg-lun", cache_cfg(Mode::Log), tokens())
-        .await
-        .expect("A reopens");
+    let a = SharedCache::open(
+        log,
+        Arc::clone(&sg) as Arc<dyn BlockDev>,
+        b"sg-lun",
+        cache_cfg(Mode::Log),
+        tokens(),
+        quarantine_dir(),
+    )
+    .await
+    .expect("A reopens");
     let got = tokio::time::timeout(Duration::from_secs(20), reader).await.expect("B reads on").expect("reader");
     assert_eq!(got, 101, "B reads A's acknowledged write, not what the SG had before");
     for blk in [SEG + 1, 2 * SEG + 1] {
         assert_eq!(stamp_of(&b.read(blk, 1).await.expect("B reads")), blk + 100, "block {blk}");
     }
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_writer_s_writes_go_to_quarantine_and_never_over_newer_data() {
+    let sg = sg().await;
+    let path = Arc::new(Path {
+        sg: Arc::clone(&sg),
+        commits: std::sync::atomic::AtomicBool::new(false),
+        alive: std::sync::atomic::AtomicBool::new(true),
+    });
+    let qdir = tempfile::tempdir().unwrap();
+    let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(BS, 2048 * 8));
+    let open_a = |remote: Arc<dyn BlockDev>, log: Arc<dyn BlockDev>| {
+        SharedCache::open(log, remote, b"sg-lun", cache_cfg(Mode::Log), tokens(), qdir.path().to_owned())
+    };
+    let a = open_a(path.clone(), Arc::clone(&log)).await.expect("A opens");
+    // A writes two segments; its groups cannot reach the SG.
+    a.write(1, block(11), true).await.expect("A writes");
+    a.write(SEG + 1, block(12), true).await.expect("A writes");
+    // B wants the first segment; A cannot ship it; an operator breaks A's token.
+    let b = Arc::new(gateway(&sg, Mode::Log).await);
+    let reader = {
+        let b = Arc::clone(&b);
+        tokio::spawn(async move { stamp_of(&b.read(1, 1).await.expect("B reads")) })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!reader.is_finished());
+    let broke = sg.break_segment(0).await.expect("break");
+    assert_eq!(broke.len(), 1, "{broke:?}");
+    assert_eq!(tokio::time::timeout(Duration::from_secs(10), reader).await.unwrap().unwrap(), 0, "what the SG has");
+    b.write(1, block(21), false).await.expect("B writes");
+    // A hears of the break: its writes to that segment go to quarantine, whole, and leave its log.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while a.quarantined().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "A put nothing in quarantine");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let q = &a.quarantined()[0];
+    assert_eq!((q.segment, q.blocks), (0, 1), "{q:?}");
+    let kept = stics_shared::quarantine::Quarantine::decode(&std::fs::read(&q.file).unwrap()).unwrap();
+    assert_eq!(kept.runs, vec![(1, Some(block(11).to_vec()), 1)]);
+    assert_eq!(stamp_of(&a.read(1, 1).await.expect("A reads")), 21, "A reads B's write, not its own voided one");
+    // Its groups go again: what it wrote under the tokens it kept lands, the rest never does.
+    path.commits.store(true, SeqCst);
+    settles(&a).await;
+    assert_eq!(stamp_of(&sg.read(SEG + 1, 1).await.unwrap()), 12);
+    settles(&b).await;
+    assert_eq!(stamp_of(&sg.read(1, 1).await.unwrap()), 21);
+    // Nor after a restart of A on its log.
+    path.alive.store(false, SeqCst);
+    drop(a);
+    let a = open_a(Arc::clone(&sg) as Arc<dyn BlockDev>, log).await.expect("A reopens");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    settles(&a).await;
+    assert_eq!(stamp_of(&sg.read(1, 1).await.unwrap()), 21, "the voided write never lands");
+    assert_eq!(stamp_of(&a.read(1, 1).await.unwrap()), 21);
     a.close().await;
     b.close().await;
 }

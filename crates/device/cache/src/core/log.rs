@@ -339,6 +339,24 @@ impl Core {
         Ok(self.after_write(false))
     }
 
+    /// Drops what blocks `lba..lba + blocks` hold dirty: they never reach the remote, and read as
+    /// the remote has them from now on. The drop is logged (a `Forget` extent), so that recovery
+    /// does not bring them back; done once that record is durable.
+    pub fn forget(&mut self, lba: u64, blocks: u64) -> Result<Submitted, CoreError> {
+        self.check(lba, blocks)?;
+        self.before_write(0);
+        let (epoch, write_seq) = (self.log.epoch, self.log.next_write_seq);
+        self.log.next_write_seq += 1;
+        self.drop_dirty(lba, blocks, epoch);
+        let mut at = lba;
+        while at < lba + blocks {
+            let n = (lba + blocks - at).min(u64::from(u32::MAX));
+            self.push_pending(at, n, ExtentKind::Forget, Bytes::new(), write_seq, epoch);
+            at += n;
+        }
+        Ok(self.wait_for_all())
+    }
+
     /// A write-through request the remote carried out (or failed: the remote may hold either
     /// content now): remote data read before this point may be stale.
     pub fn direct_done(&mut self, lba: u64, blocks: u64) {

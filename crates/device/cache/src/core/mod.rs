@@ -212,6 +212,10 @@ impl Core {
                 let loc = match e.kind {
                     ExtentKind::Data => Loc::Log(offset + h.slot_offset(i)),
                     ExtentKind::Zero | ExtentKind::Discard => Loc::Zero,
+                    ExtentKind::Forget => {
+                        c.drop_dirty(e.lba, u64::from(e.blocks), e.epoch);
+                        continue;
+                    }
                 };
                 let v = Version::new(loc, e.write_seq, e.epoch, e.kind == ExtentKind::Discard);
                 c.install(e.lba, u64::from(e.blocks), v);
@@ -248,6 +252,53 @@ impl Core {
         let replaced = per_epoch.insert(lba, end, v);
         self.stats.blocks_absorbed += replaced.iter().map(|(s, e, _)| e - s).sum::<u64>();
         self.epoch_extents = self.epoch_extents + per_epoch.len() - before;
+    }
+
+    /// What blocks `start..end` hold dirty, in LBA order: (first block, blocks, where), and the
+    /// log records pinned for it (pass them to [`Core::unpin`] once read).
+    pub fn dirty_runs(&mut self, start: u64, end: u64) -> (Vec<(u64, u64, Loc)>, Vec<u64>) {
+        let runs: Vec<(u64, u64, Loc)> = self
+            .newest
+            .overlapping(start, end)
+            .map(|(s, e, v)| (s.max(start), e.min(end), s, v.loc.clone()))
+            .map(|(from, to, s, loc)| {
+                let bs = u64::from(self.layout.block_size);
+                let loc = match loc {
+                    Loc::Ram(b) => Loc::Ram(b.slice(((from - s) * bs) as usize..((to - s) * bs) as usize)),
+                    Loc::Log(off) => Loc::Log(off + (from - s) * bs),
+                    Loc::Zero => Loc::Zero,
+                };
+                (from, to - from, loc)
+            })
+            .collect();
+        let mut pinned = Vec::new();
+        for (_, _, loc) in &runs {
+            if let Loc::Log(off) = loc {
+                if let Some(seq) = self.log.record_of(*off) {
+                    self.log.pin(seq);
+                    pinned.push(seq);
+                }
+            }
+        }
+        (runs, pinned)
+    }
+
+    /// Takes blocks `lba..lba + blocks` out of the dirty index (every version, every epoch's),
+    /// so that destage never ships them and reads find the remote's; `epoch` (the drop's own)
+    /// is kept in the index, empty, so that destage passes it and frees its record.
+    pub(crate) fn drop_dirty(&mut self, lba: u64, blocks: u64, epoch: u64) {
+        let end = lba + blocks;
+        let removed = self.newest.remove(lba, end);
+        let data: u64 = removed.iter().filter(|(_, _, v)| !matches!(v.loc, Loc::Zero)).map(|(s, e, _)| e - s).sum();
+        self.newest_data = self.newest_data.saturating_sub(data);
+        for m in self.epochs.values_mut() {
+            let before = m.len();
+            m.remove(lba, end);
+            self.epoch_extents = (self.epoch_extents + m.len()).saturating_sub(before);
+        }
+        let bs = self.layout.block_size;
+        self.epochs.entry(epoch).or_insert_with(|| ExtentMap::new(bs));
+        self.invalidate(lba, end);
     }
 
     /// Points the parts of a write still indexed at its log slots once its record is durable.

@@ -222,16 +222,27 @@ fn fences(
     block_size: u32,
 ) -> Result<stics_link::group::Fences, BlockError> {
     let segment_bytes = f.segment_bytes();
-    let gens = stics_link::group::segments_touched(extents, block_size, segment_bytes)
-        .map(|seg| {
-            f.exclusive(seg).map(|gen| (seg, gen)).ok_or_else(|| {
-                BlockError::Rejected(format!(
-                    "a group writes segment {seg}, on which this gateway holds no exclusive token"
-                ))
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(stics_link::group::Fences { segment_bytes, gens })
+    let mut gens = Vec::new();
+    let mut lost = Vec::new();
+    for seg in stics_link::group::segments_touched(extents, block_size, segment_bytes) {
+        match f.exclusive(seg) {
+            Some(gen) => gens.push((seg, gen)),
+            None => lost.push(seg),
+        }
+    }
+    if lost.is_empty() {
+        return Ok(stics_link::group::Fences { segment_bytes, gens });
+    }
+    let known = f.known();
+    if known {
+        for &seg in &lost {
+            f.lost(seg);
+        }
+    }
+    Err(BlockError::Rejected(format!(
+        "a group writes segments {lost:?}, on which this gateway holds no exclusive token{}",
+        if known { ": their writes go to quarantine" } else { " yet (it is learning its tokens)" }
+    )))
 }
 
 /// What the SG holds of this log.

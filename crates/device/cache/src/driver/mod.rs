@@ -128,6 +128,12 @@ pub trait Fencer: Send + Sync + 'static {
     fn segment_bytes(&self) -> u32;
     /// The generation of the exclusive token this gateway holds on `seg`, if it holds one.
     fn exclusive(&self, seg: u64) -> Option<u64>;
+    /// True once the gateway knows which tokens it holds (a restarted one learns it from the
+    /// SG first): a dirty segment without an exclusive token is then one whose token was lost.
+    fn known(&self) -> bool;
+    /// The gateway holds dirty writes to `seg` and no exclusive token on it any more: they can
+    /// never land, and go to quarantine.
+    fn lost(&self, seg: u64);
 }
 
 /// How often a request waiting for its acknowledgement looks whether it should end instead.
@@ -418,6 +424,42 @@ impl Cache {
             self.inner.destager.notify_one();
             let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
         }
+    }
+
+    /// What blocks `lba..lba + blocks` hold that the remote does not yet: runs of (first block,
+    /// its data, `None` for zeros), in LBA order.
+    pub async fn dirty_data(&self, lba: u64, blocks: u64) -> Result<Vec<(u64, Option<Bytes>, u64)>, BlockError> {
+        let (runs, pinned) = lock(&self.inner.core).dirty_runs(lba, lba.saturating_add(blocks));
+        let bs = u64::from(self.inner.geometry.block_size);
+        let mut out = Vec::with_capacity(runs.len());
+        let mut failed = None;
+        for (at, n, loc) in runs {
+            let data = match loc {
+                core::Loc::Ram(b) => Some(b),
+                core::Loc::Log(off) => match self.inner.log.read(off, (n * bs) as usize).await {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                },
+                core::Loc::Zero => None,
+            };
+            out.push((at, data, n));
+        }
+        lock(&self.inner.core).unpin(&pinned);
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// Drops what blocks `lba..lba + blocks` hold dirty: it never reaches the remote, and they
+    /// read as the remote has them; returns once the drop is durable in the log (a restart
+    /// does not bring them back). For a shared LUN's writes under a token the SG broke, once
+    /// they are kept elsewhere.
+    pub async fn drop_dirty(&self, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        self.submit(false, |c| c.forget(lba, blocks)).await.map(|_| ())
     }
 
     /// The log's identity: the source its groups carry, and a gateway's name at the SG.

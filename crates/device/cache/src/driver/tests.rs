@@ -270,3 +270,32 @@ async fn single_write_epochs_are_pipelined_many_at_once() {
         assert_eq!(remote.dev.read(i * 8, 8).await.expect("remote"), stamp_run(i * 8, 8, i, 512));
     }
 }
+
+#[tokio::test]
+async fn dropped_blocks_never_reach_the_remote_and_stay_dropped_after_a_restart() {
+    let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 32 << 11));
+    let remote = FaultDev::new(512, 4096, 5);
+    // The remote takes nothing for now: everything stays dirty in the log.
+    remote.add_rule(Rule::fail(Op::Write));
+    let cache = Cache::open(Arc::clone(&log), Arc::new(remote.clone()), b"fault", opts(Mode::Log)).await.unwrap();
+    cache.write(0, stamp_run(0, 8, 1, 512), false).await.unwrap();
+    cache.write(100, stamp_run(100, 4, 2, 512), false).await.unwrap();
+    cache.write(4, stamp_run(4, 2, 3, 512), false).await.unwrap();
+    let dirty = cache.dirty_data(0, 8).await.unwrap();
+    let blocks: u64 = dirty.iter().map(|(_, _, n)| n).sum();
+    assert_eq!(blocks, 8, "{dirty:?}");
+    assert_eq!(dirty.iter().find(|(at, _, _)| *at == 4).and_then(|(_, d, _)| d.clone()), Some(stamp_run(4, 2, 3, 512)));
+    cache.drop_dirty(0, 8).await.unwrap();
+    assert_eq!(cache.read(0, 8).await.unwrap(), Bytes::from(vec![0u8; 8 * 512]), "they read as the remote has them");
+    assert_eq!(cache.read(100, 4).await.unwrap(), stamp_run(100, 4, 2, 512));
+    assert!(cache.dirty_data(0, 8).await.unwrap().is_empty());
+    // The process dies; the log is replayed at the next open, the drop with it.
+    drop(cache);
+    remote.clear_rules();
+    let cache = Cache::open(log, Arc::new(remote.clone()), b"fault", opts(Mode::Log)).await.unwrap();
+    assert_eq!(cache.read(0, 8).await.unwrap(), Bytes::from(vec![0u8; 8 * 512]));
+    cache.drain().await.unwrap();
+    assert_eq!(remote.read(0, 8).await.unwrap(), Bytes::from(vec![0u8; 8 * 512]), "never shipped");
+    assert_eq!(remote.read(100, 4).await.unwrap(), stamp_run(100, 4, 2, 512));
+    cache.close().await;
+}
