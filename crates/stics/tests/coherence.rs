@@ -415,3 +415,77 @@ fn readers_of_a_shared_image_see_an_update_once_it_completes_and_never_half_a_bl
         assert!(data.chunks(bs).all(|b| stamp_in(b) == 20), "every gateway reads the last update whole");
     }
 }
+
+#[test]
+fn a_gateway_cut_off_holds_its_segment_until_the_sg_breaks_it_and_its_voided_write_goes_to_quarantine() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = stics_testkit::net::free_port();
+    // Leases of 2 s, and a silent writer's token broken 3 s past its lease.
+    let disk = dir.path().join("disk.img");
+    std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
+    let lun = format!(
+        "journal(file:{}, journal={}:16MiB, lease=2, break-after=3)",
+        disk.display(),
+        dir.path().join("journal").display()
+    );
+    let sg = sg(dir.path(), lun, metrics);
+    let proxy = stics_testkit::net::Proxy::start(sg.port);
+    let via = format!("iscsi://127.0.0.1:{}/{}/0", proxy.port, "iqn.2024-01.org.stics.test:sg");
+    let c_metrics = stics_testkit::net::free_port();
+    let (mut c, c_port) = gateway_with(
+        &via,
+        &dir.path().join("c.log"),
+        "log",
+        &dir.path().join("c.err"),
+        &["--shared", "--lease", "2", "--metrics", &format!("127.0.0.1:{c_metrics}")],
+    );
+    assert!(stics_testkit::proc::wait_port(c_metrics, Duration::from_secs(20)));
+    let (mut a, a_port) = gateway_with(
+        &sg.url(0),
+        &dir.path().join("a.log"),
+        "log",
+        &dir.path().join("a.err"),
+        &["--shared", "--lease", "2"],
+    );
+    let (c_rt, c_lun) = common::open(c_port);
+    let (a_rt, a_lun) = common::open(a_port);
+    let bs = c_lun.geometry().block_size as usize;
+    let x = 5 * (64 << 10) as u64 / bs as u64 + 1;
+    // C writes a block, then loses its link and writes it again (under the token it holds).
+    c_rt.block_on(c_lun.write(x, stamped(1, bs), true)).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    proxy.freeze(true);
+    proxy.cut();
+    c_rt.block_on(c_lun.write(x, stamped(2, bs), true)).unwrap();
+    // A reads it: it waits for C's token until the SG breaks it, then reads what landed.
+    let started = Instant::now();
+    let got = stamp_in(&a_rt.block_on(a_lun.read(x, 1)).unwrap());
+    assert!(started.elapsed() >= Duration::from_secs(2), "A waited for C's token: {:?}", started.elapsed());
+    assert_eq!(got, 1, "C's first write landed; its second, under the broken token, never does");
+    a_rt.block_on(a_lun.write(x, stamped(3, bs), true)).unwrap();
+    let s = status(metrics);
+    assert!(s["journals"][0]["tokens"]["breaks"].as_u64().unwrap() >= 1, "{}", s["journals"][0]["tokens"]);
+    // C's link comes back: it hears of the break and keeps its voided write in quarantine.
+    proxy.freeze(false);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let q = loop {
+        let q = status(c_metrics)["quarantine"].as_array().cloned().unwrap_or_default();
+        if !q.is_empty() {
+            break q;
+        }
+        assert!(Instant::now() < deadline, "C put nothing in quarantine: {}", status(c_metrics));
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let file = q[0]["file"].as_str().unwrap();
+    let kept = stics_shared::quarantine::Quarantine::decode(&std::fs::read(file).unwrap()).unwrap();
+    assert_eq!(kept.runs, vec![(x, Some(stamped(2, bs).to_vec()), 1)]);
+    assert_eq!(stamp_in(&c_rt.block_on(c_lun.read(x, 1)).unwrap()), 3, "C reads A's write");
+    let (rt, lun) = open_url(&sg.url(0));
+    let settled = Instant::now() + Duration::from_secs(20);
+    while stamp_in(&rt.block_on(lun.read(x, 1)).unwrap()) != 3 {
+        assert!(Instant::now() < settled, "A's write reaches the SG");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    c.kill();
+    a.kill();
+}
