@@ -27,6 +27,8 @@ enum Command {
     Mount(cmd::mount::Args),
     /// Break the persistent reservation a writer gone for good (a gateway whose log was lost) holds on a LUN.
     Release(cmd::release::Args),
+    /// Show or apply the writes a gateway of a shared LUN kept under a token its SG broke.
+    Quarantine(cmd::quarantine::Args),
     /// Analytical and queueing models of iSCSI over TCP (seeds 000 and 003).
     Model(cmd::model::Args),
     /// Emulate a WAN (delay, loss, rate, background load) between two network namespaces.
@@ -43,6 +45,7 @@ fn main() -> std::process::ExitCode {
         Command::Ls(a) => cmd::ls::run(a),
         Command::Mount(a) => cmd::mount::run(a),
         Command::Release(a) => cmd::release::run(a),
+        Command::Quarantine(a) => cmd::quarantine::run(a),
         Command::Model(a) => cmd::model::run(a),
         Command::Wan(a) => cmd::wan::run(a),
         Command::Bench(a) => cmd::bench::run(a),

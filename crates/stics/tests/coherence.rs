@@ -486,6 +486,12 @@ fn a_gateway_cut_off_holds_its_segment_until_the_sg_breaks_it_and_its_voided_wri
         assert!(Instant::now() < settled, "A's write reaches the SG");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // An operator who decides it should land after all applies it through a gateway.
+    let shown = stics_testkit::proc::run_ok(std::process::Command::new(BIN).args(["quarantine", "show", file]));
+    assert!(shown.contains(&format!("blocks {x}+1: data")), "{shown}");
+    let to = url(a_port);
+    stics_testkit::proc::run_ok(std::process::Command::new(BIN).args(["quarantine", "apply", file, "--to", &to]));
+    assert_eq!(stamp_in(&c_rt.block_on(c_lun.read(x, 1)).unwrap()), 2, "the applied write is the newest now");
     c.kill();
     a.kill();
 }

@@ -733,7 +733,8 @@ fn journal(call: &syntax::Call<'_>) -> Result<JournalSpec, SpecError> {
             "lease" | "break-after" => {
                 let max = if k == "lease" { 3600.0 } else { 86_400.0 };
                 // A bare number is seconds, as the cache's timeouts read it.
-                let text = if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) { format!("{v}s") } else { v.clone() };
+                let text =
+                    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) { format!("{v}s") } else { v.clone() };
                 let secs =
                     stics_units::parse_duration(&text).ok().filter(|s| (1.0..=max).contains(s) && s.fract() == 0.0);
                 let secs =
@@ -1283,7 +1284,11 @@ mod tests {
         };
         assert!(matches!(j.journal, JournalAt::Device(d) if matches!(*d, DeviceSpec::Rbd(_))));
         let bare: DeviceSpec = "journal(mem:1GiB, journal=/j, lease=2, break-after=3)".parse().unwrap();
-        assert_eq!(bare.to_string(), "journal(mem:1GiB, journal=/j, lease=2s, break-after=3s)", "a bare number is seconds");
+        assert_eq!(
+            bare.to_string(),
+            "journal(mem:1GiB, journal=/j, lease=2s, break-after=3s)",
+            "a bare number is seconds"
+        );
         for (text, want) in [
             ("journal(mem:1G)", "needs journal=PATH[:SIZE] or journal=DEVICE-SPEC"),
             ("journal(mem:1G, journal=/j, max-group=1KiB)", "a size from 1 MiB to 1 GiB"),
