@@ -136,6 +136,22 @@ pub trait Fencer: Send + Sync + 'static {
     fn lost(&self, seg: u64);
 }
 
+/// Destage hurries while a drain or a settle waits, however it ends.
+struct Hurry<'a>(&'a Inner);
+
+impl Hurry<'_> {
+    fn on(inner: &Inner) -> Hurry<'_> {
+        lock(&inner.core).hurry(true);
+        Hurry(inner)
+    }
+}
+
+impl Drop for Hurry<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.core).hurry(false);
+    }
+}
+
 /// How often a request waiting for its acknowledgement looks whether it should end instead.
 const STALL_CHECK: Duration = Duration::from_secs(1);
 
@@ -340,15 +356,7 @@ impl Cache {
     /// remote alone is then the whole truth). Ends with the cause when the remote (or the log)
     /// keeps failing for the full timeout while it waits.
     pub async fn drain(&self) -> Result<(), BlockError> {
-        /// Destage hurries while a drain waits, however it ends.
-        struct Hurry<'a>(&'a Inner);
-        impl Drop for Hurry<'_> {
-            fn drop(&mut self) {
-                lock(&self.0.core).hurry(false);
-            }
-        }
-        lock(&self.inner.core).hurry(true);
-        let _hurry = Hurry(&self.inner);
+        let _hurry = Hurry::on(&self.inner);
         let started = Instant::now();
         loop {
             let notified = self.inner.space.notified();
@@ -397,14 +405,7 @@ impl Cache {
     }
 
     async fn settle_through(&self, through: u64) -> Result<(), BlockError> {
-        struct Hurry<'a>(&'a Inner);
-        impl Drop for Hurry<'_> {
-            fn drop(&mut self) {
-                lock(&self.0.core).hurry(false);
-            }
-        }
-        lock(&self.inner.core).hurry(true);
-        let _hurry = Hurry(&self.inner);
+        let _hurry = Hurry::on(&self.inner);
         let started = Instant::now();
         loop {
             let notified = self.inner.space.notified();
