@@ -152,6 +152,10 @@ osd pool default size = $osds
 osd pool default min size = 1
 osd pool default pg autoscale mode = off
 mon allow pool size one = true
+# The OSDs keep their data in memory; the monitor's few megabytes on a shared disk that is 95 %
+# full must not stop a throwaway cluster from starting (the default refuses below 5 % free).
+mon data avail crit = 1
+mon data avail warn = 2
 mon allow pool delete = true
 mon warn on pool no redundancy = false
 osd crush chooseleaf type = 0
