@@ -21,10 +21,15 @@ impl Ceph {
     /// script's message: RBD tests never pass without one.
     pub fn start(osds: u32) -> Ceph {
         let dir = tempfile::Builder::new().prefix("stics-ceph").tempdir().unwrap();
-        // The cluster's stop removes the directory.
+        // The cluster's stop removes the directory; a cluster that does not start leaves it here.
         let dir = dir.keep();
-        let setup = Setup::new(script(), dir).unwrap_or_else(|e| panic!("no free port for the Ceph monitor: {e}"));
-        let own = setup.osds(osds).start().unwrap_or_else(|e| panic!("{e}"));
+        let failed = |what: String| -> ! {
+            let _ = std::fs::remove_dir_all(&dir);
+            panic!("{what}")
+        };
+        let setup = Setup::new(script(), dir.clone())
+            .unwrap_or_else(|e| failed(format!("no free port for the Ceph monitor: {e}")));
+        let own = setup.osds(osds).start().unwrap_or_else(|e| failed(e.to_string()));
         Ceph { conf: own.conf().to_owned(), own: Some(own) }
     }
 
