@@ -40,6 +40,9 @@ struct Held {
     /// A surrender under way, and what it keeps: a stronger revoke that comes meanwhile waits
     /// for it to end, since the driver is already doing what the first one asked.
     surrendering: Option<Keeping>,
+    /// The newest operation that named it: the least recently used tokens go first when the
+    /// gateway holds more than it wants.
+    used: u64,
 }
 
 /// What a surrender under way leaves held.
@@ -151,6 +154,11 @@ impl Client {
                 .iter()
                 .all(|(&seg, &k)| self.usable(seg, k) && self.held.get(&seg).is_some_and(|h| h.revoke.is_none()));
         let mut acts = Vec::new();
+        for seg in want.keys() {
+            if let Some(h) = self.held.get_mut(seg) {
+                h.used = op;
+            }
+        }
         let mut o = Op { need: want, ticket: None, ready: false, asked: false };
         if fast {
             o.ready = true;
@@ -220,7 +228,14 @@ impl Client {
                 self.ask_again(seg, &mut acts);
             }
             Msg::Grant { op, seg, kind, gen, ticket } => {
-                let h = self.held.entry(seg).or_insert(Held { kind, gen, pins: 0, revoke: None, surrendering: None });
+                let h = self.held.entry(seg).or_insert(Held {
+                    kind,
+                    gen,
+                    pins: 0,
+                    revoke: None,
+                    surrendering: None,
+                    used: 0,
+                });
                 if h.gen == gen {
                     h.kind = h.kind.max(kind);
                 } else {
@@ -298,6 +313,33 @@ impl Client {
         self.try_comply(seg, &mut acts);
         self.ask_again(seg, &mut acts);
         self.check_all(now, &mut acts);
+        acts
+    }
+
+    /// Gives tokens up of the gateway's own accord while it holds more than `max`, the least
+    /// recently used first, as a revoke would have them given up (an exclusive one's writes
+    /// shipped first); only tokens no operation pins, waits for or names, and nobody revoked.
+    pub fn trim(&mut self, max: usize) -> Vec<Action> {
+        let mut acts = Vec::new();
+        let giving = self.held.values().filter(|h| h.surrendering.is_some()).count();
+        let excess = self.held.len().saturating_sub(max).saturating_sub(giving);
+        if excess == 0 {
+            return acts;
+        }
+        let named: std::collections::BTreeSet<u64> = self.ops.values().flat_map(|o| o.need.keys().copied()).collect();
+        let mut idle: Vec<(u64, u64)> = self
+            .held
+            .iter()
+            .filter(|(seg, h)| h.pins == 0 && h.surrendering.is_none() && h.revoke.is_none() && !named.contains(seg))
+            .map(|(&seg, h)| (h.used, seg))
+            .collect();
+        idle.sort_unstable();
+        for (_, seg) in idle.into_iter().take(excess) {
+            if let Some(h) = self.held.get_mut(&seg) {
+                h.surrendering = Some(Keeping(None));
+                acts.push(Action::Surrender { seg, gen: h.gen, keep: None });
+            }
+        }
         acts
     }
 
@@ -507,5 +549,32 @@ mod tests {
         assert_eq!(acts[0], Action::Broken { seg: 3, gen: 2 });
         assert_eq!(c.holds(3), None);
         assert!(c.end(op2).is_empty(), "it was running: nothing to tell the SG");
+    }
+
+    #[test]
+    fn past_its_bound_a_gateway_gives_up_its_least_recently_used_idle_tokens() {
+        let t = Instant::now();
+        let mut c = Client::new(Duration::from_secs(30));
+        c.heard(t, t);
+        for seg in 0..4 {
+            let (op, _) = c.begin(&[(seg, Kind::Exclusive)], t);
+            c.on_msg(grant(op, seg, Kind::Exclusive, 10 + seg, op), t);
+            c.end(op);
+        }
+        // Segment 0 used again: 1 is now the least recently used.
+        let (op, _) = c.begin(&[(0, Kind::Exclusive)], t);
+        c.end(op);
+        // An operation that names segment 2 keeps it.
+        let (pinned, _) = c.begin(&[(2, Kind::Shared)], t);
+        let acts = c.trim(2);
+        assert_eq!(
+            acts,
+            [Action::Surrender { seg: 1, gen: 11, keep: None }, Action::Surrender { seg: 3, gen: 13, keep: None }]
+        );
+        assert!(c.trim(2).is_empty(), "what is being given up counts as gone");
+        let acts = c.surrendered(1, t);
+        assert!(acts.contains(&Action::Send(Msg::Release { seg: 1, gen: 11, keep: None })), "{acts:?}");
+        assert!(c.holds(1).is_none());
+        c.end(pinned);
     }
 }

@@ -41,6 +41,10 @@ pub struct DriverConfig {
     pub poll_wait: Duration,
     /// Pause after a failed exchange or poll.
     pub retry: Duration,
+    /// Most tokens the gateway keeps: past it, the least recently used idle ones are given up
+    /// (an exclusive one's writes shipped first), so that what a gateway holds, and the SG's
+    /// table, follow its working set rather than everything it ever touched.
+    pub max_tokens: usize,
 }
 
 impl Default for DriverConfig {
@@ -49,6 +53,8 @@ impl Default for DriverConfig {
             lease: Duration::from_secs(30),
             poll_wait: Duration::from_secs(1),
             retry: Duration::from_millis(200),
+            // 4 GiB of 64 KiB segments.
+            max_tokens: 1 << 16,
         }
     }
 }
@@ -274,7 +280,12 @@ impl Drop for Op<'_> {
     fn drop(&mut self) {
         let s = &self.driver.shared;
         lock(&s.ready).remove(&self.op);
-        let acts = lock(&s.core).end(self.op);
+        let acts = {
+            let mut core = lock(&s.core);
+            let mut acts = core.end(self.op);
+            acts.extend(core.trim(s.cfg.max_tokens));
+            acts
+        };
         s.dispatch(acts);
     }
 }

@@ -35,6 +35,8 @@ enum Step {
     /// The gateway's process dies and starts again on its log: its dirty writes stay, and so do
     /// the messages the SG queued for it; everything else of it is gone.
     Crash(usize),
+    /// The gateway gives up idle tokens of its own accord, down to one.
+    Trim(usize),
     Restart,
     /// The gateway's link goes down (everything in flight is lost) or comes back.
     Cut(usize),
@@ -56,7 +58,8 @@ fn step() -> impl Strategy<Value = Step> {
         2 => g.clone().prop_map(Step::Surrender),
         3 => g.clone().prop_map(Step::Run),
         1 => g.clone().prop_map(Step::Reset),
-        1 => g.prop_map(Step::Crash),
+        1 => g.clone().prop_map(Step::Crash),
+        1 => g.prop_map(Step::Trim),
         1 => Just(Step::Restart),
     ]
 }
@@ -300,6 +303,10 @@ impl World {
                 let outs = self.server.reconnected(*g as Gw, t);
                 self.sent(outs);
                 self.exchange(*g, t);
+            }
+            Step::Trim(g) => {
+                let acts = self.clients[*g].trim(1);
+                self.act(*g, acts);
             }
             Step::Restart => {
                 let j = &self.journal;

@@ -429,3 +429,33 @@ async fn a_broken_writer_s_writes_go_to_quarantine_and_never_over_newer_data() {
     a.close().await;
     b.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_keeps_no_more_tokens_than_its_bound_and_ships_what_it_gives_up() {
+    let sg = sg().await;
+    let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(BS, 2048 * 8));
+    let remote: Arc<dyn BlockDev> = Arc::clone(&sg) as Arc<dyn BlockDev>;
+    let bounded = DriverConfig { max_tokens: 4, ..tokens() };
+    let a = SharedCache::open(log, remote, b"sg-lun", cache_cfg(Mode::Log), bounded, quarantine_dir()).await.unwrap();
+    for seg in 0..20 {
+        a.write(seg * SEG + 3, block(seg + 1), false).await.expect("A writes");
+    }
+    // What it gave up went to the SG first: surrenders settle.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while a.tokens_held().1 > 4 {
+        assert!(std::time::Instant::now() < deadline, "A holds {:?}", a.tokens_held());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(a.token_stats().surrenders >= 16, "{:?}", a.token_stats());
+    let held_at_sg = sg.token_status();
+    assert!(held_at_sg.held_exclusive <= 4, "{held_at_sg:?}");
+    for seg in 0..16 {
+        assert_eq!(stamp_of(&sg.read(seg * SEG + 3, 1).await.unwrap()), seg + 1, "segment {seg} on the SG");
+    }
+    let b = gateway(&sg, Mode::Log).await;
+    for seg in 0..20 {
+        assert_eq!(stamp_of(&b.read(seg * SEG + 3, 1).await.unwrap()), seg + 1, "B reads segment {seg}");
+    }
+    a.close().await;
+    b.close().await;
+}
