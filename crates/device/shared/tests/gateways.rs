@@ -368,6 +368,7 @@ async fn a_gateway_restarted_on_its_log_ships_what_it_held_before_anyone_reads_p
     for blk in [SEG + 1, 2 * SEG + 1] {
         assert_eq!(stamp_of(&b.read(blk, 1).await.expect("B reads")), blk + 100, "block {blk}");
     }
+    assert!(a.quarantined().is_empty(), "nothing was voided: {:?}", a.quarantined());
     a.close().await;
     b.close().await;
 }
