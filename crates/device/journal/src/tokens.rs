@@ -72,6 +72,9 @@ struct State {
     held: Vec<Out>,
     /// A change did not become durable: the next record is the whole table.
     must_copy: bool,
+    /// [`Tokens::copy_len`] as of the last step: every record placed asks for it, and only a
+    /// step changes the table.
+    copy_len: Option<u64>,
 }
 
 /// A LUN's lock server.
@@ -189,6 +192,7 @@ impl Tokens {
                 new_ids: Vec::new(),
                 held: Vec::new(),
                 must_copy: false,
+                copy_len: None,
             }),
             news: Notify::new(),
             segment_bytes,
@@ -229,6 +233,7 @@ impl Tokens {
     fn step<R>(&self, f: impl FnOnce(&mut State) -> (Vec<Out>, R)) -> (Step, R) {
         let mut st = lock(&self.state);
         let (outs, r) = f(&mut st);
+        st.copy_len = None;
         let changes = st.server.take_changes();
         let record = TokenRecord {
             snapshot: false,
@@ -259,11 +264,16 @@ impl Tokens {
 
     /// Bytes a whole copy of the table would take now.
     pub fn copy_len(&self) -> u64 {
-        let st = lock(&self.state);
+        let mut st = lock(&self.state);
+        if let Some(n) = st.copy_len {
+            return n;
+        }
         let (sr, _) = st.server.held();
         let segs = st.server.len() as u64;
         // Every held segment's entry, every shared holder's, every gateway's, every broken token's.
-        40 + segs * 24 + sr as u64 * 12 + st.ids.len() as u64 * 20 + st.server.untold().len() as u64 * 20
+        let n = 40 + segs * 24 + sr as u64 * 12 + st.ids.len() as u64 * 20 + st.server.untold().len() as u64 * 20;
+        st.copy_len = Some(n);
+        n
     }
 
     /// Whether the next record must be a whole copy: a change did not become durable.
@@ -578,7 +588,9 @@ mod tests {
     #[tokio::test]
     async fn two_gateways_trade_a_segment_through_exchanges_and_polls() {
         let t = Tokens::new(Policy::default(), 64 << 10);
+        let empty = t.copy_len();
         ex(&t, 1, &[Msg::Request { op: 1, seg: 4, kind: Kind::Exclusive }]);
+        assert_eq!(t.copy_len(), empty + 24 + 20, "a segment and a gateway more, seen after the step");
         let got = poll(&t, 1).await;
         let Msg::Grant { gen, .. } = got[0] else { panic!("{got:?}") };
         ex(&t, 2, &[Msg::Request { op: 1, seg: 4, kind: Kind::Exclusive }]);
