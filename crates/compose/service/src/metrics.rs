@@ -425,7 +425,11 @@ impl prometheus_client::collector::Collector for CacheCollector {
         gauge(&mut enc, "stics_cache_tokens_held", "Tokens of a shared LUN this gateway holds, by kind", &rows)?;
         let series: [(&str, &str, TokenCount); 3] = [
             ("stics_cache_token_waits", "Commands that waited for a token", |t| t.waits),
-            ("stics_cache_token_surrenders", "Tokens given up when another gateway asked", |t| t.surrenders),
+            (
+                "stics_cache_token_surrenders",
+                "Tokens given up: another gateway asked, or the gateway held more than its bound",
+                |t| t.surrenders,
+            ),
             ("stics_cache_tokens_broken", "Tokens the SG took away from this gateway", |t| t.broken),
         ];
         for (name, help, read) in series {

@@ -97,7 +97,7 @@ pub struct TokenStats {
     /// Operations that waited for a token, and how long they waited in all.
     pub waits: u64,
     pub wait_secs: f64,
-    /// Tokens given up when another gateway asked for them.
+    /// Tokens given up: another gateway asked for them, or the gateway held more than its bound.
     pub surrenders: u64,
     /// Tokens the SG took away from this gateway.
     pub broken: u64,

@@ -3,7 +3,7 @@
 //! Every host command runs as an operation that holds the tokens of the segments it touches,
 //! shared to read and exclusive to write; once a gateway holds them, a command costs what it
 //! costs a single gateway. A token is given up only after every write made under it is on the SG
-//! ([`stics_cache::Cache::settle`]) and, unless it is kept shared, the segment's clean copies
+//! ([`stics_cache::Cache::settle_range`]) and, unless it is kept shared, the segment's clean copies
 //! are forgotten; every group the cache ships carries the generation of the exclusive token each
 //! of its segments was written under, which the SG checks.
 //!
@@ -129,9 +129,9 @@ impl Link {
             );
             lock(&self.quarantined).push(Quarantined { segment: seg, generation: gen, blocks, file });
         }
-        // Durable in the log: a restart does not bring them back.
+        // Durable in the log: a restart does not bring them back. The drop forgets the blocks'
+        // clean copies too.
         cache.drop_dirty(lba, blocks).await.map_err(|e| e.to_string())?;
-        cache.forget(lba, blocks);
         Ok(())
     }
 }

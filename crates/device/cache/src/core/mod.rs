@@ -257,18 +257,13 @@ impl Core {
     /// What blocks `start..end` hold dirty, in LBA order: (first block, blocks, where), and the
     /// log records pinned for it (pass them to [`Core::unpin`] once read).
     pub fn dirty_runs(&mut self, start: u64, end: u64) -> (Vec<(u64, u64, Loc)>, Vec<u64>) {
+        let bs = u64::from(self.layout.block_size);
         let runs: Vec<(u64, u64, Loc)> = self
             .newest
             .overlapping(start, end)
-            .map(|(s, e, v)| (s.max(start), e.min(end), s, v.loc.clone()))
-            .map(|(from, to, s, loc)| {
-                let bs = u64::from(self.layout.block_size);
-                let loc = match loc {
-                    Loc::Ram(b) => Loc::Ram(b.slice(((from - s) * bs) as usize..((to - s) * bs) as usize)),
-                    Loc::Log(off) => Loc::Log(off + (from - s) * bs),
-                    Loc::Zero => Loc::Zero,
-                };
-                (from, to - from, loc)
+            .map(|(s, e, v)| {
+                let (from, to) = (s.max(start), e.min(end));
+                (from, to - from, v.cut(from - s, to - s, bs).loc)
             })
             .collect();
         let mut pinned = Vec::new();
