@@ -495,3 +495,346 @@ fn a_gateway_cut_off_holds_its_segment_until_the_sg_breaks_it_and_its_voided_wri
     c.kill();
     a.kill();
 }
+
+/// One operation of a checker's history: who read or wrote which block, the stamp written or
+/// read, and when it began and ended.
+#[derive(Debug, Clone)]
+struct Op {
+    gw: usize,
+    block: u64,
+    write: bool,
+    stamp: u64,
+    start: Instant,
+    end: Instant,
+}
+
+/// Per-block linearizability of a history whose writes all carry distinct stamps: a read
+/// returns a write that began before the read ended and that no other write had superseded
+/// (begun after it ended and ended before the read began), or the LUN's zeroes if no write
+/// ended before it began.
+#[track_caller]
+fn check_linearizable(ops: &[Op]) {
+    let mut writes: std::collections::HashMap<u64, Vec<&Op>> = std::collections::HashMap::new();
+    for w in ops.iter().filter(|o| o.write) {
+        writes.entry(w.block).or_default().push(w);
+    }
+    let none = Vec::new();
+    for r in ops.iter().filter(|o| !o.write) {
+        let ws = writes.get(&r.block).unwrap_or(&none);
+        let superseded =
+            |w_end: Option<Instant>| ws.iter().any(|w2| w_end.is_none_or(|end| end < w2.start) && w2.end < r.start);
+        if r.stamp == 0 {
+            assert!(
+                !superseded(None),
+                "gateway {} read zeroes at block {} after a write to it ended: {r:?}",
+                r.gw,
+                r.block
+            );
+            continue;
+        }
+        let w = ws.iter().find(|w| w.stamp == r.stamp).unwrap_or_else(|| {
+            panic!("gateway {} read stamp {:#x} at block {}, never written there", r.gw, r.stamp, r.block)
+        });
+        assert!(w.start < r.end, "gateway {} read a write that began after the read ended: {r:?} {w:?}", r.gw);
+        assert!(
+            !superseded(Some(w.end)),
+            "gateway {} read a stale write at block {}: {r:?} returned {w:?}",
+            r.gw,
+            r.block
+        );
+    }
+}
+
+/// A checker's session to one gateway, made and used inside the gateway's host namespace.
+type Session = stics_testkit::netns::Resident<Option<(tokio::runtime::Runtime, stics_initiator::Lun)>>;
+
+fn session_write(s: &Session, gw: usize, block: u64, stamp: u64, bs: usize) -> Op {
+    let start = Instant::now();
+    s.call(move |l| {
+        let (rt, lun) = l.as_ref().expect("a session");
+        rt.block_on(lun.write(block, stamped(stamp, bs), false))
+    })
+    .unwrap_or_else(|e| panic!("gateway {gw} writes block {block}: {e}"));
+    Op { gw, block, write: true, stamp, start, end: Instant::now() }
+}
+
+fn session_read(s: &Session, gw: usize, block: u64) -> Op {
+    let start = Instant::now();
+    let data = s
+        .call(move |l| {
+            let (rt, lun) = l.as_ref().expect("a session");
+            rt.block_on(lun.read(block, 1))
+        })
+        .unwrap_or_else(|e| panic!("gateway {gw} reads block {block}: {e}"));
+    Op { gw, block, write: false, stamp: stamp_in(&data), start, end: Instant::now() }
+}
+
+/// The SG and three gateways, each gateway on a host of its own behind `stics wan`.
+struct WanSetup {
+    wan: stics_testkit::netns::Wan,
+    dir: std::path::PathBuf,
+    sg_addr: String,
+    lun: String,
+    sg: stics_testkit::proc::Guard,
+    gws: Vec<stics_testkit::proc::Guard>,
+    starts: usize,
+}
+
+const SG_IQN: &str = "iqn.2024-01.org.stics.test:sg";
+const WAN_MODES: [&str; 3] = ["log", "immediate", "log"];
+
+impl WanSetup {
+    fn host(g: usize) -> String {
+        format!("host{}", g + 1)
+    }
+
+    /// A new stderr file for each process started, so that a restart keeps the earlier one.
+    fn stderr(&mut self, name: &str) -> std::path::PathBuf {
+        self.starts += 1;
+        self.dir.join(format!("{name}-{}.err", self.starts))
+    }
+
+    fn start_sg(&mut self) {
+        let err = self.stderr("sg");
+        let mut cmd = self.wan.exec("storage", Path::new(BIN));
+        cmd.args(["target", "--listen", &self.sg_addr, "--iqn", SG_IQN, "--lun", &self.lun])
+            .args(["--metrics", "127.0.0.1:9100"])
+            .env("RUST_LOG", "info");
+        self.sg = stics_testkit::proc::spawn(&mut cmd, Some(&err));
+        let addr = self.sg_addr.parse().unwrap();
+        assert!(
+            stics_testkit::netns::wait_port(&self.wan.ns("storage"), addr, Duration::from_secs(20)),
+            "the SG did not listen: {}",
+            std::fs::read_to_string(&err).unwrap_or_default()
+        );
+    }
+
+    fn gateway_addr(&self, g: usize) -> String {
+        format!("{}:3260", self.wan.addr(&Self::host(g)))
+    }
+
+    fn start_gateway(&mut self, g: usize) {
+        let err = self.stderr(&format!("g{g}"));
+        let log = self.dir.join(format!("g{g}.log"));
+        let remote = format!("iscsi://{}/{SG_IQN}/0", self.sg_addr);
+        let listen = self.gateway_addr(g);
+        let mut cmd = self.wan.exec(&Self::host(g), Path::new(BIN));
+        cmd.args(["gateway", "--listen", &listen, "--iqn", GATEWAY_IQN, "--remote", &remote])
+            .args(["--log", &format!("{}:256MiB", log.display()), "--mode", WAN_MODES[g], "--ram", "8MiB"])
+            .args(["--shared", "--metrics", "127.0.0.1:9101"]);
+        self.gws[g] = stics_testkit::proc::spawn(&mut cmd, Some(&err));
+        assert!(
+            stics_testkit::netns::wait_port(
+                &self.wan.ns(&Self::host(g)),
+                listen.parse().unwrap(),
+                Duration::from_secs(30)
+            ),
+            "gateway {g} did not listen: {}",
+            std::fs::read_to_string(&err).unwrap_or_default()
+        );
+    }
+
+    fn session(&self, g: usize) -> Session {
+        let u = format!("iscsi://{}/{GATEWAY_IQN}/0", self.gateway_addr(g));
+        stics_testkit::netns::Resident::start(&self.wan.ns(&Self::host(g)), move || Some(common::open_url(&u)))
+    }
+
+    /// The SG's `/status`, read inside the storage namespace.
+    fn sg_status(&self) -> serde_json::Value {
+        stics_testkit::netns::run_in(&self.wan.ns("storage"), || status(9100))
+    }
+}
+
+/// A write whose outcome a checker never learnt (its gateway was killed under it) may land at
+/// any time after it began, or never: it ends in the far future, so it supersedes nothing.
+fn uncertain(gw: usize, block: u64, stamp: u64, start: Instant) -> Op {
+    Op { gw, block, write: true, stamp, start, end: start + Duration::from_secs(3600) }
+}
+
+/// Three checkers at once, one per gateway, each `ops` random reads and writes of the blocks
+/// `0..blocks`; their histories. The checker of gateway `fragile` stops at its first error
+/// (its gateway is killed under it), keeping a write it was making as [`uncertain`]; every
+/// other error fails the test.
+fn concurrent_round(
+    sessions: &[Session],
+    bs: usize,
+    blocks: u64,
+    ops: u32,
+    seed: u64,
+    next: &std::sync::atomic::AtomicU64,
+    fragile: Option<usize>,
+) -> Vec<Op> {
+    use rand::{Rng, SeedableRng};
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = sessions
+            .iter()
+            .enumerate()
+            .map(|(g, s)| {
+                scope.spawn(move || {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 10 + g as u64);
+                    let mut history = Vec::new();
+                    for _ in 0..ops {
+                        let block = rng.gen_range(0..blocks);
+                        let write = rng.gen_bool(0.5);
+                        let stamp = (g as u64 + 1) << 32 | next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        if fragile == Some(g) {
+                            let start = Instant::now();
+                            let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                if write {
+                                    session_write(s, g, block, stamp, bs)
+                                } else {
+                                    session_read(s, g, block)
+                                }
+                            }));
+                            match done {
+                                Ok(op) => history.push(op),
+                                Err(_) if write => {
+                                    history.push(uncertain(g, block, stamp, start));
+                                    break;
+                                }
+                                Err(_) => break,
+                            }
+                        } else if write {
+                            history.push(session_write(s, g, block, stamp, bs));
+                        } else {
+                            history.push(session_read(s, g, block));
+                        }
+                    }
+                    history
+                })
+            })
+            .collect();
+        runs.into_iter().flat_map(|r| r.join().expect("a checker")).collect()
+    })
+}
+
+#[test]
+fn three_gateways_each_behind_its_own_wan_host_stay_linearizable_through_kills_and_a_cut_off_owner() {
+    let _serial = stics_testkit::proc::one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let wan = stics_testkit::netns::Wan::up(Path::new(BIN), "coh", &["--hosts", "3", "--delay", "1ms"]);
+    let sg_addr = format!("{}:3260", wan.addr("storage"));
+    let mut s = WanSetup {
+        sg_addr,
+        lun: journal_lun(dir.path()),
+        wan,
+        dir: dir.path().to_owned(),
+        sg: stics_testkit::proc::Guard::default(),
+        gws: (0..3).map(|_| stics_testkit::proc::Guard::default()).collect(),
+        starts: 0,
+    };
+    s.start_sg();
+    for g in 0..3 {
+        s.start_gateway(g);
+    }
+    let mut sessions: Vec<Session> = (0..3).map(|g| s.session(g)).collect();
+    let bs = sessions[0].call(|l| l.as_ref().unwrap().1.geometry().block_size) as usize;
+    // Twelve 64 KiB segments, read and written by all three at once.
+    let seg = (64 << 10) / bs as u64;
+    let blocks = 12 * seg;
+    let next = std::sync::atomic::AtomicU64::new(1);
+    let mut history = concurrent_round(&sessions, bs, blocks, 60, 1, &next, None);
+    // Gateway 0 (log mode: what it acknowledged is dirty in its log, under its exclusive
+    // tokens) is SIGKILLed while the checkers run. The others wait for the segments it holds
+    // until it starts again on its log, a second later, and ships them.
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(2029);
+    history.extend(std::thread::scope(|scope| {
+        let round = scope.spawn(|| concurrent_round(&sessions, bs, blocks, 150, 2, &next, Some(0)));
+        std::thread::sleep(Duration::from_millis(rand::Rng::gen_range(&mut rng, 300..900)));
+        s.gws[0].kill();
+        std::thread::sleep(Duration::from_secs(1));
+        s.start_gateway(0);
+        round.join().expect("the round")
+    }));
+    sessions[0] = s.session(0);
+    // Gateway 1 is SIGKILLed between operations and starts again on its log.
+    s.gws[1].kill();
+    s.start_gateway(1);
+    sessions[1] = s.session(1);
+    history.extend(concurrent_round(&sessions, bs, blocks, 60, 3, &next, None));
+    // The SG is SIGKILLed while the checkers run and starts again on its journal a second later;
+    // the gateways reconnect by themselves and every command completes.
+    history.extend(std::thread::scope(|scope| {
+        let round = scope.spawn(|| concurrent_round(&sessions, bs, blocks, 100, 4, &next, None));
+        std::thread::sleep(Duration::from_millis(rand::Rng::gen_range(&mut rng, 200..600)));
+        s.sg.kill();
+        std::thread::sleep(Duration::from_secs(1));
+        s.start_sg();
+        round.join().expect("the round")
+    }));
+
+    // Gateway 2 writes two blocks of segment 14 (log mode: they stay dirty in its log, under its
+    // exclusive token), then its host is cut off. Gateway 0 writes one of them: it waits for the
+    // owner, and only that segment waits: gateway 1 goes on with segment 15.
+    let (a, b) = (14 * seg + 1, 14 * seg + 2);
+    let stamp = |g: usize| (g as u64 + 1) << 32 | next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    history.push(session_write(&sessions[2], 2, a, stamp(2), bs));
+    history.push(session_write(&sessions[2], 2, b, stamp(2), bs));
+    s.wan.cut("host3");
+    let over_it = stamp(0);
+    let cut_at = Instant::now();
+    let (waiting, others) = std::thread::scope(|scope| {
+        let waiting = scope.spawn(|| session_write(&sessions[0], 0, a, over_it, bs));
+        let mut others = Vec::new();
+        for i in 0..10 {
+            let block = 15 * seg + i % 4;
+            others.push(session_write(&sessions[1], 1, block, stamp(1), bs));
+            others.push(session_read(&sessions[1], 1, block));
+        }
+        std::thread::sleep(Duration::from_secs(3).saturating_sub(cut_at.elapsed()));
+        assert!(!waiting.is_finished(), "gateway 0 wrote over the cut-off owner's segment without its data");
+        let blocked = s.sg_status()["journals"][0]["tokens"]["blocked"].clone();
+        assert!(
+            blocked
+                .as_array()
+                .is_some_and(|b| b.iter().any(|x| x["segment"] == 14 && !x["holders"].as_array().unwrap().is_empty())),
+            "the SG names the owner segment 14 waits for: {blocked}"
+        );
+        s.wan.mend("host3");
+        (waiting.join().expect("gateway 0's write"), others)
+    });
+    assert!(waiting.end.duration_since(cut_at) >= Duration::from_secs(3), "gateway 0 waited for the owner");
+    history.push(waiting);
+    history.extend(others);
+    // Gateway 2 sees the newer write, and its other block reached everyone.
+    for g in [2, 0, 1] {
+        let r = session_read(&sessions[g], g, a);
+        assert_eq!(r.stamp, over_it, "gateway {g} reads block {a}");
+        history.push(r);
+        history.push(session_read(&sessions[g], g, b));
+    }
+
+    // Every block written, read through every gateway, one after another.
+    let written: std::collections::BTreeSet<u64> = history.iter().filter(|o| o.write).map(|o| o.block).collect();
+    for &block in &written {
+        let reads: Vec<Op> = (0..3).map(|g| session_read(&sessions[g], g, block)).collect();
+        assert!(reads.iter().all(|r| r.stamp == reads[0].stamp), "the gateways disagree on block {block}: {reads:?}");
+        history.extend(reads);
+    }
+    check_linearizable(&history);
+    let reads = history.iter().filter(|o| !o.write).count();
+    assert!(reads > 500 && history.len() - reads > 400, "{} reads, {} writes", reads, history.len() - reads);
+    drop(sessions);
+}
+
+#[test]
+fn the_history_checker_refuses_a_stale_read_a_lost_write_and_a_read_from_the_future() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let op = |write, stamp, start, end| Op { gw: 0, block: 7, write, stamp, start: at(start), end: at(end) };
+    // Sequential: 1 then 2 written; a read after both returns 2; a read during 2 may return 1.
+    let good = [op(true, 1, 0, 10), op(true, 2, 20, 30), op(false, 1, 25, 27), op(false, 2, 40, 41)];
+    check_linearizable(&good);
+    // An uncertain write may be seen or not.
+    let unsure = [op(true, 1, 0, 10), uncertain(0, 7, 2, at(20)), op(false, 1, 40, 41), op(false, 2, 50, 51)];
+    check_linearizable(&unsure);
+    for (what, bad) in [
+        ("stale", vec![op(true, 1, 0, 10), op(true, 2, 20, 30), op(false, 1, 40, 41)]),
+        ("lost", vec![op(true, 1, 0, 10), op(false, 0, 40, 41)]),
+        ("future", vec![op(false, 1, 0, 5), op(true, 1, 10, 20)]),
+        ("never written", vec![op(true, 1, 0, 10), op(false, 3, 40, 41)]),
+    ] {
+        let caught = std::panic::catch_unwind(|| check_linearizable(&bad));
+        assert!(caught.is_err(), "a {what} read passed");
+    }
+}

@@ -1,6 +1,7 @@
 //! The WAN emulator end to end: `stics wan up` builds a link whose ping RTT, iperf3 rate and
 //! loss behaviour match the settings, `set` changes it live, `status` counts, and `down` (or a
-//! crash of the daemon) leaves no namespace, daemon or state behind. Needs root.
+//! crash of the daemon) leaves no namespace, daemon or state behind; several hosts share the
+//! storage side, each on a subnet of its own, and `cut` silences one of them. Needs root.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -42,7 +43,7 @@ impl Link {
     }
 
     fn namespaces_left(&self) -> Vec<String> {
-        ["host", "storage", "wan"]
+        ["host", "storage", "wan", "host2", "host3"]
             .iter()
             .map(|r| format!("{}-{r}", self.name))
             .filter(|ns| Path::new("/run/netns").join(ns).exists())
@@ -199,6 +200,55 @@ fn crash_of_the_daemon_leaves_nothing_behind() {
     assert!(!link.dir.join(&link.name).exists());
     let err = link.cmd(&["status"]).output().unwrap();
     assert!(!err.status.success());
+}
+
+/// True when one ping from `role` reaches `to` within a second.
+fn pings(link: &Link, role: &str, to: &str) -> bool {
+    link.cmd(&["exec", role, "--", "ping", "-n", "-c", "1", "-W", "1", to]).output().unwrap().status.success()
+}
+
+#[test]
+fn several_hosts_reach_the_storage_side_not_each_other_and_a_cut_host_is_silent() {
+    let link = Link::new("h");
+    let said = link.ok(&["up", "--hosts", "3", "--delay", "1ms", "--rate", "100mbit"]);
+    assert!(said.contains("host3 10.201.4.2"), "{said}");
+    assert_eq!(link.ok(&["addr", "host2"]).trim(), "10.201.3.2");
+    assert_eq!(link.namespaces_left().len(), 5);
+    for role in ["host", "host2", "host3"] {
+        assert!(pings(&link, role, "10.201.2.2"), "{role} reaches the storage side");
+    }
+    assert!(!pings(&link, "host2", "10.201.4.2"), "host2 reaches host3");
+    let s = link.status();
+    assert_eq!(s["params"]["hosts"], 3);
+    assert_eq!(s["cut"], serde_json::json!([]));
+    let tbf =
+        Command::new("tc").args(["-n", &format!("{}-wan", link.name), "qdisc", "show", "dev", "rh3"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&tbf.stdout).contains("tbf"), "host3's link has its bottleneck queue");
+
+    // host2 is cut: nothing gets through either way, the others go on; twice is once.
+    link.ok(&["cut", "host2"]);
+    link.ok(&["cut", "host2"]);
+    assert!(!pings(&link, "host2", "10.201.2.2"));
+    assert!(!pings(&link, "storage", "10.201.3.2"));
+    assert!(pings(&link, "host3", "10.201.2.2"));
+    assert_eq!(link.status()["cut"], serde_json::json!([format!("{}-host2", link.name)]));
+    assert!(link.ok(&["status"]).contains("cut off: "), "the text status names the cut");
+    link.ok(&["mend", "host2"]);
+    assert!(pings(&link, "host2", "10.201.2.2"));
+    assert_eq!(link.status()["cut"], serde_json::json!([]));
+    // Mistakes get clear errors: a host the link does not have, the router, a bad name.
+    for (args, says) in [
+        (&["cut", "host5"][..], "has 3 host"),
+        (&["cut", "wan"][..], "cut a host or the storage side"),
+        (&["addr", "host9"][..], "host1 to host8"),
+        (&["up", "--hosts", "9"][..], "between 1 and 8"),
+    ] {
+        let out = link.cmd(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{args:?}: {err}");
+    }
+    link.ok(&["down"]);
+    assert!(link.namespaces_left().is_empty(), "{:?}", link.namespaces_left());
 }
 
 extern "C" {

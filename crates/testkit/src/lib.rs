@@ -1,5 +1,6 @@
 //! What the stics tests stand on: process guards and peers (tgt, `stics target`, a throwaway
-//! Ceph cluster), free ports and a cutting proxy, one raw iSCSI client, data patterns that a
+//! Ceph cluster), free ports and a cutting proxy, `stics wan` links and code run inside their
+//! namespaces, one raw iSCSI client, data patterns that a
 //! checker can verify, a fault-injecting block device and a remote LUN over it that fails on
 //! demand, the stamped-block ledger, and a verified workload through the initiator.
 //!
@@ -13,6 +14,7 @@ pub mod coherence;
 pub mod faults;
 pub mod ledger;
 pub mod net;
+pub mod netns;
 pub mod pattern;
 pub mod peers;
 pub mod proc;

@@ -1,5 +1,5 @@
 //! `stics wan`: a packet-level WAN emulator (delay, jitter, loss, rate, background load) between
-//! two network namespaces, `host` and `storage`.
+//! network namespaces: one or more hosts (`host`, `host2`, …) and `storage`.
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -14,7 +14,8 @@ use stics_wan::topo::Role;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Instance name; its namespaces are NAME-host, NAME-storage and NAME-wan (the router).
+    /// Instance name; its namespaces are NAME-host (NAME-host2, … with --hosts), NAME-storage and
+    /// NAME-wan (the router).
     #[arg(long, global = true, default_value = "stics", env = "STICS_WAN_NAME")]
     name: String,
     /// Directory for PID files, the control socket, parameters and the daemon log.
@@ -27,7 +28,16 @@ pub struct Args {
 #[derive(Subcommand)]
 enum Cmd {
     /// Create the namespaces and the emulated link and start the emulator (replaces a running one).
-    Up(LinkArgs),
+    Up {
+        #[command(flatten)]
+        link: LinkArgs,
+        /// Hosts joined to the storage side, each in a namespace and subnet of its own (1 to 8):
+        /// host (10.201.1.2), host2 (10.201.3.2), host3 (10.201.4.2), …. They share the path's
+        /// delay, jitter and loss; each has its own bottleneck queue toward it, and background
+        /// load goes to the first. Hosts reach the storage side only, not each other.
+        #[arg(long, default_value_t = 1)]
+        hosts: u8,
+    },
     /// Stop the emulator and remove its namespaces, rules and state (also after a crash).
     Down,
     /// Change parameters of the running emulator (only the options given change).
@@ -38,14 +48,26 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Print the address of the `host` or `storage` namespace.
+    /// Print the address of a host (`host`, `host2`, …) or of the `storage` namespace.
     Addr {
-        /// host or storage.
+        /// host (= host1), host2 … host8, or storage.
         role: String,
     },
-    /// Run a command inside the `host`, `storage` or `wan` (router) namespace.
+    /// Cut an end off: every packet from and to it is dropped in the router, with no reset and
+    /// no ICMP, as on a dead line (connections hang until their peers time out). `mend` joins it
+    /// again; `status` lists the ends that are cut.
+    Cut {
+        /// host (= host1), host2 … host8, or storage (which cuts every host off).
+        role: String,
+    },
+    /// Join an end cut off by `cut` again.
+    Mend {
+        /// host (= host1), host2 … host8, or storage.
+        role: String,
+    },
+    /// Run a command inside a host's, the `storage` or the `wan` (router) namespace.
     Exec {
-        /// host, storage or wan.
+        /// host (= host1), host2 … host8, storage or wan.
         role: String,
         /// The command and its arguments (after `--`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
@@ -140,9 +162,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ]
     };
     match args.cmd {
-        Cmd::Up(link) => {
+        Cmd::Up { link, hosts } => {
             need_root()?;
             let mut p = Params::new(link.seed.unwrap_or_else(random_seed));
+            p.hosts = hosts;
             p.apply(&link.update()?)?;
             inst.teardown().context("removing the previous instance")?;
             inst.prepare(&p)?;
@@ -151,15 +174,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let _ = inst.teardown();
                 return Err(e.into());
             }
-            println!(
-                "{}: host {} (netns {}), storage {} (netns {}); {}",
-                inst.name(),
-                inst.topo.addr(Role::Host),
-                inst.topo.ns(Role::Host),
-                inst.topo.addr(Role::Storage),
-                inst.topo.ns(Role::Storage),
-                describe(&p)
-            );
+            println!("{}: {}; {}", inst.name(), ends(&inst, p.hosts), describe(&p));
+            Ok(())
+        }
+        Cmd::Cut { role } | Cmd::Mend { role } if inst.existing_namespaces().is_empty() => {
+            bail!("WAN emulator {:?} is not up (no end {role} to cut or mend)", inst.name())
+        }
+        Cmd::Cut { role } => {
+            need_root()?;
+            inst.set_cut(Role::parse(&role)?, true)?;
+            Ok(())
+        }
+        Cmd::Mend { role } => {
+            need_root()?;
+            inst.set_cut(Role::parse(&role)?, false)?;
             Ok(())
         }
         Cmd::Down => {
@@ -189,10 +217,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 }
             })?;
             let status = reply.status.context("the daemon sent no status")?;
+            let cut: Vec<String> = inst.cut_ends()?.into_iter().map(|r| inst.topo.ns(r)).collect();
             if json {
-                println!("{}", serde_json::to_string_pretty(&status)?);
+                let mut v = serde_json::to_value(&status)?;
+                v["cut"] = serde_json::json!(cut);
+                println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                print_status(&inst, &status);
+                print_status(&inst, &status, &cut);
             }
             Ok(())
         }
@@ -262,19 +293,28 @@ fn describe(p: &Params) -> String {
     )
 }
 
-fn print_status(inst: &Instance, s: &Status) {
+/// Each end's name, address and namespace.
+fn ends(inst: &Instance, hosts: u8) -> String {
+    stics_wan::topo::Topology::ends(hosts)
+        .into_iter()
+        .map(|r| {
+            let ns = inst.topo.ns(r);
+            let name = ns.strip_prefix(&format!("{}-", inst.name())).unwrap_or(&ns).to_string();
+            format!("{name} {} (netns {ns})", inst.topo.addr(r))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn print_status(inst: &Instance, s: &Status, cut: &[String]) {
     use std::fmt::Write as _;
     let mut o = String::new();
     let _ =
         writeln!(o, "WAN emulator {:?}: pid {}, up {:.1} s, congestion control {}", s.name, s.pid, s.uptime_s, s.cc);
-    let _ = writeln!(
-        o,
-        "  host {} (netns {}), storage {} (netns {})",
-        inst.topo.addr(Role::Host),
-        inst.topo.ns(Role::Host),
-        inst.topo.addr(Role::Storage),
-        inst.topo.ns(Role::Storage)
-    );
+    let _ = writeln!(o, "  {}", ends(inst, s.params.hosts));
+    if !cut.is_empty() {
+        let _ = writeln!(o, "  cut off: {}", cut.join(", "));
+    }
     let _ = writeln!(o, "  {}", describe(&s.params));
     let _ = writeln!(
         o,

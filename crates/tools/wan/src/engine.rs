@@ -22,7 +22,7 @@ use crate::params::{Dir, Params};
 use crate::rng::Rng;
 use crate::sched::{self, DelayLine, DelaySampler, WakeMargin};
 use crate::sys::{self, FrameSender, NfqSocket};
-use crate::topo::{Role, Topology, END_IF, ROUTER_IF_HOST, ROUTER_IF_STORAGE};
+use crate::topo::{Role, Topology, END_IF, ROUTER_IF_STORAGE};
 use crate::{Result, WanError};
 
 /// Bytes of each packet copied to user space. None are read (the kernel reports the length), but
@@ -149,21 +149,20 @@ pub fn run_reaper(inst: &Instance, token: &str) -> Result<()> {
 /// calling thread in the router namespace, where the queues and packet sockets must be opened.
 fn build(inst: &Instance, params: &Params) -> Result<()> {
     let topo = &inst.topo;
-    run_plan(&topo.setup_plan())?;
+    run_plan(&topo.setup_plan(params.hosts))?;
     if let Some(cc) = params.cc {
         crate::instance::allow_congestion_control(cc)?;
-        run_plan(&topo.cc_plan(cc))?;
+        run_plan(&topo.cc_plan(cc, params.hosts))?;
     }
     if params.rate_bps.is_some() {
         run_plan(&topo.rate_plan(params))?;
     }
-    for (role, ifs) in [
-        (Role::Host, &[END_IF][..]),
-        (Role::Storage, &[END_IF][..]),
-        (Role::Router, &[ROUTER_IF_HOST, ROUTER_IF_STORAGE][..]),
-    ] {
+    let mut router_ifs: Vec<String> = Topology::egresses(Dir::ToHost, params.hosts);
+    router_ifs.push(ROUTER_IF_STORAGE.into());
+    let ends = Topology::ends(params.hosts).into_iter().map(|r| (r, vec![END_IF.to_string()]));
+    for (role, ifs) in ends.chain([(Role::Router, router_ifs)]) {
         sys::setns_net(&Path::new("/run/netns").join(topo.ns(role)))?;
-        for i in ifs {
+        for i in &ifs {
             sys::disable_offloads(i)?;
         }
     }
@@ -265,7 +264,7 @@ fn answer(inst: &Instance, shared: &Shared, req: Request) -> Result<Option<Statu
                 run_plan(&inst.topo.rate_plan(&new))?;
             }
             if let (Some(cc), true) = (new.cc, new.cc != old.cc) {
-                run_plan(&inst.topo.cc_plan(cc))?;
+                run_plan(&inst.topo.cc_plan(cc, new.hosts))?;
             }
             match shared.params.lock() {
                 Ok(mut p) => *p = new.clone(),
@@ -315,7 +314,7 @@ fn status(inst: &Instance, shared: &Shared) -> Status {
         "ip".into(),
         "netns".into(),
         "exec".into(),
-        inst.topo.ns(Role::Host),
+        inst.topo.ns(Role::HOST),
         "sysctl".into(),
         "-n".into(),
         "net.ipv4.tcp_congestion_control".into(),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::params::{Cc, Params};
 use crate::sys;
-use crate::topo::Topology;
+use crate::topo::{Role, Topology};
 use crate::{Result, WanError};
 
 /// Where instances keep their state unless told otherwise.
@@ -126,6 +126,38 @@ impl Instance {
         let tmp = self.dir.join("params.json.tmp");
         fs::write(&tmp, text).map_err(|e| WanError::io(format!("write {}", tmp.display()), e))?;
         fs::rename(&tmp, &path).map_err(|e| WanError::io(format!("rename to {}", path.display()), e))
+    }
+
+    /// Cuts an end off (`cut`) or joins it again: its packets are dropped in the router, both
+    /// ways, ahead of the emulator. Doing either twice is the same as doing it once.
+    pub fn set_cut(&self, role: Role, cut: bool) -> Result<()> {
+        if matches!(role, Role::Router) {
+            return Err(WanError::param("end", "wan", "cut a host or the storage side"));
+        }
+        if let Role::Host(k) = role {
+            let hosts = self.read_params()?.hosts;
+            if k > hosts {
+                return Err(WanError::param("end", &format!("host{k}"), format!("this link has {hosts} host(s)")));
+            }
+        }
+        for rule in Topology::cut_rules(role) {
+            let there = run_cmd(&self.topo.cut_cmd("-C", &rule)).is_ok();
+            match (cut, there) {
+                (true, false) => run_cmd(&self.topo.cut_cmd("-I", &rule)).map(drop)?,
+                (false, true) => run_cmd(&self.topo.cut_cmd("-D", &rule)).map(drop)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The ends that are cut off now.
+    pub fn cut_ends(&self) -> Result<Vec<Role>> {
+        let hosts = self.read_params()?.hosts;
+        Ok(Topology::ends(hosts)
+            .into_iter()
+            .filter(|&r| run_cmd(&self.topo.cut_cmd("-C", &Topology::cut_rules(r)[0])).is_ok())
+            .collect())
     }
 
     /// Namespaces of this instance that exist now.

@@ -243,6 +243,13 @@ pub struct Params {
     /// Congestion control in the end namespaces; `None` keeps the kernel's default.
     pub cc: Option<Cc>,
     pub seed: u64,
+    /// Hosts joined to the storage side, 1 to [`crate::topo::MAX_HOSTS`] (fixed at `up`).
+    #[serde(default = "one_host")]
+    pub hosts: u8,
+}
+
+fn one_host() -> u8 {
+    1
 }
 
 impl Params {
@@ -255,6 +262,7 @@ impl Params {
             background_pct: 0.0,
             cc: None,
             seed,
+            hosts: 1,
         }
     }
 
@@ -319,6 +327,9 @@ impl Params {
 
     /// Checks the combination of parameters.
     pub fn validate(&self) -> Result<()> {
+        if !(1..=crate::topo::MAX_HOSTS).contains(&self.hosts) {
+            return Err(WanError::param("hosts", &self.hosts.to_string(), "between 1 and 8"));
+        }
         for path in &self.paths {
             if path.delay_ns > MAX_DELAY_NS || path.jitter_ns > MAX_DELAY_NS {
                 return Err(WanError::param("delay", &format!("{} ns", path.delay_ns), "at most 10 s"));
