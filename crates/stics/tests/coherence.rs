@@ -838,3 +838,53 @@ fn the_history_checker_refuses_a_stale_read_a_lost_write_and_a_read_from_the_fut
         assert!(caught.is_err(), "a {what} read passed");
     }
 }
+
+#[test]
+fn a_gateway_started_with_max_tokens_keeps_no_more_and_ships_what_it_gives_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let sg = sg(dir.path(), journal_lun(dir.path()), stics_testkit::net::free_port());
+    let metrics = stics_testkit::net::free_port();
+    let (_a, a_port) = gateway_with(
+        &sg.url(0),
+        &dir.path().join("a.log"),
+        "log",
+        &dir.path().join("a.err"),
+        &["--shared", "--max-tokens", "3", "--metrics", &format!("127.0.0.1:{metrics}")],
+    );
+    let (_b, b_port, _) = shared_gateway(&sg, dir.path(), "b", "log");
+    let (rt, lun) = common::open(a_port);
+    let bs = lun.geometry().block_size as usize;
+    let seg = (64 << 10) / bs as u64;
+    for s in 0..12 {
+        rt.block_on(lun.write(s * seg + 3, stamped(100 + s, bs), false)).unwrap();
+        // A token past the bound is given up once its writes reach the SG, after the command.
+        common::wait_status(
+            metrics,
+            Duration::from_secs(20),
+            &format!("A back within its bound after segment {s}"),
+            |v| v["tokens"]["held_shared"].as_u64().unwrap() + v["tokens"]["held_exclusive"].as_u64().unwrap() <= 3,
+        );
+    }
+    assert!(status(metrics)["tokens"]["surrenders"].as_u64().unwrap() >= 9);
+    let (rt, lun) = common::open(b_port);
+    for s in 0..12 {
+        assert_eq!(stamp_in(&rt.block_on(lun.read(s * seg + 3, 1)).unwrap()), 100 + s, "segment {s} through B");
+    }
+    // The bound is for a shared LUN only, and a number.
+    let said =
+        refused_gateway_with(&sg.url(0), &dir.path().join("c.log"), &dir.path().join("c.err"), &["--max-tokens", "3"]);
+    assert!(said.contains("--shared"), "{said}");
+}
+
+/// A gateway that must refuse to start with `extra` arguments: what it said.
+fn refused_gateway_with(remote: &str, log: &Path, stderr: &Path, extra: &[&str]) -> String {
+    let out = std::process::Command::new(BIN)
+        .args(["gateway", "--listen", &format!("127.0.0.1:{}", stics_testkit::net::free_port()), "--remote", remote])
+        .args(["--log", &format!("{}:256MiB", log.display())])
+        .args(extra)
+        .stderr(std::fs::File::create(stderr).unwrap())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the gateway started");
+    std::fs::read_to_string(stderr).unwrap()
+}

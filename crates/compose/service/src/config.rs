@@ -287,6 +287,10 @@ pub struct CachedLunConfig {
     /// SG's `lease`; 30 if unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_secs: Option<u64>,
+    /// Most tokens a shared cache keeps: past it, it gives its least recently used idle ones
+    /// up (an exclusive one's writes shipped first). 65,536 if unset: 4 GiB of 64 KiB segments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
 }
 
 impl CachedLunConfig {
@@ -306,6 +310,7 @@ impl CachedLunConfig {
             log_disk: None,
             shared: false,
             lease_secs: None,
+            max_tokens: None,
         }
     }
 
@@ -356,15 +361,24 @@ impl CachedLunConfig {
         if self.lease_secs.is_some() && !self.shared {
             return Err("lease_secs is for a shared LUN (shared = true)".into());
         }
-        let shared = match (self.shared, self.lease_secs) {
-            (false, _) => None,
-            (true, Some(n)) if !(1..=3600).contains(&n) => {
+        if self.max_tokens.is_some() && !self.shared {
+            return Err("max_tokens is for a shared LUN (shared = true)".into());
+        }
+        let shared = match (self.shared, self.lease_secs, self.max_tokens) {
+            (false, ..) => None,
+            (true, Some(n), _) if !(1..=3600).contains(&n) => {
                 return Err(format!("lease_secs = {n} is outside 1..=3600"));
             }
-            (true, n) => {
+            (true, _, Some(n)) if !(1..=1 << 24).contains(&n) => {
+                return Err(format!("max_tokens = {n} is outside 1..=16777216"));
+            }
+            (true, lease, max) => {
                 let mut d = stics_coherence::driver::DriverConfig::default();
-                if let Some(n) = n {
+                if let Some(n) = lease {
                     d.lease = std::time::Duration::from_secs(n);
+                }
+                if let Some(n) = max {
+                    d.max_tokens = n as usize;
                 }
                 Some(d)
             }
@@ -529,6 +543,12 @@ mod tests {
         assert!(lun(true, None, "write-through").typed().unwrap_err().contains("unfenced"));
         assert!(lun(false, Some(10), "log").typed().unwrap_err().contains("shared"));
         assert!(lun(true, Some(0), "log").typed().unwrap_err().contains("lease_secs"));
+        let bounded = CachedLunConfig { max_tokens: Some(4), ..lun(true, None, "log") };
+        assert_eq!(bounded.typed().unwrap().shared.map(|d| d.max_tokens), Some(4));
+        for (max, shared, says) in [(0, true, "outside"), (1 << 25, true, "outside"), (4, false, "shared")] {
+            let bad = CachedLunConfig { max_tokens: Some(max), ..lun(shared, None, "log") };
+            assert!(bad.typed().unwrap_err().contains(says), "max_tokens = {max}");
+        }
         let text = toml::to_string(&lun(true, None, "log")).unwrap();
         assert!(text.contains("shared = true"), "{text}");
         assert!(!toml::to_string(&lun(false, None, "log")).unwrap().contains("shared"));

@@ -13,7 +13,7 @@ use stics_stack::OpenContext;
 use stics_target::{Server, ServerConfig, Target};
 
 /// The flags that describe the one cached LUN of a gateway started without --config.
-const LUN_FLAGS: [&str; 13] = [
+const LUN_FLAGS: [&str; 14] = [
     "iqn",
     "remote",
     "log",
@@ -27,6 +27,7 @@ const LUN_FLAGS: [&str; 13] = [
     "log_disk",
     "shared",
     "lease",
+    "max_tokens",
 ];
 
 /// Serve remote LUNs through the STICS cache (seed 004): writes are acknowledged from a local
@@ -120,6 +121,12 @@ pub struct Args {
     /// most the SG's `lease` (30 there by default).
     #[arg(long, value_name = "SECS", requires = "shared")]
     pub lease: Option<u64>,
+
+    /// With --shared: most tokens this gateway keeps; past it, it gives its least recently used
+    /// idle ones up (an exclusive one's writes shipped first), so that what it holds, and the
+    /// SG's table, follow its working set [default: 65536, 4 GiB of 64 KiB segments]
+    #[arg(long, value_name = "N", requires = "shared")]
+    pub max_tokens: Option<u64>,
 
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (every series labelled with its
     /// target and LUN), JSON at /status; POST /drain destages everything and answers when the
@@ -215,6 +222,7 @@ fn build_config(args: &Args, remote: &str) -> anyhow::Result<(Config, Option<Emb
                 log_disk: args.log_disk.map(|m| m.to_string()),
                 shared: args.shared,
                 lease_secs: args.lease,
+                max_tokens: args.max_tokens,
                 ..CachedLunConfig::new(args.remote.as_deref().unwrap_or(remote), log)
             };
             let iqn = args.iqn.clone().unwrap_or_else(|| "iqn.2024-01.org.stics:gateway0".into());
