@@ -578,6 +578,8 @@ struct WanSetup {
     sg: stics_testkit::proc::Guard,
     gws: Vec<stics_testkit::proc::Guard>,
     starts: usize,
+    /// More arguments for every gateway.
+    extra: Vec<String>,
 }
 
 const SG_IQN: &str = "iqn.2024-01.org.stics.test:sg";
@@ -621,7 +623,8 @@ impl WanSetup {
         let mut cmd = self.wan.exec(&Self::host(g), Path::new(BIN));
         cmd.args(["gateway", "--listen", &listen, "--iqn", GATEWAY_IQN, "--remote", &remote])
             .args(["--log", &format!("{}:256MiB", log.display()), "--mode", WAN_MODES[g], "--ram", "8MiB"])
-            .args(["--shared", "--metrics", "127.0.0.1:9101"]);
+            .args(["--shared", "--metrics", "127.0.0.1:9101"])
+            .args(&self.extra);
         self.gws[g] = stics_testkit::proc::spawn(&mut cmd, Some(&err));
         assert!(
             stics_testkit::netns::wait_port(
@@ -642,6 +645,32 @@ impl WanSetup {
     /// The SG's `/status`, read inside the storage namespace.
     fn sg_status(&self) -> serde_json::Value {
         stics_testkit::netns::run_in(&self.wan.ns("storage"), || status(9100))
+    }
+
+    /// Gateway `g`'s `/status`, read inside its host's namespace.
+    fn gateway_status(&self, g: usize) -> serde_json::Value {
+        stics_testkit::netns::run_in(&self.wan.ns(&Self::host(g)), || status(9101))
+    }
+
+    /// A link with three hosts at 1 ms each way, the SG on `lun` and a shared gateway on each
+    /// host, with `extra` arguments.
+    fn start(dir: &Path, lun: String, extra: &[&str]) -> WanSetup {
+        let wan = stics_testkit::netns::Wan::up(Path::new(BIN), "coh", &["--hosts", "3", "--delay", "1ms"]);
+        let mut s = WanSetup {
+            sg_addr: format!("{}:3260", wan.addr("storage")),
+            lun,
+            wan,
+            dir: dir.to_owned(),
+            sg: stics_testkit::proc::Guard::default(),
+            gws: (0..3).map(|_| stics_testkit::proc::Guard::default()).collect(),
+            starts: 0,
+            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
+        };
+        s.start_sg();
+        for g in 0..3 {
+            s.start_gateway(g);
+        }
+        s
     }
 }
 
@@ -712,21 +741,7 @@ fn concurrent_round(
 fn three_gateways_each_behind_its_own_wan_host_stay_linearizable_through_kills_and_a_cut_off_owner() {
     let _serial = stics_testkit::proc::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let wan = stics_testkit::netns::Wan::up(Path::new(BIN), "coh", &["--hosts", "3", "--delay", "1ms"]);
-    let sg_addr = format!("{}:3260", wan.addr("storage"));
-    let mut s = WanSetup {
-        sg_addr,
-        lun: journal_lun(dir.path()),
-        wan,
-        dir: dir.path().to_owned(),
-        sg: stics_testkit::proc::Guard::default(),
-        gws: (0..3).map(|_| stics_testkit::proc::Guard::default()).collect(),
-        starts: 0,
-    };
-    s.start_sg();
-    for g in 0..3 {
-        s.start_gateway(g);
-    }
+    let mut s = WanSetup::start(dir.path(), journal_lun(dir.path()), &[]);
     let mut sessions: Vec<Session> = (0..3).map(|g| s.session(g)).collect();
     let bs = sessions[0].call(|l| l.as_ref().unwrap().1.geometry().block_size) as usize;
     // Twelve 64 KiB segments, read and written by all three at once.
@@ -887,4 +902,53 @@ fn refused_gateway_with(remote: &str, log: &Path, stderr: &Path, extra: &[&str])
         .unwrap();
     assert!(!out.status.success(), "the gateway started");
     std::fs::read_to_string(stderr).unwrap()
+}
+
+#[test]
+fn a_gateway_cut_off_behind_stics_wan_loses_its_token_after_break_after_and_quarantines_its_voided_write() {
+    let _serial = stics_testkit::proc::one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    // Leases of 2 s, and a silent holder's token broken 3 s past its lease.
+    let disk = dir.path().join("disk.img");
+    std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
+    let lun = format!(
+        "journal(file:{}, journal={}:16MiB, lease=2, break-after=3)",
+        disk.display(),
+        dir.path().join("journal").display()
+    );
+    let s = WanSetup::start(dir.path(), lun, &["--lease", "2"]);
+    let sessions: Vec<Session> = (0..3).map(|g| s.session(g)).collect();
+    let bs = sessions[0].call(|l| l.as_ref().unwrap().1.geometry().block_size) as usize;
+    let x = 5 * (64 << 10) / bs as u64 + 1;
+    // Gateway 2 writes a block and lets it reach the SG, loses its line, and writes the block
+    // again: dirty in its log, under the exclusive token it still holds.
+    session_write(&sessions[2], 2, x, 1, bs);
+    common::wait_clean_in(&s.wan.ns("host3"), 9101, Duration::from_secs(20));
+    s.wan.cut("host3");
+    session_write(&sessions[2], 2, x, 2, bs);
+    // Gateway 0 reads it: it waits for the token until the SG breaks it, then reads what landed.
+    let cut_at = Instant::now();
+    let r = session_read(&sessions[0], 0, x);
+    assert!(cut_at.elapsed() >= Duration::from_secs(2), "gateway 0 waited for the token: {:?}", cut_at.elapsed());
+    assert_eq!(r.stamp, 1, "the first write landed; the second, under the broken token, never does");
+    session_write(&sessions[1], 1, x, 3, bs);
+    assert!(s.sg_status()["journals"][0]["tokens"]["breaks"].as_u64().unwrap() >= 1);
+    // Its line back, gateway 2 hears of the break, keeps its voided write in quarantine and reads
+    // the newer one.
+    s.wan.mend("host3");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let q = loop {
+        let q = s.gateway_status(2)["quarantine"].as_array().cloned().unwrap_or_default();
+        if !q.is_empty() {
+            break q;
+        }
+        assert!(Instant::now() < deadline, "gateway 2 put nothing in quarantine: {}", s.gateway_status(2));
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let kept =
+        stics_shared::quarantine::Quarantine::decode(&std::fs::read(q[0]["file"].as_str().unwrap()).unwrap()).unwrap();
+    assert_eq!(kept.runs, vec![(x, Some(stamped(2, bs).to_vec()), 1)]);
+    for g in [2, 0, 1] {
+        assert_eq!(session_read(&sessions[g], g, x).stamp, 3, "gateway {g} reads the newest write");
+    }
 }

@@ -105,6 +105,11 @@ pub fn wait_clean(port: u16, limit: Duration) -> Duration {
     }
 }
 
+/// [`wait_clean`] for a gateway whose metrics listen on loopback inside the namespace `ns`.
+pub fn wait_clean_in(ns: &str, port: u16, limit: Duration) -> Duration {
+    stics_testkit::netns::run_in(ns, move || wait_clean(port, limit))
+}
+
 pub fn url(port: u16) -> String {
     format!("iscsi://127.0.0.1:{port}/{GATEWAY_IQN}/0")
 }
