@@ -41,6 +41,11 @@ fn journal_lun(dir: &Path) -> String {
     format!("journal(file:{}, journal={}:16MiB)", disk.display(), dir.join("journal").display())
 }
 
+/// [`journal_lun`] with leases of 2 s, and a silent holder's token broken 3 s past its lease.
+fn breaking_journal_lun(dir: &Path) -> String {
+    journal_lun(dir).replace(":16MiB)", ":16MiB, lease=2, break-after=3)")
+}
+
 /// One gateway's end of the token traffic, over its own session to the SG.
 struct Gateway {
     lun: Lun,
@@ -420,15 +425,7 @@ fn readers_of_a_shared_image_see_an_update_once_it_completes_and_never_half_a_bl
 fn a_gateway_cut_off_holds_its_segment_until_the_sg_breaks_it_and_its_voided_write_goes_to_quarantine() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = stics_testkit::net::free_port();
-    // Leases of 2 s, and a silent writer's token broken 3 s past its lease.
-    let disk = dir.path().join("disk.img");
-    std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
-    let lun = format!(
-        "journal(file:{}, journal={}:16MiB, lease=2, break-after=3)",
-        disk.display(),
-        dir.path().join("journal").display()
-    );
-    let sg = sg(dir.path(), lun, metrics);
+    let sg = sg(dir.path(), breaking_journal_lun(dir.path()), metrics);
     let proxy = stics_testkit::net::Proxy::start(sg.port);
     let via = format!("iscsi://127.0.0.1:{}/{}/0", proxy.port, "iqn.2024-01.org.stics.test:sg");
     let c_metrics = stics_testkit::net::free_port();
@@ -908,15 +905,7 @@ fn refused_gateway_with(remote: &str, log: &Path, stderr: &Path, extra: &[&str])
 fn a_gateway_cut_off_behind_stics_wan_loses_its_token_after_break_after_and_quarantines_its_voided_write() {
     let _serial = stics_testkit::proc::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    // Leases of 2 s, and a silent holder's token broken 3 s past its lease.
-    let disk = dir.path().join("disk.img");
-    std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
-    let lun = format!(
-        "journal(file:{}, journal={}:16MiB, lease=2, break-after=3)",
-        disk.display(),
-        dir.path().join("journal").display()
-    );
-    let s = WanSetup::start(dir.path(), lun, &["--lease", "2"]);
+    let s = WanSetup::start(dir.path(), breaking_journal_lun(dir.path()), &["--lease", "2"]);
     let sessions: Vec<Session> = (0..3).map(|g| s.session(g)).collect();
     let bs = sessions[0].call(|l| l.as_ref().unwrap().1.geometry().block_size) as usize;
     let x = 5 * (64 << 10) / bs as u64 + 1;

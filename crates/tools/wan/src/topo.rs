@@ -304,38 +304,24 @@ impl Topology {
         Dir::ALL
             .iter()
             .flat_map(|&d| Self::egresses(d, p.hosts))
-            .map(|dev| match (p.rate_bps, p.effective_queue()) {
-                (Some(rate), Some(limit)) => vec![
-                    "tc".into(),
-                    "-n".into(),
-                    w.clone(),
-                    "qdisc".into(),
-                    "replace".into(),
-                    "dev".into(),
-                    dev,
-                    "root".into(),
-                    "tbf".into(),
-                    "rate".into(),
-                    fmt_rate(rate),
-                    "burst".into(),
-                    Params::tbf_burst(rate).to_string(),
-                    "limit".into(),
-                    limit.to_string(),
-                ],
-                // Back to the veth's default (no queueing discipline).
-                _ => vec![
-                    "tc".into(),
-                    "-n".into(),
-                    w.clone(),
-                    "qdisc".into(),
-                    "replace".into(),
-                    "dev".into(),
-                    dev,
-                    "root".into(),
-                    "pfifo".into(),
-                    "limit".into(),
-                    "10000".into(),
-                ],
+            .map(|dev| {
+                let mut cmd: Vec<String> =
+                    vec!["tc".into(), "-n".into(), w.clone(), "qdisc".into(), "replace".into(), "dev".into(), dev];
+                match (p.rate_bps, p.effective_queue()) {
+                    (Some(rate), Some(limit)) => cmd.extend([
+                        "root".into(),
+                        "tbf".into(),
+                        "rate".into(),
+                        fmt_rate(rate),
+                        "burst".into(),
+                        Params::tbf_burst(rate).to_string(),
+                        "limit".into(),
+                        limit.to_string(),
+                    ]),
+                    // Back to the veth's default (no queueing discipline).
+                    _ => cmd.extend(["root".into(), "pfifo".into(), "limit".into(), "10000".into()]),
+                }
+                cmd
             })
             .collect()
     }

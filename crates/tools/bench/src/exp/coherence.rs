@@ -259,11 +259,13 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         None,
     );
     r.note(format!(
-        "A transfer took {}. It is a revoke to the holder (half a round trip, on the poll it keeps waiting at the \
-         SG), the holder's writes shipped as a group (one round trip and the SG's journal write), its release (one \
-         round trip and the SG's write of its token table) and the grant to the other (half a round trip): three \
-         round trips and two journal writes, against the one round trip and the data the goal names. Sending the \
-         release with the group, and the data with the grant, would take two of them off.",
+        "A transfer took {}. It is the request to the SG (half a round trip), a revoke to the holder (half a round \
+         trip, on the poll it keeps waiting at the SG), the holder's writes shipped as a group (one round trip and \
+         the SG's journal write), its release (half a round trip and the SG's write of its token table) and the \
+         grant to the other (half a round trip, on its waiting poll): three round trips and two journal writes. \
+         The SG sees one round trip and the data from revoke to group, as the goal has it, and one more for the \
+         group's answer before the release leaves; a release sent beside the group, taking effect once the \
+         journal holds the holder's epochs up to the segment's newest, would take that one off (docs/coherence.md).",
         pp_notes.join(", ")
     ));
     r.section(
