@@ -905,8 +905,12 @@ fn refused_gateway_with(remote: &str, log: &Path, stderr: &Path, extra: &[&str])
 fn a_gateway_cut_off_behind_stics_wan_loses_its_token_after_break_after_and_quarantines_its_voided_write() {
     let _serial = stics_testkit::proc::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let s = WanSetup::start(dir.path(), breaking_journal_lun(dir.path()), &["--lease", "2"]);
+    // The gateways are configured with the default lease (30 s) and learn the SG's 2 s.
+    let s = WanSetup::start(dir.path(), breaking_journal_lun(dir.path()), &[]);
     let sessions: Vec<Session> = (0..3).map(|g| s.session(g)).collect();
+    for g in 0..3 {
+        assert_eq!(s.gateway_status(g)["tokens"]["lease_secs"], 2.0, "gateway {g} takes the SG's shorter lease");
+    }
     let bs = sessions[0].call(|l| l.as_ref().unwrap().1.geometry().block_size) as usize;
     let x = 5 * (64 << 10) / bs as u64 + 1;
     // Gateway 2 writes a block and lets it reach the SG, loses its line, and writes the block

@@ -2,6 +2,13 @@
 //! applied to its medium), how large a group it takes and how full its journal is. A gateway
 //! reads it at start and after a lost connection to learn which epochs are already durable on
 //! the SG.
+//!
+//! ```text
+//!  header (32 B) │ sources (40 B each) │ lease (8 B, ms; SGs that keep tokens)
+//! ```
+//!
+//! The lease follows the sources, so that a reader that does not know it stops before it; a
+//! reader finds none in an older SG's answer, or in one the allocation cut.
 
 use crate::{be, field, need, u32_at, u64_at, LinkError};
 
@@ -33,6 +40,9 @@ pub struct Status {
     /// The segment its coherence tokens cover, in bytes; 0 from an SG that keeps none.
     pub segment_bytes: u32,
     pub sources: Vec<SourceState>,
+    /// How long its answers keep a gateway's tokens good, in milliseconds (past it, it may give
+    /// a silent gateway's shared tokens to others); 0 when the answer does not say.
+    pub lease_ms: u64,
 }
 
 impl Status {
@@ -51,6 +61,9 @@ impl Status {
             for v in [s.committed_seq, s.committed_epoch, s.applied_seq] {
                 b.extend_from_slice(&v.to_be_bytes());
             }
+        }
+        if self.lease_ms != 0 {
+            b.extend_from_slice(&self.lease_ms.to_be_bytes());
         }
         b
     }
@@ -71,6 +84,8 @@ impl Status {
                 applied_seq: u64_at(b, at + 32)?,
             });
         }
+        let lease_at = HEADER_LEN + count * ENTRY_LEN;
+        let lease_ms = if whole >= count && b.len() >= lease_at + 8 { u64_at(b, lease_at)? } else { 0 };
         let s = Status {
             version: u32_at(b, 0)?,
             max_group: u32_at(b, 4)?,
@@ -78,6 +93,7 @@ impl Status {
             journal_used: u64_at(b, 16)?,
             segment_bytes: u32_at(b, 28)?,
             sources,
+            lease_ms,
         };
         if s.version == 0 || s.max_group == 0 {
             return Err(field("status", "version and the largest group must not be zero"));
@@ -112,11 +128,21 @@ mod tests {
                     applied_seq: 9,
                 })
                 .collect(),
+            lease_ms: 30_000,
         };
         let b = s.encode();
+        assert_eq!(b.len(), HEADER_LEN + 3 * ENTRY_LEN + 8);
+        assert_eq!(b[b.len() - 8..], 30_000u64.to_be_bytes());
         assert_eq!(Status::decode(&b).unwrap(), s);
         let cut = Status::decode(&b[..HEADER_LEN + ENTRY_LEN + 5]).unwrap();
         assert_eq!(cut.sources.len(), 1);
+        assert_eq!(cut.lease_ms, 0, "a cut answer says no lease");
+        // An older SG's answer ends with its sources: no lease.
+        let older = Status::decode(&b[..b.len() - 8]).unwrap();
+        assert_eq!(older, Status { lease_ms: 0, ..s.clone() });
+        assert_eq!(Status { lease_ms: 0, ..s.clone() }.encode().len(), HEADER_LEN + 3 * ENTRY_LEN);
+        // Part of a lease is none.
+        assert_eq!(Status::decode(&b[..b.len() - 3]).unwrap().lease_ms, 0);
         assert_eq!(s.of(&[2; 16]).map(|x| x.committed_seq), Some(12));
         assert!(Status::decode(&b[..10]).is_err());
     }

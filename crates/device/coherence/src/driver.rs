@@ -101,6 +101,9 @@ pub struct TokenStats {
     pub surrenders: u64,
     /// Tokens the SG took away from this gateway.
     pub broken: u64,
+    /// How long an answer of the SG keeps the tokens good (the configured lease, or the SG's
+    /// when that is shorter).
+    pub lease_secs: f64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -350,6 +353,7 @@ impl Driver {
             wait_secs: c.wait_micros.load(Ordering::Relaxed) as f64 / 1e6,
             surrenders: c.surrenders.load(Ordering::Relaxed),
             broken: c.broken.load(Ordering::Relaxed),
+            lease_secs: self.shared.cfg.lease.as_secs_f64(),
         }
     }
 

@@ -620,6 +620,7 @@ impl GroupSink for JournalDev {
             journal_used: used,
             segment_bytes: self.inner.cfg.segment_bytes,
             sources,
+            lease_ms: u64::try_from(self.inner.cfg.tokens.lease.as_millis()).unwrap_or(u64::MAX).max(1),
         };
         Ok(Bytes::from(st.encode()))
     }

@@ -23,6 +23,7 @@ pub mod quarantine;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -224,6 +225,18 @@ impl SharedCache {
         let status = stics_link::status::Status::decode(&status).map_err(|e| SharedError::Status(e.to_string()))?;
         if status.segment_bytes == 0 {
             return Err(SharedError::Status("the SG hands out no tokens (it is older than this gateway)".into()));
+        }
+        // Past its lease the SG may give a silent gateway's shared tokens to others: a longer
+        // lease here would serve reads from tokens that are gone.
+        let mut tokens = tokens;
+        let sg_lease = Duration::from_millis(status.lease_ms);
+        if !sg_lease.is_zero() && sg_lease < tokens.lease {
+            tracing::info!(
+                "the SG's lease is {:.1} s, shorter than the {:.1} s configured: using the SG's",
+                sg_lease.as_secs_f64(),
+                tokens.lease.as_secs_f64()
+            );
+            tokens.lease = sg_lease;
         }
         let geometry = remote.geometry();
         let seg_blocks = stics_coherence::seg_blocks(status.segment_bytes, geometry.block_size)?;
