@@ -241,6 +241,8 @@ fn several_hosts_reach_the_storage_side_not_each_other_and_a_cut_host_is_silent(
         (&["cut", "host5"][..], "has 3 host"),
         (&["cut", "wan"][..], "cut a host or the storage side"),
         (&["addr", "host9"][..], "host1 to host8"),
+        (&["addr", "host4"][..], "has 3 host"),
+        (&["exec", "host4", "--", "true"][..], "has 3 host"),
         (&["up", "--hosts", "9"][..], "between 1 and 8"),
     ] {
         let out = link.cmd(args).output().unwrap();

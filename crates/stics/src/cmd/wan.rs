@@ -232,12 +232,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if inst.existing_namespaces().is_empty() {
                 bail!("WAN emulator {:?} is not up", inst.name());
             }
+            inst.check_role(role)?;
             println!("{}", inst.topo.addr(role));
             Ok(())
         }
         Cmd::Exec { role, command } => {
-            let ns = inst.topo.ns(Role::parse(&role)?);
+            let role = Role::parse(&role)?;
+            let ns = inst.topo.ns(role);
             if !std::path::Path::new("/run/netns").join(&ns).exists() {
+                inst.check_role(role)?;
                 bail!("namespace {ns} does not exist: run `stics wan up` first");
             }
             let err = std::process::Command::new("ip").args(["netns", "exec", &ns]).args(&command).exec();

@@ -134,18 +134,25 @@ impl Instance {
         if matches!(role, Role::Router) {
             return Err(WanError::param("end", "wan", "cut a host or the storage side"));
         }
-        if let Role::Host(k) = role {
-            let hosts = self.read_params()?.hosts;
-            if k > hosts {
-                return Err(WanError::param("end", &format!("host{k}"), format!("this link has {hosts} host(s)")));
-            }
-        }
+        self.check_role(role)?;
         for rule in Topology::cut_rules(role) {
             let there = run_cmd(&self.topo.cut_cmd("-C", &rule)).is_ok();
             match (cut, there) {
                 (true, false) => run_cmd(&self.topo.cut_cmd("-I", &rule)).map(drop)?,
                 (false, true) => run_cmd(&self.topo.cut_cmd("-D", &rule)).map(drop)?,
                 _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a host this link does not have (a link that is not up has none to compare with:
+    /// the caller says it is not up).
+    pub fn check_role(&self, role: Role) -> Result<()> {
+        if let (Role::Host(k), Ok(p)) = (role, self.read_params()) {
+            let hosts = p.hosts;
+            if k > hosts {
+                return Err(WanError::param("end", &format!("host{k}"), format!("this link has {hosts} host(s)")));
             }
         }
         Ok(())
