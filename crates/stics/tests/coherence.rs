@@ -824,6 +824,8 @@ fn three_gateways_each_behind_its_own_wan_host_stay_linearizable_through_kills_a
         history.extend(reads);
     }
     check_linearizable(&history);
+    let tokens = s.sg_status()["journals"][0]["tokens"].clone();
+    assert!(tokens["early_releases"].as_u64().unwrap() > 0, "releases went beside their groups: {tokens}");
     let reads = history.iter().filter(|o| !o.write).count();
     assert!(reads > 500 && history.len() - reads > 400, "{} reads, {} writes", reads, history.len() - reads);
     drop(sessions);

@@ -4,16 +4,20 @@
 //! the SG.
 //!
 //! ```text
-//!  header (32 B) │ sources (40 B each) │ lease (8 B, ms; SGs that keep tokens)
+//!  header (32 B) │ sources (40 B each) │ lease (8 B, ms) │ features (8 B)   (SGs that keep tokens)
 //! ```
 //!
-//! The lease follows the sources, so that a reader that does not know it stops before it; a
-//! reader finds none in an older SG's answer, or in one the allocation cut.
+//! The lease and the features follow the sources, so that a reader that does not know them
+//! stops before them; a reader finds none in an older SG's answer, or in one the allocation cut.
 
 use crate::{be, field, need, u32_at, u64_at, LinkError};
 
 const HEADER_LEN: usize = 32;
 const ENTRY_LEN: usize = 40;
+const TRAILER_LEN: usize = 16;
+
+/// A feature bit: the SG takes [`crate::token::Msg::ReleaseAfter`] and `Hello`.
+pub const FEATURE_RELEASE_AFTER: u64 = 1;
 
 /// One source's groups on the SG.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +47,8 @@ pub struct Status {
     /// How long its answers keep a gateway's tokens good, in milliseconds (past it, it may give
     /// a silent gateway's shared tokens to others); 0 when the answer does not say.
     pub lease_ms: u64,
+    /// What it takes beyond the link's first version (`FEATURE_*` bits); 0 when it does not say.
+    pub features: u64,
 }
 
 impl Status {
@@ -62,8 +68,9 @@ impl Status {
                 b.extend_from_slice(&v.to_be_bytes());
             }
         }
-        if self.lease_ms != 0 {
+        if self.lease_ms != 0 || self.features != 0 {
             b.extend_from_slice(&self.lease_ms.to_be_bytes());
+            b.extend_from_slice(&self.features.to_be_bytes());
         }
         b
     }
@@ -84,8 +91,9 @@ impl Status {
                 applied_seq: u64_at(b, at + 32)?,
             });
         }
-        let lease_at = HEADER_LEN + count * ENTRY_LEN;
-        let lease_ms = if whole >= count && b.len() >= lease_at + 8 { u64_at(b, lease_at)? } else { 0 };
+        let at = HEADER_LEN + count * ENTRY_LEN;
+        let (lease_ms, features) =
+            if whole >= count && b.len() >= at + TRAILER_LEN { (u64_at(b, at)?, u64_at(b, at + 8)?) } else { (0, 0) };
         let s = Status {
             version: u32_at(b, 0)?,
             max_group: u32_at(b, 4)?,
@@ -94,6 +102,7 @@ impl Status {
             segment_bytes: u32_at(b, 28)?,
             sources,
             lease_ms,
+            features,
         };
         if s.version == 0 || s.max_group == 0 {
             return Err(field("status", "version and the largest group must not be zero"));
@@ -129,20 +138,23 @@ mod tests {
                 })
                 .collect(),
             lease_ms: 30_000,
+            features: FEATURE_RELEASE_AFTER,
         };
         let b = s.encode();
-        assert_eq!(b.len(), HEADER_LEN + 3 * ENTRY_LEN + 8);
-        assert_eq!(b[b.len() - 8..], 30_000u64.to_be_bytes());
+        assert_eq!(b.len(), HEADER_LEN + 3 * ENTRY_LEN + TRAILER_LEN);
+        assert_eq!(b[b.len() - 16..b.len() - 8], 30_000u64.to_be_bytes());
+        assert_eq!(b[b.len() - 8..], 1u64.to_be_bytes());
         assert_eq!(Status::decode(&b).unwrap(), s);
         let cut = Status::decode(&b[..HEADER_LEN + ENTRY_LEN + 5]).unwrap();
         assert_eq!(cut.sources.len(), 1);
         assert_eq!(cut.lease_ms, 0, "a cut answer says no lease");
         // An older SG's answer ends with its sources: no lease.
-        let older = Status::decode(&b[..b.len() - 8]).unwrap();
-        assert_eq!(older, Status { lease_ms: 0, ..s.clone() });
-        assert_eq!(Status { lease_ms: 0, ..s.clone() }.encode().len(), HEADER_LEN + 3 * ENTRY_LEN);
-        // Part of a lease is none.
-        assert_eq!(Status::decode(&b[..b.len() - 3]).unwrap().lease_ms, 0);
+        let older = Status::decode(&b[..b.len() - TRAILER_LEN]).unwrap();
+        assert_eq!(older, Status { lease_ms: 0, features: 0, ..s.clone() });
+        assert_eq!(Status { lease_ms: 0, features: 0, ..s.clone() }.encode().len(), HEADER_LEN + 3 * ENTRY_LEN);
+        // Part of the trailer is none of it.
+        let part = Status::decode(&b[..b.len() - 3]).unwrap();
+        assert_eq!((part.lease_ms, part.features), (0, 0));
         assert_eq!(s.of(&[2; 16]).map(|x| x.committed_seq), Some(12));
         assert!(Status::decode(&b[..10]).is_err());
     }

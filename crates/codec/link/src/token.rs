@@ -9,6 +9,12 @@
 //! an operator or its lease gave its token away. Every exclusive grant carries a generation no
 //! earlier grant had: the SG refuses a write made under any other, which is what keeps a gateway
 //! cut off from the SG from landing a write after its token moved on.
+//!
+//! Two more let a holder give a token up one round trip sooner, for an SG that announces them
+//! ([`crate::status::FEATURE_RELEASE_AFTER`]): `ReleaseAfter` goes out beside the group that
+//! ships the segment's writes and takes effect once the SG's journal holds the holder's epochs
+//! through the one it names; `Hello`, in a gateway's first exchange of each start, names the
+//! process, so that a late `ReleaseAfter` of a process that has since restarted is dropped.
 
 use crate::{field, need, u32_at, u64_at, LinkError};
 
@@ -64,6 +70,12 @@ pub enum Msg {
     Release { seg: u64, gen: u64, keep: Option<Kind> },
     /// Gateway → SG: operation `op` has all it asked for or gave up; its requests leave the line.
     Done { op: u64 },
+    /// Gateway → SG: [`Msg::Release`], once the SG has committed the gateway's groups through
+    /// epoch `after` (its writes to the segment are in them); from the process that said
+    /// `Hello { nonce }` last.
+    ReleaseAfter { seg: u64, gen: u64, keep: Option<Kind>, after: u64, nonce: u64 },
+    /// Gateway → SG: this process is `nonce` (larger for each start); its first exchange says it.
+    Hello { nonce: u64 },
     /// SG → gateway: operation `op` waits, and its place in line is `ticket`.
     Queued { op: u64, ticket: u64 },
     /// SG → gateway: `kind` on `seg` for operation `op`, under generation `gen`.
@@ -79,7 +91,10 @@ pub enum Msg {
 impl Msg {
     /// True for the messages a gateway sends.
     pub fn from_gateway(&self) -> bool {
-        matches!(self, Msg::Request { .. } | Msg::Release { .. } | Msg::Done { .. })
+        matches!(
+            self,
+            Msg::Request { .. } | Msg::Release { .. } | Msg::Done { .. } | Msg::ReleaseAfter { .. } | Msg::Hello { .. }
+        )
     }
 
     /// The segment it is about, if one.
@@ -87,10 +102,11 @@ impl Msg {
         match *self {
             Msg::Request { seg, .. }
             | Msg::Release { seg, .. }
+            | Msg::ReleaseAfter { seg, .. }
             | Msg::Grant { seg, .. }
             | Msg::Revoke { seg, .. }
             | Msg::Broken { seg, .. } => Some(seg),
-            Msg::Done { .. } | Msg::Queued { .. } => None,
+            Msg::Done { .. } | Msg::Queued { .. } | Msg::Hello { .. } => None,
         }
     }
 }
@@ -110,6 +126,8 @@ struct Raw {
 const REQUEST: u8 = 1;
 const RELEASE: u8 = 2;
 const DONE: u8 = 3;
+const RELEASE_AFTER: u8 = 4;
+const HELLO: u8 = 5;
 const QUEUED: u8 = 16;
 const GRANT: u8 = 17;
 const REVOKE: u8 = 18;
@@ -124,6 +142,10 @@ fn raw(m: &Msg) -> Raw {
         Msg::Request { op, seg, kind } => Raw { code: REQUEST, kind: kind.code(), op, seg, ..Raw::default() },
         Msg::Release { seg, gen, keep } => Raw { code: RELEASE, keep: keep_code(keep), seg, gen, ..Raw::default() },
         Msg::Done { op } => Raw { code: DONE, op, ..Raw::default() },
+        Msg::ReleaseAfter { seg, gen, keep, after, nonce } => {
+            Raw { code: RELEASE_AFTER, keep: keep_code(keep), op: after, seg, gen, ticket: nonce, ..Raw::default() }
+        }
+        Msg::Hello { nonce } => Raw { code: HELLO, ticket: nonce, ..Raw::default() },
         Msg::Queued { op, ticket } => Raw { code: QUEUED, op, ticket, ..Raw::default() },
         Msg::Grant { op, seg, kind, gen, ticket } => {
             Raw { code: GRANT, kind: kind.code(), op, seg, gen, ticket, ..Raw::default() }
@@ -220,6 +242,14 @@ fn one(b: &[u8], at: usize) -> Result<Msg, LinkError> {
             unused([false, false, true, false, false, false])?;
             Msg::Done { op }
         }
+        RELEASE_AFTER => {
+            unused([false, true, true, true, true, true])?;
+            Msg::ReleaseAfter { seg, gen, keep: keep_of(keep)?, after: op, nonce: ticket }
+        }
+        HELLO => {
+            unused([false, false, false, false, false, true])?;
+            Msg::Hello { nonce: ticket }
+        }
         QUEUED => {
             unused([false, false, true, false, false, true])?;
             Msg::Queued { op, ticket }
@@ -297,6 +327,8 @@ mod tests {
             Msg::Release { seg: 3, gen: 4, keep: Some(Kind::Shared) },
             Msg::Release { seg: 3, gen: 4, keep: None },
             Msg::Done { op: 5 },
+            Msg::ReleaseAfter { seg: 3, gen: 4, keep: None, after: 21, nonce: 22 },
+            Msg::Hello { nonce: 23 },
             Msg::Queued { op: 6, ticket: 7 },
             Msg::Grant { op: 8, seg: 9, kind: Kind::Shared, gen: 10, ticket: 11 },
             Msg::Revoke { seg: 12, gen: 13, keep: None, ticket: 14 },
@@ -321,8 +353,29 @@ mod tests {
         let msgs = every_kind();
         assert_eq!(decode(&encode(&msgs), 64).unwrap(), msgs);
         let from: Vec<bool> = msgs.iter().map(Msg::from_gateway).collect();
-        assert_eq!(from, [true, true, true, true, false, false, false, false]);
+        assert_eq!(from, [true, true, true, true, true, true, false, false, false, false]);
         assert!(Kind::Exclusive.covers(Kind::Shared) && !Kind::Shared.covers(Kind::Exclusive));
+    }
+
+    #[test]
+    fn a_conditional_release_and_a_hello_have_their_fields_where_the_reader_looks() {
+        let b = encode(&[Msg::ReleaseAfter { seg: 7, gen: 8, keep: Some(Kind::Shared), after: 9, nonce: 10 }]);
+        let body: Vec<u8> = [
+            &[4u8, 0, 1, 0, 0, 0, 0, 0][..],
+            &9u64.to_be_bytes(),
+            &7u64.to_be_bytes(),
+            &8u64.to_be_bytes(),
+            &10u64.to_be_bytes(),
+        ]
+        .concat();
+        assert_eq!(&b[HEADER_LEN..], &body[..]);
+        let b = encode(&[Msg::Hello { nonce: 0x0102 }]);
+        let body: Vec<u8> = [&[5u8, 0, 0, 0, 0, 0, 0, 0][..], &[0; 24], &0x0102u64.to_be_bytes()].concat();
+        assert_eq!(&b[HEADER_LEN..], &body[..]);
+        // A hello with a segment set is no hello a writer makes.
+        let mut b = b;
+        b[HEADER_LEN + 23] = 1;
+        assert!(matches!(decode(&resealed(b), 1), Err(LinkError::Field { field: "message", .. })));
     }
 
     #[test]
@@ -401,6 +454,14 @@ mod tests {
             (n(), n(), any_kind()).prop_map(|(op, seg, kind)| Msg::Request { op, seg, kind }),
             (n(), n(), any_keep()).prop_map(|(seg, gen, keep)| Msg::Release { seg, gen, keep }),
             n().prop_map(|op| Msg::Done { op }),
+            (n(), n(), any_keep(), n(), n()).prop_map(|(seg, gen, keep, after, nonce)| Msg::ReleaseAfter {
+                seg,
+                gen,
+                keep,
+                after,
+                nonce
+            }),
+            n().prop_map(|nonce| Msg::Hello { nonce }),
             (n(), n()).prop_map(|(op, ticket)| Msg::Queued { op, ticket }),
             (n(), n(), any_kind(), n(), n()).prop_map(|(op, seg, kind, gen, ticket)| Msg::Grant {
                 op,

@@ -72,10 +72,15 @@ impl prometheus_client::collector::Collector for JournalCollector {
             gauge(&mut enc, &format!("stics_sg_{name}"), help, &rows)?;
         }
         let tokens: Vec<TokenStatus> = self.0.iter().map(|j| j.token_status()).collect();
-        let token_counters: [(&str, &str, TokenRead); 4] = [
+        let token_counters: [(&str, &str, TokenRead); 5] = [
             ("token_grants", "Coherence tokens granted to gateways", |t| t.grants),
             ("token_revokes", "Coherence tokens the SG asked a gateway to give up", |t| t.revokes),
             ("token_releases", "Coherence tokens gateways gave up", |t| t.releases),
+            (
+                "token_early_releases",
+                "Releases that took effect once the journal held the holder's writes, before the holder's answer",
+                |t| t.early_releases,
+            ),
             ("token_breaks", "Coherence tokens taken from gateways that did not answer", |t| t.breaks),
         ];
         for (name, help, read) in token_counters {

@@ -286,7 +286,11 @@ impl Client {
                 self.ask_again(seg, &mut acts);
             }
             // The SG never sends these.
-            Msg::Request { .. } | Msg::Release { .. } | Msg::Done { .. } => {}
+            Msg::Request { .. }
+            | Msg::Release { .. }
+            | Msg::Done { .. }
+            | Msg::ReleaseAfter { .. }
+            | Msg::Hello { .. } => {}
         }
         acts
     }

@@ -30,6 +30,13 @@ pub trait Holder: Send + Sync + 'static {
     /// The SG took the token on `seg` granted under `gen` away: what was written under it and
     /// not shipped is refused by the SG and belongs in quarantine; cached blocks are stale.
     fn broken(&self, seg: u64, gen: u64);
+
+    /// The newest epoch of the gateway's log that holds a write to `seg` not yet on the SG, if
+    /// any: once the SG has committed the gateway's groups through it, the segment's writes are
+    /// there, and a release may take effect before the surrender's own answer comes back.
+    fn release_after(&self, _seg: u64) -> Option<u64> {
+        None
+    }
 }
 
 /// Timings of the driver.
@@ -45,6 +52,9 @@ pub struct DriverConfig {
     /// (an exclusive one's writes shipped first), so that what a gateway holds, and the SG's
     /// table, follow its working set rather than everything it ever touched.
     pub max_tokens: usize,
+    /// The SG takes conditional releases (`Msg::ReleaseAfter`): a surrender's release goes out
+    /// beside the group that ships the segment's writes, a round trip sooner.
+    pub early_release: bool,
 }
 
 impl Default for DriverConfig {
@@ -55,6 +65,7 @@ impl Default for DriverConfig {
             retry: Duration::from_millis(200),
             // 4 GiB of 64 KiB segments.
             max_tokens: 1 << 16,
+            early_release: false,
         }
     }
 }
@@ -76,6 +87,8 @@ struct Shared {
     holder: Arc<dyn Holder>,
     dev: Arc<dyn BlockDev>,
     source: [u8; 16],
+    /// This process, for the SG (`Msg::Hello`): larger for each start.
+    nonce: u64,
     cfg: DriverConfig,
     counts: Counts,
 }
@@ -129,6 +142,15 @@ impl Shared {
                     self.ready_news.notify_waiters();
                 }
                 Action::Surrender { seg, gen, keep } => {
+                    // The segment's writes are on their way to the SG (the surrender hurries
+                    // them); the SG lets this release take effect once it has them. The plain
+                    // release after the surrender still goes: it is all an SG that dropped this
+                    // one (it restarted) gets.
+                    let after = if self.cfg.early_release { self.holder.release_after(seg) } else { None };
+                    if let Some(after) = after {
+                        lock(&self.outbox).push_back(Msg::ReleaseAfter { seg, gen, keep, after, nonce: self.nonce });
+                        self.send_news.notify_one();
+                    }
                     let me = Arc::clone(self);
                     tokio::spawn(async move {
                         while let Err(e) = me.holder.surrender(seg, gen, keep).await {
@@ -155,10 +177,14 @@ impl Shared {
     /// Sends what is queued, or nothing, as one exchange.
     async fn exchange(self: &Arc<Self>) -> Result<(), BlockError> {
         let sink = self.sink()?;
-        let msgs: Vec<Msg> = lock(&self.outbox).drain(..).collect();
         // Taken, not read: a gap the poller sees while this exchange is under way asks for
         // another fresh start.
         let fresh = self.fresh.swap(false, Ordering::SeqCst);
+        let mut msgs: Vec<Msg> = Vec::new();
+        if fresh && self.cfg.early_release {
+            msgs.push(Msg::Hello { nonce: self.nonce });
+        }
+        msgs.extend(lock(&self.outbox).drain(..));
         let sent = Instant::now();
         let body = Bytes::from(token::encode_exchange(&self.source, &msgs));
         match sink.tokens(body, fresh).await {
@@ -170,9 +196,10 @@ impl Shared {
                 if fresh {
                     self.fresh.store(true, Ordering::SeqCst);
                 }
-                // Every message is idempotent at the SG: they go again.
+                // Every message is idempotent at the SG: they go again (the hello with the next
+                // fresh exchange).
                 let mut out = lock(&self.outbox);
-                for m in msgs.into_iter().rev() {
+                for m in msgs.into_iter().rev().filter(|m| !matches!(m, Msg::Hello { .. })) {
                     out.push_front(m);
                 }
                 Err(e)
@@ -253,6 +280,14 @@ impl Shared {
     }
 }
 
+/// A number larger for each start of a gateway: the wall clock in nanoseconds. A clock set back
+/// between two starts makes the SG drop the later process's conditional releases, which costs
+/// a round trip each, never data.
+fn start_nonce() -> u64 {
+    let ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    u64::try_from(ns).unwrap_or(u64::MAX).max(1)
+}
+
 /// A gateway's token driver.
 pub struct Driver {
     shared: Arc<Shared>,
@@ -307,6 +342,7 @@ impl Driver {
             holder,
             dev,
             source,
+            nonce: start_nonce(),
             cfg,
             counts: Counts::default(),
         });

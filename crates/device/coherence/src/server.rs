@@ -376,6 +376,10 @@ impl Server {
                 }
                 // A gateway never sends these; a confused one is ignored rather than obeyed.
                 Msg::Queued { .. } | Msg::Grant { .. } | Msg::Revoke { .. } | Msg::Broken { .. } => {}
+                // What waits for the journal (a release after epochs it has not committed yet,
+                // and who the sender is) is the SG's driver's: it hands the release on as a
+                // `Release` when it may take effect.
+                Msg::ReleaseAfter { .. } | Msg::Hello { .. } => {}
             }
         }
         out

@@ -439,6 +439,11 @@ impl Core {
         self.sources.iter()
     }
 
+    /// The newest epoch of `source` in a committed group (0 for a source it has none of).
+    pub fn committed_epoch(&self, source: &[u8; 16]) -> u64 {
+        self.sources.get(source).map_or(0, |s| s.committed_epoch)
+    }
+
     /// Bytes of the ring in use, and its size.
     pub fn fill(&self) -> (u64, u64) {
         (self.used, self.ring_end - RING_START)

@@ -567,6 +567,7 @@ impl GroupSink for JournalDev {
         inner.tokens.admit(&checked.head.source, checked.fences.as_ref(), |b| checked.segments(b))?;
         let (seq, at, len) = write_record(inner, RecordKind::Group, &group, false).await?;
         let (raw, encoded) = (checked.raw_len, checked.encoded_len);
+        let (source, last_epoch) = (checked.head.source, checked.head.last_epoch);
         lock(&inner.core).committed(seq, at, len, checked, &group);
         lock(&inner.pending_since).push_back(Instant::now());
         {
@@ -576,12 +577,21 @@ impl GroupSink for JournalDev {
             s.group_raw_bytes += raw;
         }
         inner.committed.notify_one();
+        // Releases that waited for these epochs take effect; the group is durable whatever
+        // becomes of their record (what they said then waits for the next whole copy).
+        if let Some(step) = inner.tokens.committed(&source, last_epoch, Instant::now()) {
+            if let Err(e) = persist(inner, step).await {
+                tracing::warn!("the token table's record after a group failed: {e}");
+            }
+        }
         Ok(())
     }
 
     async fn tokens(&self, exchange: Bytes, new_connection: bool) -> std::result::Result<(), BlockError> {
         let _turn = self.inner.turn.lock().await;
-        let step = self.inner.tokens.exchange(&exchange, new_connection, Instant::now())?;
+        let step = self.inner.tokens.exchange(&exchange, new_connection, Instant::now(), |source| {
+            lock(&self.inner.core).committed_epoch(source)
+        })?;
         persist(&self.inner, step).await
     }
 
@@ -621,6 +631,7 @@ impl GroupSink for JournalDev {
             segment_bytes: self.inner.cfg.segment_bytes,
             sources,
             lease_ms: u64::try_from(self.inner.cfg.tokens.lease.as_millis()).unwrap_or(u64::MAX).max(1),
+            features: stics_link::status::FEATURE_RELEASE_AFTER,
         };
         Ok(Bytes::from(st.encode()))
     }

@@ -10,6 +10,11 @@
 //! forgets a grant a gateway heard of, nor hands out a generation twice. The message queues are
 //! not kept: a restarted SG's numbers start elsewhere, so every gateway sees a gap and starts
 //! afresh.
+//!
+//! A conditional release (`ReleaseAfter`) waits here, in front of the server, until the journal
+//! has committed its gateway's groups through the epoch it names; it is taken only from the
+//! process that said `Hello` last (a newer one's hello drops an older one's), and a restarted SG
+//! has none: the plain release every gateway sends once its surrender is done follows anyway.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
@@ -51,6 +56,20 @@ impl Queue {
     }
 }
 
+/// Most conditional releases waiting for their epochs: past it, one is dropped, and the plain
+/// release that follows it does its work.
+const MAX_PENDING: usize = 1 << 16;
+
+/// A conditional release waiting for the journal to commit its gateway's epochs through
+/// `after`.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    gen: u64,
+    keep: Option<stics_coherence::Kind>,
+    after: u64,
+    nonce: u64,
+}
+
 /// Most segments the table holds (about 100 MiB): requests past it are refused, so that no set
 /// of gateways grows the SG's memory without bound.
 pub const MAX_SEGMENTS: usize = 1 << 20;
@@ -75,6 +94,17 @@ struct State {
     /// [`Tokens::copy_len`] as of the last step: every record placed asks for it, and only a
     /// step changes the table.
     copy_len: Option<u64>,
+    /// Each gateway's process, as its last `Hello` named it.
+    nonces: BTreeMap<Gw, u64>,
+    /// Conditional releases by gateway and segment.
+    pending: BTreeMap<(Gw, u64), Pending>,
+    /// Conditional releases handed on to the server.
+    early: u64,
+    /// When each revoke not yet answered went out, by holder and segment, and the revokes
+    /// answered so far with the time they took in all: what a transfer costs as the SG sees it.
+    revoked_at: BTreeMap<(Gw, u64), Instant>,
+    answered: u64,
+    answer_secs: f64,
 }
 
 /// A LUN's lock server.
@@ -142,6 +172,13 @@ pub struct TokenStatus {
     pub revokes: u64,
     pub releases: u64,
     pub breaks: u64,
+    /// Conditional releases taken (each a round trip sooner than its plain one), and those
+    /// waiting for their epochs now.
+    pub early_releases: u64,
+    pub pending_releases: usize,
+    /// Revokes a release answered, and the seconds from revoke to release they took in all.
+    pub revokes_answered: u64,
+    pub revoke_answer_secs: f64,
     /// Segments someone waits for, with the holders in the way (by source) and the waiters.
     pub blocked: Vec<BlockedSegment>,
 }
@@ -157,6 +194,16 @@ pub struct BlockedSegment {
 }
 
 impl State {
+    /// A release from `gw` answers the revoke of its segment, if one is out.
+    fn answer(&mut self, gw: Gw, m: &Msg) {
+        if let Msg::Release { seg, .. } = *m {
+            if let Some(at) = self.revoked_at.remove(&(gw, seg)) {
+                self.answered += 1;
+                self.answer_secs += at.elapsed().as_secs_f64();
+            }
+        }
+    }
+
     /// Each gateway's source in hex, as `/status` names them.
     fn names(&self) -> BTreeMap<Gw, String> {
         self.ids.iter().map(|(s, &g)| (g, hex(s))).collect()
@@ -193,6 +240,12 @@ impl Tokens {
                 held: Vec::new(),
                 must_copy: false,
                 copy_len: None,
+                nonces: BTreeMap::new(),
+                pending: BTreeMap::new(),
+                early: 0,
+                revoked_at: BTreeMap::new(),
+                answered: 0,
+                answer_secs: 0.0,
             }),
             news: Notify::new(),
             segment_bytes,
@@ -233,6 +286,13 @@ impl Tokens {
     fn step<R>(&self, f: impl FnOnce(&mut State) -> (Vec<Out>, R)) -> (Step, R) {
         let mut st = lock(&self.state);
         let (outs, r) = f(&mut st);
+        let now = Instant::now();
+        for o in &outs {
+            if let Msg::Revoke { seg, .. } = o.msg {
+                // Bounded by the table: one per holder of a held segment.
+                st.revoked_at.entry((o.to, seg)).or_insert(now);
+            }
+        }
         st.copy_len = None;
         let changes = st.server.take_changes();
         let record = TokenRecord {
@@ -321,19 +381,65 @@ impl Tokens {
         }
     }
 
-    /// Takes a gateway's exchange (LINK TOKENS).
-    pub fn exchange(&self, body: &[u8], new_connection: bool, now: Instant) -> Result<Step, BlockError> {
+    /// Takes a gateway's exchange (LINK TOKENS); `committed` is the newest epoch of each
+    /// source the journal holds in a committed group.
+    pub fn exchange(
+        &self,
+        body: &[u8],
+        new_connection: bool,
+        now: Instant,
+        committed: impl Fn(&[u8; 16]) -> u64,
+    ) -> Result<Step, BlockError> {
         let (source, msgs) = token::decode_exchange(body, MAX_EXCHANGE)
             .map_err(|e| BlockError::Rejected(format!("token exchange: {e}")))?;
         if msgs.iter().any(|m| !m.from_gateway()) {
             return Err(BlockError::Rejected("token exchange: a message only the SG sends".into()));
         }
+        let epoch = committed(&source);
         // A refused exchange changes nothing.
-        let (step, taken) = self.step(|st| match self.take_exchange(st, source, &msgs, new_connection, now) {
+        let (step, taken) = self.step(|st| match self.take_exchange(st, source, &msgs, new_connection, now, epoch) {
             Ok(outs) => (outs, Ok(())),
             Err(e) => (Vec::new(), Err(e)),
         });
         taken.map(|()| step)
+    }
+
+    /// The journal committed `source`'s groups through `epoch`: the conditional releases that
+    /// waited for it take effect, as a step (none when nothing waited).
+    pub fn committed(&self, source: &[u8; 16], epoch: u64, now: Instant) -> Option<Step> {
+        {
+            let st = lock(&self.state);
+            let gw = *st.ids.get(source)?;
+            if !st.pending.range((gw, 0)..=(gw, u64::MAX)).any(|(_, p)| p.after <= epoch) {
+                return None;
+            }
+        }
+        Some(
+            self.step(|st| {
+                let Some(&gw) = st.ids.get(source) else { return (Vec::new(), ()) };
+                let due: Vec<(u64, Pending)> = st
+                    .pending
+                    .range((gw, 0)..=(gw, u64::MAX))
+                    .filter(|(_, p)| p.after <= epoch)
+                    .map(|(&(_, seg), &p)| (seg, p))
+                    .collect();
+                for (seg, _) in &due {
+                    st.pending.remove(&(gw, *seg));
+                }
+                let nonce = st.nonces.get(&gw).copied();
+                let releases: Vec<Msg> = due
+                    .into_iter()
+                    .filter(|(_, p)| Some(p.nonce) == nonce)
+                    .map(|(seg, p)| Msg::Release { seg, gen: p.gen, keep: p.keep })
+                    .collect();
+                st.early += releases.len() as u64;
+                for m in &releases {
+                    st.answer(gw, m);
+                }
+                (st.server.handle(gw, &releases, now), ())
+            })
+            .0,
+        )
     }
 
     fn take_exchange(
@@ -343,6 +449,7 @@ impl Tokens {
         msgs: &[Msg],
         new_connection: bool,
         now: Instant,
+        committed: u64,
     ) -> Result<Vec<Out>, BlockError> {
         if st.server.len() >= self.max_segments && msgs.iter().any(|m| matches!(m, Msg::Request { .. })) {
             return Err(BlockError::Busy(format!("the lock server's table holds {} segments", self.max_segments)));
@@ -379,7 +486,35 @@ impl Tokens {
             }
             outs.extend(st.server.reconnected(gw, now));
         }
-        outs.extend(st.server.handle(gw, msgs, now));
+        let mut plain = Vec::with_capacity(msgs.len());
+        for &m in msgs {
+            match m {
+                Msg::Hello { nonce } => {
+                    if st.nonces.get(&gw).is_none_or(|&known| nonce > known) {
+                        // A new process: what an earlier one left waiting would fence its writes.
+                        st.nonces.insert(gw, nonce);
+                        st.pending.retain(|&(g, _), p| g != gw || p.nonce == nonce);
+                    }
+                }
+                // From a process that is gone, or before any hello: dropped; the plain release
+                // that follows a finished surrender does its work.
+                Msg::ReleaseAfter { nonce, .. } if st.nonces.get(&gw) != Some(&nonce) => {}
+                Msg::ReleaseAfter { seg, gen, keep, after, .. } if after <= committed => {
+                    st.early += 1;
+                    plain.push(Msg::Release { seg, gen, keep });
+                }
+                Msg::ReleaseAfter { seg, gen, keep, after, nonce } => {
+                    if st.pending.len() < MAX_PENDING || st.pending.contains_key(&(gw, seg)) {
+                        st.pending.insert((gw, seg), Pending { gen, keep, after, nonce });
+                    }
+                }
+                m => plain.push(m),
+            }
+        }
+        for m in &plain {
+            st.answer(gw, m);
+        }
+        outs.extend(st.server.handle(gw, &plain, now));
         Ok(outs)
     }
 
@@ -470,6 +605,10 @@ impl Tokens {
             revokes,
             releases,
             breaks,
+            early_releases: st.early,
+            pending_releases: st.pending.len(),
+            revokes_answered: st.answered,
+            revoke_answer_secs: st.answer_secs,
             blocked,
         }
     }
@@ -553,7 +692,7 @@ mod tests {
 
     /// An exchange whose changes became durable at once.
     fn exch(t: &Tokens, body: &[u8], new_connection: bool) -> Result<(), BlockError> {
-        let step = t.exchange(body, new_connection, Instant::now())?;
+        let step = t.exchange(body, new_connection, Instant::now(), |_| 0)?;
         t.deliver(step.outs, false);
         Ok(())
     }
@@ -583,6 +722,92 @@ mod tests {
     async fn poll_from(t: &Tokens, source: u8, from: u32) -> (u32, Vec<Msg>) {
         let b = t.poll(stics_link::fence_of(&src(source)), from, Duration::from_millis(50), 1 << 16).await;
         token::decode_answer(&b, MAX_EXCHANGE).unwrap()
+    }
+
+    /// An exchange at a journal that committed `epoch` of every source.
+    fn ex_at(t: &Tokens, source: u8, msgs: &[Msg], epoch: u64, fresh: bool) {
+        let step = t.exchange(&token::encode_exchange(&src(source), msgs), fresh, Instant::now(), |_| epoch).unwrap();
+        t.deliver(step.outs, false);
+    }
+
+    /// The journal committed `source`'s groups through `epoch`: what that let through.
+    fn commit(t: &Tokens, source: u8, epoch: u64) {
+        if let Some(step) = t.committed(&src(source), epoch, Instant::now()) {
+            t.deliver(step.outs, false);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_conditional_release_waits_for_its_epochs_and_only_the_newest_process_s_counts() {
+        let t = Tokens::new(Policy::default(), 64 << 10);
+        // Gateway 1 holds segment 4 exclusively; gateway 2 asks for it; 1 is revoked.
+        ex_at(&t, 1, &[Msg::Hello { nonce: 100 }, Msg::Request { op: 1, seg: 4, kind: Kind::Exclusive }], 0, true);
+        let Msg::Grant { gen, .. } = poll(&t, 1).await[0] else { panic!() };
+        ex(&t, 2, &[Msg::Request { op: 1, seg: 4, kind: Kind::Exclusive }]);
+        assert!(matches!(poll(&t, 2).await[..], [Msg::Queued { .. }]));
+        assert!(matches!(poll(&t, 1).await[..], [Msg::Revoke { seg: 4, .. }]));
+        // 1 gives it up after epoch 7, which the journal has not committed: nothing moves.
+        ex_at(&t, 1, &[Msg::ReleaseAfter { seg: 4, gen, keep: None, after: 7, nonce: 100 }], 5, false);
+        commit(&t, 1, 6);
+        assert!(poll(&t, 2).await.is_empty(), "no grant before epoch 7 is committed");
+        assert!(t.fence(&src(1), 4, gen).is_ok(), "1 still holds it: its group lands");
+        // Another source's commit is not 1's.
+        commit(&t, 2, 9);
+        assert!(poll(&t, 2).await.is_empty());
+        assert_eq!(t.status(Instant::now()).revokes_answered, 0);
+        commit(&t, 1, 7);
+        assert!(matches!(poll(&t, 2).await[..], [Msg::Grant { seg: 4, kind: Kind::Exclusive, .. }]));
+        let st = t.status(Instant::now());
+        assert_eq!((st.early_releases, st.revokes_answered, st.pending_releases), (1, 1, 0));
+        assert!(t.fence(&src(1), 4, gen).is_err(), "released: 1's writes under it are fenced now");
+        // The plain release that follows the finished surrender changes nothing.
+        ex(&t, 1, &[Msg::Release { seg: 4, gen, keep: None }]);
+        assert!(poll(&t, 2).await.is_empty());
+        assert_eq!(t.status(Instant::now()).held_exclusive, 1);
+
+        // Segment 5: a release whose epochs are committed already takes effect at once.
+        ex_at(&t, 1, &[Msg::Request { op: 2, seg: 5, kind: Kind::Exclusive }], 0, false);
+        let Msg::Grant { gen: g5, .. } = poll(&t, 1).await[0] else { panic!() };
+        ex(&t, 2, &[Msg::Request { op: 2, seg: 5, kind: Kind::Exclusive }]);
+        let _ = (poll(&t, 2).await, poll(&t, 1).await);
+        ex_at(&t, 1, &[Msg::ReleaseAfter { seg: 5, gen: g5, keep: None, after: 7, nonce: 100 }], 7, false);
+        assert!(matches!(poll(&t, 2).await[..], [Msg::Grant { seg: 5, .. }]));
+
+        // Segment 6: gateway 1 restarts (a newer hello) while its release waits: the old
+        // process's release is dropped, and so is one it sends late, after its successor's hello.
+        ex_at(&t, 1, &[Msg::Request { op: 3, seg: 6, kind: Kind::Exclusive }], 0, false);
+        let Msg::Grant { gen: g6, .. } = poll(&t, 1).await[0] else { panic!() };
+        ex(&t, 2, &[Msg::Request { op: 3, seg: 6, kind: Kind::Exclusive }]);
+        let _ = (poll(&t, 2).await, poll(&t, 1).await);
+        ex_at(&t, 1, &[Msg::ReleaseAfter { seg: 6, gen: g6, keep: None, after: 9, nonce: 100 }], 7, false);
+        ex_at(&t, 1, &[Msg::Hello { nonce: 200 }], 7, true);
+        ex_at(&t, 1, &[Msg::ReleaseAfter { seg: 6, gen: g6, keep: None, after: 8, nonce: 100 }], 7, false);
+        commit(&t, 1, 9);
+        let _ = poll_from(&t, 1, from(1)).await;
+        assert!(!poll(&t, 2).await.iter().any(|m| matches!(m, Msg::Grant { seg: 6, .. })), "no grant of 6");
+        assert!(t.fence(&src(1), 6, g6).is_ok(), "the restarted gateway still holds 6");
+        // An older hello does not bring the old process back.
+        ex_at(
+            &t,
+            1,
+            &[Msg::Hello { nonce: 150 }, Msg::ReleaseAfter { seg: 6, gen: g6, keep: None, after: 1, nonce: 150 }],
+            9,
+            false,
+        );
+        assert!(t.fence(&src(1), 6, g6).is_ok());
+        // The new process's own release counts.
+        ex_at(&t, 1, &[Msg::ReleaseAfter { seg: 6, gen: g6, keep: None, after: 9, nonce: 200 }], 9, false);
+        assert!(t.fence(&src(1), 6, g6).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_conditional_release_from_a_gateway_that_never_said_hello_is_dropped() {
+        let t = Tokens::new(Policy::default(), 64 << 10);
+        ex(&t, 1, &[Msg::Request { op: 1, seg: 4, kind: Kind::Exclusive }]);
+        let Msg::Grant { gen, .. } = poll(&t, 1).await[0] else { panic!() };
+        ex_at(&t, 1, &[Msg::ReleaseAfter { seg: 4, gen, keep: None, after: 1, nonce: 0 }], 9, false);
+        assert!(t.fence(&src(1), 4, gen).is_ok());
+        assert!(t.committed(&src(1), 9, Instant::now()).is_none(), "nothing waits");
     }
 
     #[tokio::test]
@@ -721,7 +946,7 @@ mod tests {
                     },
                     _ => Msg::Done { op: (i as u64).saturating_sub(1) },
                 };
-                let step = t.exchange(&token::encode_exchange(&src(g + 1), &[msg]), i % 7 == 0, now).unwrap();
+                let step = t.exchange(&token::encode_exchange(&src(g + 1), &[msg]), i % 7 == 0, now, |_| 0).unwrap();
                 let record = if copy { t.copy() } else { step.record };
                 table.apply(TokenRecord::decode(&record.encode()).unwrap());
                 t.deliver(step.outs, copy);

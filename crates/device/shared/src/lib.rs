@@ -181,6 +181,12 @@ impl Holder for Keeper {
         Ok(())
     }
 
+    fn release_after(&self, seg: u64) -> Option<u64> {
+        let link = self.0.upgrade()?;
+        let (lba, blocks) = link.blocks_of(seg);
+        link.cache.get()?.dirty_through(lba, blocks)
+    }
+
     fn broken(&self, seg: u64, gen: u64) {
         let Some(link) = self.0.upgrade() else { return };
         tracing::error!(
@@ -238,6 +244,7 @@ impl SharedCache {
             );
             tokens.lease = sg_lease;
         }
+        tokens.early_release = status.features & stics_link::status::FEATURE_RELEASE_AFTER != 0;
         let geometry = remote.geometry();
         let seg_blocks = stics_coherence::seg_blocks(status.segment_bytes, geometry.block_size)?;
         let link = Arc::new(Link {

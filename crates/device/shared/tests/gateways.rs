@@ -182,6 +182,7 @@ async fn three_caches_share_a_lun_and_every_read_sees_the_newest_write() {
         }
         let st = sg.token_status();
         assert!(st.grants > 10 && st.revokes > 0, "{mode:?}: segments changed hands: {st:?}");
+        assert!(st.early_releases > 0, "{mode:?}: releases went beside their groups: {st:?}");
         for gw in &gws {
             gw.close().await;
         }

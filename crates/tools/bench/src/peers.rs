@@ -273,11 +273,34 @@ impl Wan {
     /// [`Wan::stics_target`] on another port, beside one on 3260 (the gateway's port on
     /// loopback is 3260 too, but a target listens on the namespace's WAN address).
     pub fn stics_target_on(&self, b: &Bench, name: &str, role: &str, port: u16, luns: &[&str]) -> Result<Target> {
+        self.stics_target_on_with(b, name, role, port, luns, &[])
+    }
+
+    /// [`Wan::stics_target_on`] with more arguments (`--metrics`, ...).
+    pub fn stics_target_on_with(
+        &self,
+        b: &Bench,
+        name: &str,
+        role: &str,
+        port: u16,
+        luns: &[&str],
+        extra: &[&str],
+    ) -> Result<Target> {
         let addr = self.addr(b, role)?;
         let listen = format!("{addr}:{port}");
-        let mut proc = b.spawn(name, target_args(&mut self.exec(role, b.stics()), &listen, luns))?;
+        let mut proc = b.spawn(name, target_args(&mut self.exec(role, b.stics()), &listen, luns).args(extra))?;
         self.wait_port(&mut proc, role, &addr, port)?;
         Ok(Target { proc, url: format!("iscsi://{addr}:{port}/{STICS_IQN}/0"), ctl: None })
+    }
+
+    /// `/status` of a target in `role`'s namespace whose `--metrics` listens on `metrics`.
+    pub fn target_status(&self, b: &Bench, role: &str, metrics: &str) -> Result<serde_json::Value> {
+        b.need(&["curl"])?;
+        let mut cmd = self.exec(role, Path::new("curl"));
+        cmd.args(["-sf", &format!("http://{metrics}/status")]);
+        let out = b.run(&mut cmd)?;
+        serde_json::from_str(&out.stdout)
+            .map_err(|e| Error::Output { what: "target /status".into(), detail: e.to_string() })
     }
 }
 

@@ -404,6 +404,14 @@ impl Cache {
         }
     }
 
+    /// The newest epoch holding a write to blocks `lba..lba + blocks` that the remote does not
+    /// hold yet (closing it if it is the open one, so that destage may take it), or `None`:
+    /// once the remote has every epoch up to it, it has those writes. What a shared gateway's
+    /// early release names.
+    pub fn dirty_through(&self, lba: u64, blocks: u64) -> Option<u64> {
+        lock(&self.inner.core).dirty_through(lba, lba.saturating_add(blocks))
+    }
+
     async fn settle_through(&self, through: u64) -> Result<(), BlockError> {
         let _hurry = Hurry::on(&self.inner);
         let started = Instant::now();

@@ -74,6 +74,14 @@ fn tokens(b: &Bench, wan: &Wan, g: &Gateway, key: &str) -> Result<f64> {
     Ok(wan.gateway_status(b, g)?["tokens"][key].as_f64().unwrap_or(0.0))
 }
 
+/// Where the SG serves `/status`, inside the storage namespace.
+const SG_METRICS: &str = "127.0.0.1:9119";
+
+/// A counter of the SG's lock server (its `/status`'s `journals[0].tokens`).
+fn sg_tokens(b: &Bench, wan: &Wan, key: &str) -> Result<f64> {
+    Ok(wan.target_status(b, "storage", SG_METRICS)?["journals"][0]["tokens"][key].as_f64().unwrap_or(0.0))
+}
+
 fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
 }
@@ -100,9 +108,13 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let mut pingpong = Table::new(vec![
         Column::new("delay", "one way", "", 1.0),
         Column::new("transfers", "transfers", "", 1.0),
-        Column::new("per_transfer", "per transfer", "ms", 1.0),
-        Column::new("rtts", "round trips per transfer", "", 1.0),
+        Column::new("iops", "writes/s, both", "", 1.0),
         Column::new("writes_per_hold", "writes per hold", "", 1.0),
+        Column::new("answer", "revoke to release", "ms", 1.0),
+        Column::new("rtts", "revoke to release [round trips]", "", 1.0),
+        Column::new("wait", "a waiting write's wait", "ms", 1.0),
+        Column::new("wait_rtts", "wait [round trips]", "", 1.0),
+        Column::new("early", "early releases", "", 1.0),
     ])?;
     let mut overlap = Table::new(vec![
         Column::new("delay", "one way", "", 1.0),
@@ -118,7 +130,14 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     for delay in &a.delays {
         let rtt = 2.0 * ms(delay);
         let wan = Wan::up(b, &format!("sbco{}", std::process::id()), &["--delay", delay])?;
-        let sg = wan.stics_target_on(b, "sg", "storage", SG_PORT, &[&sg_lun(b, "sg", LUN_BYTES)?])?;
+        let sg = wan.stics_target_on_with(
+            b,
+            "sg",
+            "storage",
+            SG_PORT,
+            &[&sg_lun(b, "sg", LUN_BYTES)?],
+            &["--metrics", SG_METRICS],
+        )?;
         let seq64 = |from: u64| {
             let span = writes * SEGMENT;
             strings(&["--pattern", "seq", "--size", "64KiB", "--depth", "1"])
@@ -168,20 +187,37 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
             .into_iter()
             .chain([format!("{secs}s"), hot])
             .collect::<Vec<_>>();
-        let before = tokens(b, &wan, &g0, "surrenders")? + tokens(b, &wan, &g1, "surrenders")?;
+        let both = |key: &str| -> Result<f64> { Ok(tokens(b, &wan, &g0, key)? + tokens(b, &wan, &g1, key)?) };
+        let (surrenders, waits, waited) = (both("surrenders")?, both("waits")?, both("wait_secs")?);
+        let early = sg_tokens(b, &wan, "early_releases")?;
+        let (answered, answer_secs) =
+            (sg_tokens(b, &wan, "revokes_answered")?, sg_tokens(b, &wan, "revoke_answer_secs")?);
         let outs = loads(b, &wan, &[(&g0, one.clone()), (&g1, one)])?;
-        let transfers = tokens(b, &wan, &g0, "surrenders")? + tokens(b, &wan, &g1, "surrenders")? - before;
+        let transfers = both("surrenders")? - surrenders;
+        let wait_ms = (both("wait_secs")? - waited) * 1e3 / (both("waits")? - waits).max(1.0);
+        let answer_ms = (sg_tokens(b, &wan, "revoke_answer_secs")? - answer_secs) * 1e3
+            / (sg_tokens(b, &wan, "revokes_answered")? - answered).max(1.0);
         let done: f64 = outs.iter().map(|o| o.requests as f64).sum();
         let elapsed = outs.iter().map(|o| o.seconds).fold(0.0, f64::max);
-        let per = elapsed * 1e3 / transfers.max(1.0);
         pingpong.push(vec![
             delay.as_str().into(),
             transfers.into(),
-            per.into(),
-            (per / rtt).into(),
+            (done / elapsed.max(1e-9)).into(),
             (done / transfers.max(1.0)).into(),
+            answer_ms.into(),
+            (answer_ms / rtt).into(),
+            wait_ms.into(),
+            (wait_ms / rtt).into(),
+            (sg_tokens(b, &wan, "early_releases")? - early).into(),
         ])?;
-        pp_notes.push(format!("{:.1} round trips at {delay} one way ({per:.1} ms)", per / rtt));
+        pp_notes.push(format!(
+            "{:.2} round trips at {delay} one way ({answer_ms:.1} ms; a waiting write waited {:.1} round trips, \
+             {:.0} writes/s, {:.1} per hold)",
+            answer_ms / rtt,
+            wait_ms / rtt,
+            done / elapsed.max(1e-9),
+            done / transfers.max(1.0)
+        ));
 
         // 3. Three gateways, their spans overlapping more and more.
         let g2 = wan.gateway_n(b, "g2", "host", 3, &sg.url, &options(b, "g2", true))?;
@@ -253,19 +289,19 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         format!(
             "One segment written by two shared gateways at once: random 4 KiB writes at depth 1 within one 64 KiB \
              segment from each, for {secs} s; a transfer is a token given up by one for the other (its writes \
-             shipped to the SG as a group first)"
+             shipped to the SG as a group, its release beside it), the wait is a waiting write's, from its command \
+             to its token"
         ),
         pingpong,
         None,
     );
     r.note(format!(
-        "A transfer took {}. It is the request to the SG (half a round trip), a revoke to the holder (half a round \
-         trip, on the poll it keeps waiting at the SG), the holder's writes shipped as a group (one round trip and \
-         the SG's journal write), its release (half a round trip and the SG's write of its token table) and the \
-         grant to the other (half a round trip, on its waiting poll): three round trips and two journal writes. \
-         The SG sees one round trip and the data from revoke to group, as the goal has it, and one more for the \
-         group's answer before the release leaves; a release sent beside the group, taking effect once the \
-         journal holds the holder's epochs up to the segment's newest, would take that one off (docs/coherence.md).",
+        "From the SG's revoke to the holder's release taking effect, a transfer took {}. That is the revoke out \
+         (half a round trip, on the poll the holder keeps waiting at the SG), the holder's writes back as a group \
+         with its release beside it (half, and the journal's writes of the group and of the token table: the \
+         release takes effect once the group is committed): one round trip and the data. The waiting side adds \
+         its request and the grant, half a round trip each. A waiting write also waits for its own gateway's last \
+         surrender to be answered before its gateway asks again, so the other writes several times per hold.",
         pp_notes.join(", ")
     ));
     r.section(
