@@ -373,50 +373,62 @@ fn three_gateways_see_each_other_s_writes_through_kills_of_a_gateway_and_of_the_
 }
 
 #[test]
-fn readers_of_a_shared_image_see_an_update_once_it_completes_and_never_half_a_block() {
+fn readers_on_three_hosts_see_an_update_of_a_shared_image_once_it_completes_and_never_half_a_block() {
+    let _serial = stics_testkit::proc::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let metrics = stics_testkit::net::free_port();
-    let sg = sg(dir.path(), journal_lun(dir.path()), metrics);
-    let gws: Vec<_> = (0..3).map(|i| shared_gateway(&sg, dir.path(), &format!("g{i}"), "log")).collect();
-    let bs = common::open(gws[0].1).1.geometry().block_size as usize;
+    // Three hosts behind `stics wan`, each reading through its own gateway; host 1 also updates.
+    let s = WanSetup::start(dir.path(), journal_lun(dir.path()), &[]);
+    let bs = s.session(0).call(|l| l.as_ref().unwrap().1.geometry().block_size) as usize;
     // The region: 128 KiB across two segments, written whole by each update.
     let region = (128 << 10) / bs;
     let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut readers = Vec::new();
-    for (_, port, _) in gws.iter().skip(1).chain(gws.iter().take(1)) {
-        let (port, done, stop) = (*port, Arc::clone(&done), Arc::clone(&stop));
-        readers.push(std::thread::spawn(move || {
-            let (rt, lun) = common::open(port);
-            let mut reads = 0u32;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let floor = done.load(std::sync::atomic::Ordering::SeqCst);
-                let data = rt.block_on(lun.read(0, region as u32)).unwrap();
-                for (b, block) in data.chunks(bs).enumerate() {
-                    let v = stamp_in(block);
-                    assert!(v >= floor, "block {b}: version {v}, but version {floor} had completed before the read");
-                }
-                reads += 1;
-            }
-            reads
-        }));
-    }
-    {
-        let (rt, lun) = common::open(gws[0].1);
+    let readers: Vec<Session> = (0..3).map(|g| s.session(g)).collect();
+    let writer = s.session(0);
+    let counts = std::thread::scope(|scope| {
+        let runs: Vec<_> = readers
+            .iter()
+            .map(|r| {
+                let (done, stop) = (Arc::clone(&done), Arc::clone(&stop));
+                scope.spawn(move || {
+                    let mut reads = 0u32;
+                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        let floor = done.load(std::sync::atomic::Ordering::SeqCst);
+                        let data = r.call(move |l| {
+                            let (rt, lun) = l.as_ref().unwrap();
+                            rt.block_on(lun.read(0, region as u32)).unwrap()
+                        });
+                        for (b, block) in data.chunks(bs).enumerate() {
+                            let v = stamp_in(block);
+                            assert!(
+                                v >= floor,
+                                "block {b}: version {v}, but version {floor} had completed before the read"
+                            );
+                        }
+                        reads += 1;
+                    }
+                    reads
+                })
+            })
+            .collect();
         for v in 1..=20u64 {
-            let data: Vec<u8> = (0..region).flat_map(|_| v.to_le_bytes().repeat(bs / 8)).collect();
-            rt.block_on(lun.write(0, Bytes::from(data), false)).unwrap();
+            let data = Bytes::from((0..region).flat_map(|_| v.to_le_bytes().repeat(bs / 8)).collect::<Vec<u8>>());
+            writer.call(move |l| {
+                let (rt, lun) = l.as_ref().unwrap();
+                rt.block_on(lun.write(0, data, false)).unwrap();
+            });
             done.store(v, std::sync::atomic::Ordering::SeqCst);
             std::thread::sleep(Duration::from_millis(50));
         }
-    }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    for r in readers {
-        assert!(r.join().expect("reader") > 0);
-    }
-    for (_, port, _) in &gws {
-        let (rt, lun) = common::open(*port);
-        let data = rt.block_on(lun.read(0, region as u32)).unwrap();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        runs.into_iter().map(|r| r.join().expect("reader")).collect::<Vec<u32>>()
+    });
+    assert!(counts.iter().all(|&n| n > 0), "every reader read: {counts:?}");
+    for r in &readers {
+        let data = r.call(move |l| {
+            let (rt, lun) = l.as_ref().unwrap();
+            rt.block_on(lun.read(0, region as u32)).unwrap()
+        });
         assert!(data.chunks(bs).all(|b| stamp_in(b) == 20), "every gateway reads the last update whole");
     }
 }
