@@ -16,9 +16,12 @@ pub struct Wan {
 }
 
 impl Wan {
-    /// `stics wan up ARGS` under a name unique to this process and `tag` (at most 8 characters).
+    /// `stics wan up ARGS` under a name unique to this process, `tag` (at most 8 characters)
+    /// and this link: two tests of one binary never take each other's.
     pub fn up(bin: &Path, tag: &str, args: &[&str]) -> Wan {
-        let name = format!("{tag}{}", std::process::id());
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("{tag}{}x{n}", std::process::id());
         let dir = std::env::temp_dir().join(format!("stics-wan-{name}"));
         let wan = Wan { bin: bin.to_owned(), name, dir };
         wan.ok(&[&["up"], args].concat());
