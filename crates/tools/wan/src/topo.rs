@@ -135,12 +135,16 @@ impl Topology {
     /// The `iptables` rule specs (after `-t raw`, `-A`/`-I`/`-C`/`-D PREROUTING`) that drop
     /// everything from and to `role` in the router: a cut line.
     pub fn cut_rules(role: Role) -> Vec<Vec<String>> {
-        let from_if = match role {
+        let strs = |a: &[&str]| a.iter().map(std::string::ToString::to_string).collect::<Vec<String>>();
+        vec![strs(&["-i", &Self::router_if(role), "-j", "DROP"]), strs(&["-d", &Self::subnet(role), "-j", "DROP"])]
+    }
+
+    /// The router's interface toward an end (toward the storage side for the router itself).
+    pub fn router_if(role: Role) -> String {
+        match role {
             Role::Host(k) => router_if_host(k),
             Role::Storage | Role::Router => ROUTER_IF_STORAGE.into(),
-        };
-        let strs = |a: &[&str]| a.iter().map(std::string::ToString::to_string).collect::<Vec<String>>();
-        vec![strs(&["-i", &from_if, "-j", "DROP"]), strs(&["-d", &Self::subnet(role), "-j", "DROP"])]
+        }
     }
 
     /// The command that adds (`-I`, ahead of the queue rules), checks (`-C`) or deletes (`-D`)
@@ -188,10 +192,7 @@ impl Topology {
         for ns in ends.iter().map(|&r| self.ns(r)).chain([w.clone()]) {
             cmd(&["ip", "netns", "add", &ns]);
         }
-        let router_if = |r: Role| match r {
-            Role::Host(k) => router_if_host(k),
-            Role::Storage | Role::Router => ROUTER_IF_STORAGE.to_string(),
-        };
+        let router_if = Self::router_if;
         for &r in &ends {
             cmd(&[
                 "ip",
