@@ -8,6 +8,8 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use stics_wan::topo::{Role, Topology};
+
 /// A `stics wan` link of its own, taken down when dropped.
 pub struct Wan {
     bin: PathBuf,
@@ -40,15 +42,22 @@ impl Wan {
         crate::proc::run_ok(&mut self.cmd(args))
     }
 
-    /// The namespace of `role` (`host`, `host2`, …, `storage`).
+    /// The namespace of `role` (`host`, `host2`, …, `storage`), as `stics wan` names it.
     pub fn ns(&self, role: &str) -> String {
-        let suffix = if role == "host1" { "host" } else { role };
-        format!("{}-{suffix}", self.name)
+        self.topo().ns(Self::role(role))
     }
 
     /// The address of `role`.
     pub fn addr(&self, role: &str) -> String {
-        self.ok(&["addr", role]).trim().to_owned()
+        self.topo().addr(Self::role(role))
+    }
+
+    fn topo(&self) -> Topology {
+        Topology::new(&self.name).unwrap_or_else(|e| panic!("link {}: {e}", self.name))
+    }
+
+    fn role(role: &str) -> Role {
+        Role::parse(role).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// A command that runs `program` in `role`'s namespace (as `ip netns exec` does, so its PID
