@@ -293,14 +293,15 @@ impl Wan {
         Ok(Target { proc, url: format!("iscsi://{addr}:{port}/{STICS_IQN}/0"), ctl: None })
     }
 
-    /// `/status` of a target in `role`'s namespace whose `--metrics` listens on `metrics`.
+    /// `/status` of a target or gateway in `role`'s namespace whose `--metrics` listens on
+    /// `metrics`.
     pub fn target_status(&self, b: &Bench, role: &str, metrics: &str) -> Result<serde_json::Value> {
         b.need(&["curl"])?;
         let mut cmd = self.exec(role, Path::new("curl"));
         cmd.args(["-sf", &format!("http://{metrics}/status")]);
         let out = b.run(&mut cmd)?;
         serde_json::from_str(&out.stdout)
-            .map_err(|e| Error::Output { what: "target /status".into(), detail: e.to_string() })
+            .map_err(|e| Error::Output { what: format!("/status at {metrics} in {role}"), detail: e.to_string() })
     }
 }
 
@@ -425,12 +426,7 @@ impl Wan {
 
     /// The gateway's `/status` as JSON.
     pub fn gateway_status(&self, b: &Bench, g: &Gateway) -> Result<serde_json::Value> {
-        b.need(&["curl"])?;
-        let mut cmd = self.exec(&g.role, Path::new("curl"));
-        cmd.args(["-sf", &format!("http://{}/status", g.metrics)]);
-        let out = b.run(&mut cmd)?;
-        serde_json::from_str(&out.stdout)
-            .map_err(|e| Error::Output { what: "gateway /status".into(), detail: e.to_string() })
+        self.target_status(b, &g.role, &g.metrics)
     }
 
     /// Destages everything the gateway holds and returns when the remote has it all.

@@ -77,11 +77,6 @@ fn tokens(b: &Bench, wan: &Wan, g: &Gateway, key: &str) -> Result<f64> {
 /// Where the SG serves `/status`, inside the storage namespace.
 const SG_METRICS: &str = "127.0.0.1:9119";
 
-/// A counter of the SG's lock server (its `/status`'s `journals[0].tokens`).
-fn sg_tokens(b: &Bench, wan: &Wan, key: &str) -> Result<f64> {
-    Ok(wan.target_status(b, "storage", SG_METRICS)?["journals"][0]["tokens"][key].as_f64().unwrap_or(0.0))
-}
-
 fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
 }
@@ -187,16 +182,23 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
             .into_iter()
             .chain([format!("{secs}s"), hot])
             .collect::<Vec<_>>();
-        let both = |key: &str| -> Result<f64> { Ok(tokens(b, &wan, &g0, key)? + tokens(b, &wan, &g1, key)?) };
-        let (surrenders, waits, waited) = (both("surrenders")?, both("waits")?, both("wait_secs")?);
-        let early = sg_tokens(b, &wan, "early_releases")?;
-        let (answered, answer_secs) =
-            (sg_tokens(b, &wan, "revokes_answered")?, sg_tokens(b, &wan, "revoke_answer_secs")?);
+        // The counters of both gateways' tokens and of the SG's, read once before and once after.
+        let counters = || -> Result<[serde_json::Value; 3]> {
+            Ok([
+                wan.gateway_status(b, &g0)?["tokens"].take(),
+                wan.gateway_status(b, &g1)?["tokens"].take(),
+                wan.target_status(b, "storage", SG_METRICS)?["journals"][0]["tokens"].take(),
+            ])
+        };
+        let before = counters()?;
         let outs = loads(b, &wan, &[(&g0, one.clone()), (&g1, one)])?;
-        let transfers = both("surrenders")? - surrenders;
-        let wait_ms = (both("wait_secs")? - waited) * 1e3 / (both("waits")? - waits).max(1.0);
-        let answer_ms = (sg_tokens(b, &wan, "revoke_answer_secs")? - answer_secs) * 1e3
-            / (sg_tokens(b, &wan, "revokes_answered")? - answered).max(1.0);
+        let after = counters()?;
+        let grew = |who: std::ops::Range<usize>, key: &str| -> f64 {
+            who.map(|i| after[i][key].as_f64().unwrap_or(0.0) - before[i][key].as_f64().unwrap_or(0.0)).sum()
+        };
+        let transfers = grew(0..2, "surrenders");
+        let wait_ms = grew(0..2, "wait_secs") * 1e3 / grew(0..2, "waits").max(1.0);
+        let answer_ms = grew(2..3, "revoke_answer_secs") * 1e3 / grew(2..3, "revokes_answered").max(1.0);
         let done: f64 = outs.iter().map(|o| o.requests as f64).sum();
         let elapsed = outs.iter().map(|o| o.seconds).fold(0.0, f64::max);
         pingpong.push(vec![
@@ -208,7 +210,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
             (answer_ms / rtt).into(),
             wait_ms.into(),
             (wait_ms / rtt).into(),
-            (sg_tokens(b, &wan, "early_releases")? - early).into(),
+            grew(2..3, "early_releases").into(),
         ])?;
         pp_notes.push(format!(
             "{:.2} round trips at {delay} one way ({answer_ms:.1} ms; a waiting write waited {:.1} round trips, \
