@@ -407,31 +407,31 @@ impl Tokens {
     /// The journal committed `source`'s groups through `epoch`: the conditional releases that
     /// waited for it take effect, as a step (none when nothing waited).
     pub fn committed(&self, source: &[u8; 16], epoch: u64, now: Instant) -> Option<Step> {
-        {
-            let st = lock(&self.state);
+        // Every caller holds the journal's turn: nothing changes the pending releases between
+        // taking them here and handing them on in the step.
+        let (gw, releases) = {
+            let mut st = lock(&self.state);
             let gw = *st.ids.get(source)?;
-            if !st.pending.range((gw, 0)..=(gw, u64::MAX)).any(|(_, p)| p.after <= epoch) {
-                return None;
-            }
+            let due: Vec<u64> = st
+                .pending
+                .range((gw, 0)..=(gw, u64::MAX))
+                .filter(|(_, p)| p.after <= epoch)
+                .map(|(&(_, s), _)| s)
+                .collect();
+            let nonce = st.nonces.get(&gw).copied();
+            let releases: Vec<Msg> = due
+                .into_iter()
+                .filter_map(|seg| st.pending.remove(&(gw, seg)).map(|p| (seg, p)))
+                .filter(|(_, p)| Some(p.nonce) == nonce)
+                .map(|(seg, p)| Msg::Release { seg, gen: p.gen, keep: p.keep })
+                .collect();
+            (gw, releases)
+        };
+        if releases.is_empty() {
+            return None;
         }
         Some(
             self.step(|st| {
-                let Some(&gw) = st.ids.get(source) else { return (Vec::new(), ()) };
-                let due: Vec<(u64, Pending)> = st
-                    .pending
-                    .range((gw, 0)..=(gw, u64::MAX))
-                    .filter(|(_, p)| p.after <= epoch)
-                    .map(|(&(_, seg), &p)| (seg, p))
-                    .collect();
-                for (seg, _) in &due {
-                    st.pending.remove(&(gw, *seg));
-                }
-                let nonce = st.nonces.get(&gw).copied();
-                let releases: Vec<Msg> = due
-                    .into_iter()
-                    .filter(|(_, p)| Some(p.nonce) == nonce)
-                    .map(|(seg, p)| Msg::Release { seg, gen: p.gen, keep: p.keep })
-                    .collect();
                 st.early += releases.len() as u64;
                 for m in &releases {
                     st.answer(gw, m);
