@@ -905,19 +905,6 @@ fn a_gateway_started_with_max_tokens_keeps_no_more_and_ships_what_it_gives_up() 
     assert!(said.contains("--shared"), "{said}");
 }
 
-/// A gateway that must refuse to start with `extra` arguments: what it said.
-fn refused_gateway_with(remote: &str, log: &Path, stderr: &Path, extra: &[&str]) -> String {
-    let out = std::process::Command::new(BIN)
-        .args(["gateway", "--listen", &format!("127.0.0.1:{}", stics_testkit::net::free_port()), "--remote", remote])
-        .args(["--log", &format!("{}:256MiB", log.display())])
-        .args(extra)
-        .stderr(std::fs::File::create(stderr).unwrap())
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "the gateway started");
-    std::fs::read_to_string(stderr).unwrap()
-}
-
 #[test]
 fn a_gateway_cut_off_behind_stics_wan_loses_its_token_after_break_after_and_quarantines_its_voided_write() {
     let _serial = stics_testkit::proc::one_at_a_time();

@@ -52,6 +52,11 @@ pub fn gateway_with_metrics(remote: &str, log: &Path, mode: &str, stderr: &Path)
 /// A gateway that must refuse to start (in front of `remote`, with its log at `log`): fails
 /// unless it exits unsuccessfully within 20 s; what it said on stderr.
 pub fn refused_gateway(remote: &str, log: &Path, stderr: &Path) -> String {
+    refused_gateway_with(remote, log, stderr, &[])
+}
+
+/// [`refused_gateway`] with `extra` arguments.
+pub fn refused_gateway_with(remote: &str, log: &Path, stderr: &Path, extra: &[&str]) -> String {
     let mut cmd = Command::new(BIN);
     cmd.args(["gateway", "--listen", &format!("127.0.0.1:{}", free_port()), "--iqn", GATEWAY_IQN]).args([
         "--remote",
@@ -61,6 +66,7 @@ pub fn refused_gateway(remote: &str, log: &Path, stderr: &Path) -> String {
         "--ram",
         "8MiB",
     ]);
+    cmd.args(extra);
     let mut g = spawn(&mut cmd, Some(stderr));
     let exited = g.wait_exit(Duration::from_secs(20));
     let said = std::fs::read_to_string(stderr).unwrap_or_default();
