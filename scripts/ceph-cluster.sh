@@ -26,11 +26,14 @@ die() {
         for f in "$starting"/log/*.log; do
             [[ -s $f ]] && { echo "--- ${f##*/} (last lines)"; tail -n 15 "$f"; } >&2
         done
+        # The daemons' own last error, repeated after the logs below so that a caller showing
+        # only the last lines shows why.
+        local why
+        why=$(grep -hiE 'error|fail|unable' "$starting/log/setup.log" 2>/dev/null | tail -n 1 || true)
         starting_dir=$starting
         starting=
         stop "$starting_dir" || true
-        # Again after the logs, so that a caller showing only the last lines shows why.
-        echo "ceph-cluster: $*" >&2
+        echo "ceph-cluster: $*${why:+ (${why#* * })}" >&2
     fi
     exit 1
 }
@@ -152,10 +155,12 @@ osd pool default size = $osds
 osd pool default min size = 1
 osd pool default pg autoscale mode = off
 mon allow pool size one = true
-# The OSDs keep their data in memory; the monitor's few megabytes on a shared disk that is 95 %
-# full must not stop a throwaway cluster from starting (the default refuses below 5 % free).
-mon data avail crit = 1
-mon data avail warn = 2
+# The OSDs keep their data in memory; the monitor's few megabytes must not stop a throwaway
+# cluster from starting on a shared disk that is nearly full, or on a thin volume whose free share
+# reads far lower than its free bytes (the default refuses at 5 %, and an integer share of 0 % still
+# leaves gigabytes): -1 turns the check off.
+mon data avail crit = -1
+mon data avail warn = 0
 mon allow pool delete = true
 mon warn on pool no redundancy = false
 osd crush chooseleaf type = 0
