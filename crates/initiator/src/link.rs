@@ -24,6 +24,9 @@ pub struct LinkInfo {
     pub version: u32,
     /// The largest encoded group the SG takes.
     pub max_group: u32,
+    /// The SG's commit waits for pieces still on their way
+    /// ([`stics_link::status::FEATURE_COMMIT_WAITS`]): the commit goes right behind them.
+    pub commit_waits: bool,
 }
 
 /// Largest LINK STATUS answer read (32 bytes and 40 per source: about 1,600 sources).
@@ -45,7 +48,11 @@ pub(crate) async fn read_status(s: &Session, lun: u64) -> Result<Status, Error> 
 pub(crate) async fn probe(s: &Session, lun: u64) -> Option<LinkInfo> {
     let version = stics_link::negotiated(s.private_answer(stics_link::LOGIN_KEY).as_deref())?;
     match read_status(s, lun).await {
-        Ok(st) => Some(LinkInfo { version, max_group: st.max_group }),
+        Ok(st) => Some(LinkInfo {
+            version,
+            max_group: st.max_group,
+            commit_waits: st.features & stics_link::status::FEATURE_COMMIT_WAITS != 0,
+        }),
         Err(e) => {
             tracing::info!(lun, "the target speaks the link but this LUN takes no groups: {e}");
             None
@@ -81,7 +88,8 @@ fn commit_err(e: Error) -> BlockError {
 }
 
 impl Lun {
-    /// One attempt: every piece queued at once, then the commit once all arrived.
+    /// One attempt: every piece queued at once, and the commit right behind them when the SG's
+    /// commit waits for pieces on their way (one round trip in all), else once all arrived.
     async fn ship(&self, s: &Session, seq: u64, g: &Bytes) -> Result<(), Error> {
         let piece = (self.max_blocks as usize * self.geometry.block_size as usize).max(4096);
         let mut waits = Vec::with_capacity(g.len().div_ceil(piece));
@@ -92,6 +100,8 @@ impl Lun {
             waits.push(s.submit(Request::new(self.lun, cdb, Data::Write(g.slice(off..end)))));
             off = end;
         }
+        let commit = || Request::new(self.lun, link_cdb::commit(seq, g.len() as u32), Data::None);
+        let early = self.link.is_some_and(|l| l.commit_waits).then(|| s.submit(commit()));
         let mut first_err = None;
         for w in waits {
             let out = w.await?;
@@ -99,11 +109,22 @@ impl Lun {
                 first_err = Some(Error::scsi(link_cdb::LINK_WRITE, &out));
             }
         }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        let req = Request::new(self.lun, link_cdb::commit(seq, g.len() as u32), Data::None);
-        let out = s.execute(req).await?;
+        let out = match early {
+            // A refused piece fails the commit too; the piece's status says why.
+            Some(c) => {
+                let out = c.await?;
+                if let Some(e) = first_err {
+                    return Err(e);
+                }
+                out
+            }
+            None => {
+                if let Some(e) = first_err {
+                    return Err(e);
+                }
+                s.execute(commit()).await?
+            }
+        };
         if out.status != status::GOOD {
             return Err(Error::scsi(link_cdb::LINK_COMMIT, &out));
         }

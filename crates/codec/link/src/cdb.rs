@@ -8,7 +8,9 @@ use crate::{field, u32_at, u64_at, LinkError};
 
 /// LINK WRITE: data-out is bytes `offset..` of group `seq`'s encoding.
 pub const LINK_WRITE: u8 = 0xc4;
-/// LINK COMMIT: group `seq`, `len` bytes long, is whole; GOOD once it is durable on the SG.
+/// LINK COMMIT: group `seq`, `len` bytes long, is whole; GOOD once it is durable on the SG. An SG
+/// whose status has [`crate::status::FEATURE_COMMIT_WAITS`] waits for pieces still on their way,
+/// so the commit may go right behind them.
 pub const LINK_COMMIT: u8 = 0xc5;
 /// LINK STATUS: data-in is a [`crate::status::Status`] of at most `alloc` bytes. A non-zero
 /// `fence` ([`crate::fence_of`] a source) also fences that source: a commit of its groups sent

@@ -19,6 +19,11 @@ const TRAILER_LEN: usize = 16;
 /// A feature bit: the SG takes [`crate::token::Msg::ReleaseAfter`] and `Hello`.
 pub const FEATURE_RELEASE_AFTER: u64 = 1;
 
+/// A feature bit: a LINK COMMIT waits for the pieces of its group that are still on their way,
+/// so a gateway sends it right behind them instead of after their answers (a round trip less
+/// per group).
+pub const FEATURE_COMMIT_WAITS: u64 = 2;
+
 /// One source's groups on the SG.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SourceState {

@@ -147,6 +147,7 @@ impl Shared {
                     // release after the surrender still goes: it is all an SG that dropped this
                     // one (it restarted) gets.
                     let after = if self.cfg.early_release { self.holder.release_after(seg) } else { None };
+                    tracing::trace!(seg, gen, ?keep, ?after, "giving a token up");
                     if let Some(after) = after {
                         lock(&self.outbox).push_back(Msg::ReleaseAfter { seg, gen, keep, after, nonce: self.nonce });
                         self.send_news.notify_one();
@@ -158,6 +159,7 @@ impl Shared {
                             tokio::time::sleep(me.cfg.retry).await;
                         }
                         me.counts.surrenders.fetch_add(1, Ordering::Relaxed);
+                        tracing::trace!(seg, gen, "token given up: its writes are on the SG");
                         let acts = lock(&me.core).surrendered(seg, Instant::now());
                         me.dispatch(acts);
                     });
@@ -186,9 +188,11 @@ impl Shared {
         }
         msgs.extend(lock(&self.outbox).drain(..));
         let sent = Instant::now();
+        tracing::trace!(?msgs, "token exchange sent");
         let body = Bytes::from(token::encode_exchange(&self.source, &msgs));
         match sink.tokens(body, fresh).await {
             Ok(()) => {
+                tracing::trace!(ms = sent.elapsed().as_secs_f64() * 1e3, "token exchange answered");
                 *lock(&self.exchanged) = Some((sent, Instant::now()));
                 Ok(())
             }
@@ -243,6 +247,9 @@ impl Shared {
                 }
             };
             let now = Instant::now();
+            if !msgs.is_empty() {
+                tracing::trace!(?msgs, "token messages from the SG");
+            }
             let mut acts = Vec::new();
             let idle = wait.is_zero() && msgs.is_empty();
             let gap = from.is_some_and(|f| f != first);

@@ -577,6 +577,7 @@ impl GroupSink for JournalDev {
             s.group_raw_bytes += raw;
         }
         inner.committed.notify_one();
+        tracing::trace!(seq, last_epoch, "group committed");
         // Releases that waited for these epochs take effect; the group is durable whatever
         // becomes of their record (what they said then waits for the next whole copy).
         if let Some(step) = inner.tokens.committed(&source, last_epoch, Instant::now()) {
@@ -631,7 +632,9 @@ impl GroupSink for JournalDev {
             segment_bytes: self.inner.cfg.segment_bytes,
             sources,
             lease_ms: u64::try_from(self.inner.cfg.tokens.lease.as_millis()).unwrap_or(u64::MAX).max(1),
-            features: stics_link::status::FEATURE_RELEASE_AFTER,
+            // Its LINK COMMIT waits for pieces still on their way: the stics target's staging
+            // (stics-scsi) is what serves a journal.
+            features: stics_link::status::FEATURE_RELEASE_AFTER | stics_link::status::FEATURE_COMMIT_WAITS,
         };
         Ok(Bytes::from(st.encode()))
     }

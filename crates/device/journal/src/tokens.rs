@@ -366,6 +366,9 @@ impl Tokens {
     /// table.
     fn send(&self, mut st: std::sync::MutexGuard<'_, State>, outs: Vec<Out>) {
         let any = !outs.is_empty();
+        if any {
+            tracing::trace!(?outs, "token messages queued");
+        }
         for o in outs {
             let q = st.queued.entry(o.to).or_insert_with(Queue::start);
             if q.msgs.len() >= MAX_QUEUED {
@@ -396,6 +399,7 @@ impl Tokens {
             return Err(BlockError::Rejected("token exchange: a message only the SG sends".into()));
         }
         let epoch = committed(&source);
+        tracing::trace!(?msgs, "token exchange taken");
         // A refused exchange changes nothing.
         let (step, taken) = self.step(|st| match self.take_exchange(st, source, &msgs, new_connection, now, epoch) {
             Ok(outs) => (outs, Ok(())),
@@ -430,6 +434,7 @@ impl Tokens {
         if releases.is_empty() {
             return None;
         }
+        tracing::trace!(gw, epoch, ?releases, "conditional releases take effect");
         Some(
             self.step(|st| {
                 st.early += releases.len() as u64;

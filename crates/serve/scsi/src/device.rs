@@ -13,7 +13,7 @@ use stics_sam::op::{self, mode_page, pr_in};
 use stics_sam::sense::{asc, Sense};
 use stics_sam::{lun, status};
 
-use crate::link::StageError;
+use crate::link::{StageError, Taken};
 use crate::lu::LogicalUnit;
 use crate::pr::{Access, PrError, PrOutParams, PrState};
 use crate::spc;
@@ -580,13 +580,30 @@ impl Device {
             LinkCdb::Write { seq, offset } => {
                 let data = cmd.data_out.get(..cmd.expected_len as usize).unwrap_or(&cmd.data_out);
                 let n = data.len() as u64;
-                lu.staging()
-                    .write(nexus.id, seq, offset, data, sink.max_group())
-                    .map_err(|e| stage_fail(e).with_xfer(n))?;
+                let staged = lu.staging().write(nexus.id, seq, offset, data, sink.max_group());
+                lu.staged.notify_waiters();
+                staged.map_err(|e| stage_fail(e).with_xfer(n))?;
                 Ok(Done::out(n))
             }
             LinkCdb::Commit { seq, len } => {
-                let group = lu.staging().take(nexus.id, seq, len).map_err(stage_fail)?;
+                let until = tokio::time::Instant::now() + crate::link::COMMIT_WAIT;
+                let group = loop {
+                    let news = lu.staged.notified();
+                    tokio::pin!(news);
+                    news.as_mut().enable();
+                    let taken = lu.staging().take(nexus.id, seq, len).map_err(stage_fail)?;
+                    match taken {
+                        Taken::Group(g) => break g,
+                        // Its session ended: the pieces it waits for will not come.
+                        Taken::Wait if !lu.lock().nexuses.contains_key(&nexus.id) => {
+                            return Err(Sense::command_sequence_error().into());
+                        }
+                        Taken::Wait => {}
+                    }
+                    if tokio::time::timeout_at(until, news).await.is_err() {
+                        return Err(Sense::command_sequence_error().into());
+                    }
+                };
                 // A session that ended while its commit waited here has a successor that may have
                 // read the status since: its group must not land now.
                 if !lu.lock().nexuses.contains_key(&nexus.id) {

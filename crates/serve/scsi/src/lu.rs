@@ -97,6 +97,8 @@ pub struct LogicalUnit {
     pub(crate) resets: AtomicU64,
     /// Groups being sent over the link, when the device takes them.
     pub(crate) staging: Mutex<Staging>,
+    /// A piece was staged or refused: commits waiting for their groups' pieces look again.
+    pub(crate) staged: tokio::sync::Notify,
 }
 
 impl LogicalUnit {
@@ -118,6 +120,7 @@ impl LogicalUnit {
             write_lock: tokio::sync::RwLock::new(()),
             resets,
             staging: Mutex::new(Staging::default()),
+            staged: tokio::sync::Notify::new(),
         }
     }
 
@@ -242,7 +245,10 @@ impl LogicalUnit {
     pub(crate) fn remove_nexus(&self, id: u64) {
         self.staging.lock().unwrap_or_else(std::sync::PoisonError::into_inner).forget(id);
         let mut st = self.lock();
-        let Some(key) = st.nexuses.remove(&id) else { return };
+        let removed = st.nexuses.remove(&id);
+        // A commit of this nexus that waits for its pieces gives up now.
+        self.staged.notify_waiters();
+        let Some(key) = removed else { return };
         if st.ua.remove(&id).is_some() {
             self.refresh_ua_bit(&st, id);
         }

@@ -165,6 +165,13 @@ fn spawn_destage(inner: &Arc<Inner>, io: DestageIo, running: &mut JoinSet<Ended>
             running.spawn(async move { Ended::Probe(run_probe(inner, probe).await) });
         }
         DestageIo::Group(plan) => {
+            tracing::trace!(
+                seq = plan.seq,
+                first_epoch = plan.first_epoch,
+                last_epoch = plan.last_epoch,
+                bytes = plan.raw_bytes,
+                "shipping a group"
+            );
             running.spawn(async move {
                 let (seq, started) = (plan.seq, Instant::now());
                 Ended::Group(seq, ship_group(&inner, plan).await, started)
@@ -390,6 +397,7 @@ async fn destage_ended(inner: &Arc<Inner>, ended: Ended) {
             false
         }
         Ended::Group(seq, Ok(encoded), started) => {
+            tracing::trace!(seq, ms = started.elapsed().as_secs_f64() * 1e3, "group committed on the SG");
             lock(&inner.core).group_committed(seq, encoded, started.elapsed(), now)
         }
         Ended::Group(seq, Err(e), _) => {
@@ -421,6 +429,7 @@ async fn destage_ended(inner: &Arc<Inner>, ended: Ended) {
         let acks = lock(&inner.core).take_acks();
         complete(inner, acks);
         persist_checkpoint(inner).await;
+        tracing::trace!("checkpoint durable");
         inner.space.notify_waiters();
         inner.freed.notify_waiters();
     }

@@ -301,11 +301,12 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         "From the SG's revoke to the holder's release taking effect, a transfer took {}. That is the revoke out \
          (half a round trip, on the poll the holder keeps waiting at the SG), the holder's writes back as a group \
          with its release beside it (half, and the journal's writes of the group and of the token table: the \
-         release takes effect once the group is committed): one round trip and the data, as the goal has it. The \
+         release takes effect once the group is committed; its pieces and its commit go together, the commit \
+         waiting at the SG for any piece still on its way): one round trip and the data, as the goal has it. The \
          rest is the holder's destage, which ships one group at a time and only epochs already durable in its \
-         log: the surrender's group waits for the log write and for the group in flight. The waiting side adds \
-         its request and the grant, half a round trip each, and asks only once its own last surrender is \
-         answered, so the other writes several times per hold.",
+         log: the surrender's group waits for the log write and for the group in flight (up to a round trip). \
+         The waiting side adds its request and the grant, half a round trip each, and asks only once its own \
+         last surrender is answered, so the other writes several times per hold.",
         pp_notes.join(", ")
     ));
     r.section(
