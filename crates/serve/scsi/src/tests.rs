@@ -985,3 +985,94 @@ async fn a_device_that_lost_its_volatile_cache_is_reported_as_a_reset_to_every_s
     assert_eq!(ua(&run(&d, &b, &[0; 6], 0, &[]).await), reset, "and the other session learns too");
     assert_eq!(run(&d, &a, &write10_cdb(0, 1), 512, &[7; 512]).await.status, 0, "sent again, it succeeds");
 }
+
+/// A memory LUN that takes groups and keeps each one committed (the SG's side without a journal).
+struct Groups {
+    mem: MemDev,
+    committed: std::sync::Mutex<Vec<Bytes>>,
+}
+
+#[async_trait]
+impl BlockDev for Groups {
+    fn geometry(&self) -> Geometry {
+        self.mem.geometry()
+    }
+    fn volatile_cache(&self) -> bool {
+        false
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
+        self.mem.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
+        self.mem.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> Result<(), BlockError> {
+        Ok(())
+    }
+    fn group_sink(&self) -> Option<&dyn stics_block::GroupSink> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl stics_block::GroupSink for Groups {
+    fn max_group(&self) -> u32 {
+        64 << 10
+    }
+    async fn commit(&self, group: Bytes) -> Result<(), BlockError> {
+        self.committed.lock().unwrap().push(group);
+        Ok(())
+    }
+    async fn link_status(&self, _fence: u64) -> Result<Bytes, BlockError> {
+        Ok(Bytes::new())
+    }
+}
+
+#[tokio::test]
+async fn a_link_commit_sent_before_its_pieces_arrived_waits_for_them_and_a_refused_piece_fails_it() {
+    let groups = Arc::new(Groups { mem: MemDev::new(BS, NB), committed: std::sync::Mutex::new(Vec::new()) });
+    let d = Device::new(vec![Arc::new(LogicalUnit::new(groups.clone(), LuConfig::default()))]);
+    let n = nexus(1);
+    d.nexus_added(&n);
+    let _ = run(&d, &n, &[0; 6], 0, &[]).await; // the unit attention of a new nexus
+    let (first, second) = (vec![1u8; 4096], vec![2u8; 100]);
+    // The commit runs first, as it may when a piece's data comes after an R2T.
+    let cdb = stics_link::cdb::commit(7, 4196);
+    let commit = run(&d, &n, &cdb, 0, &[]);
+    let pieces = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let a = run(&d, &n, &stics_link::cdb::write(7, 4096), 100, &second).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let b = run(&d, &n, &stics_link::cdb::write(7, 0), 4096, &first).await;
+        (a.status, b.status)
+    };
+    let (c, (a, b)) = tokio::join!(commit, pieces);
+    assert_eq!((c.status, a, b), (0, 0, 0));
+    let got = groups.committed.lock().unwrap().clone();
+    assert_eq!(got.len(), 1);
+    assert_eq!(&got[0][..4096], &first[..]);
+    assert_eq!(&got[0][4096..], &second[..]);
+
+    // A piece beyond the largest group is refused, and so is the commit waiting for it, at once.
+    let cdb = stics_link::cdb::commit(8, 8192);
+    let commit = run(&d, &n, &cdb, 0, &[]);
+    let piece = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        run(&d, &n, &stics_link::cdb::write(8, 64 << 10), 4096, &first).await.status
+    };
+    let started = std::time::Instant::now();
+    let (c, p) = tokio::join!(commit, piece);
+    assert_eq!((p, sense(&c)), (2, (ILLEGAL, 0x2c, 0x00)), "command sequence error");
+    assert!(started.elapsed() < crate::link::COMMIT_WAIT, "it did not wait for its time out");
+
+    // A commit whose session ends gives up rather than wait.
+    let cdb = stics_link::cdb::commit(9, 4096);
+    let commit = run(&d, &n, &cdb, 0, &[]);
+    let gone = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        d.nexus_removed(&n);
+    };
+    let (c, ()) = tokio::join!(commit, gone);
+    assert_eq!(sense(&c), (ILLEGAL, 0x2c, 0x00));
+    assert_eq!(groups.committed.lock().unwrap().len(), 1);
+}
