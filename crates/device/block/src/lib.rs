@@ -167,6 +167,19 @@ pub trait GroupSink: Send + Sync {
     /// effect.
     async fn commit(&self, group: Bytes) -> Result<(), BlockError>;
 
+    /// A mark of the fences set so far (see [`GroupSink::link_status`]), taken when a commit
+    /// arrives: [`GroupSink::commit_marked`] then refuses the group if its source was fenced
+    /// after it, however long the commit waited for its pieces meanwhile.
+    fn fence_mark(&self) -> u64 {
+        0
+    }
+
+    /// [`GroupSink::commit`], refused if the group's source was fenced after `mark`.
+    async fn commit_marked(&self, group: Bytes, mark: u64) -> Result<(), BlockError> {
+        let _ = mark;
+        self.commit(group).await
+    }
+
     /// What the device holds of each source, encoded as the link's status answer; a non-zero
     /// `fence` (`stics_link::fence_of` a source) refuses that source's commits that were under
     /// way when it was asked (see the link's LINK STATUS).

@@ -87,9 +87,11 @@ struct Inner {
     ckpt: tokio::sync::Mutex<()>,
     /// The lock server of the gateways that share the LUN.
     tokens: Tokens,
-    /// Status reads per fence (a source's folded UUID): a commit that waited across one is
-    /// refused.
+    /// The latest status read with each fence (a source's folded UUID), by the fence clock: a
+    /// commit that arrived before it is refused.
     fences: Mutex<std::collections::HashMap<u64, u64>>,
+    /// Counts status reads with a fence.
+    fence_clock: std::sync::atomic::AtomicU64,
     /// Ring space came free, or a group reached the medium.
     progress: Notify,
     /// A group was committed.
@@ -203,6 +205,7 @@ impl JournalDev {
             ckpt: tokio::sync::Mutex::new(()),
             tokens,
             fences: Mutex::new(std::collections::HashMap::new()),
+            fence_clock: std::sync::atomic::AtomicU64::new(0),
             progress: Notify::new(),
             committed: Notify::new(),
             stopping: AtomicBool::new(false),
@@ -539,6 +542,14 @@ impl GroupSink for JournalDev {
     }
 
     async fn commit(&self, group: Bytes) -> std::result::Result<(), BlockError> {
+        self.commit_marked(group, self.fence_mark()).await
+    }
+
+    fn fence_mark(&self) -> u64 {
+        self.inner.fence_clock.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn commit_marked(&self, group: Bytes, mark: u64) -> std::result::Result<(), BlockError> {
         let inner = &self.inner;
         if group.len() as u64 > u64::from(inner.cfg.max_group) {
             return Err(refused(format!(
@@ -548,9 +559,9 @@ impl GroupSink for JournalDev {
             )));
         }
         let fence = stics_link::group::peek(&group).map_or(0, |h| stics_link::fence_of(&h.source));
-        let fenced_at = lock(&inner.fences).get(&fence).copied();
+        let fenced_after = || lock(&inner.fences).get(&fence).is_some_and(|&at| at > mark);
         let _turn = inner.turn.lock().await;
-        if lock(&inner.fences).get(&fence).copied() != fenced_at {
+        if fenced_after() {
             return Err(refused(
                 "the gateway read the status while this commit waited (it restarted): a group of its previous run does not land after that".into(),
             ));
@@ -609,7 +620,8 @@ impl GroupSink for JournalDev {
 
     async fn link_status(&self, fence: u64) -> std::result::Result<Bytes, BlockError> {
         if fence != 0 {
-            *lock(&self.inner.fences).entry(fence).or_default() += 1;
+            let at = self.inner.fence_clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            lock(&self.inner.fences).insert(fence, at);
         }
         // After any commit under way: a gateway reads the status to learn what it may retire.
         let _turn = self.inner.turn.lock().await;

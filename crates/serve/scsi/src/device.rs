@@ -586,6 +586,9 @@ impl Device {
                 Ok(Done::out(n))
             }
             LinkCdb::Commit { seq, len } => {
+                // Fenced from now on (its gateway restarted and read the status), the group must
+                // not land, however long it waits for its pieces.
+                let mark = sink.fence_mark();
                 let until = tokio::time::Instant::now() + crate::link::COMMIT_WAIT;
                 let group = loop {
                     let news = lu.staged.notified();
@@ -609,7 +612,7 @@ impl Device {
                 if !lu.lock().nexuses.contains_key(&nexus.id) {
                     return Err(Sense::command_sequence_error().into());
                 }
-                sink.commit(group).await.map_err(|e| block_error(e, true))?;
+                sink.commit_marked(group, mark).await.map_err(|e| block_error(e, true))?;
                 Ok(Done::none())
             }
             LinkCdb::Status { fence, alloc } => {

@@ -463,3 +463,28 @@ mod tokens_kept {
         JournalDev::open(journal, medium, other).await.expect("nothing is held: the new size is taken").close().await;
     }
 }
+
+#[tokio::test]
+async fn a_commit_marked_before_its_source_was_fenced_is_refused_and_one_marked_after_lands() {
+    let dev = JournalDev::open(
+        Arc::new(MemDev::new(512, 2048 * 16)),
+        Arc::new(MemDev::new(512, BLOCKS)),
+        JournalConfig::default(),
+    )
+    .await
+    .expect("opens");
+    // A commit arrives (its pieces still on their way) and a restarted gateway of the same
+    // source reads the status with its fence meanwhile: that group must not land.
+    let before = dev.fence_mark();
+    dev.link_status(stics_link::fence_of(&[5; 16])).await.expect("status");
+    let e = dev.commit_marked(group(1, G1), before).await.expect_err("fenced");
+    assert!(e.to_string().contains("read the status"), "{e}");
+    // Another source's fence does not touch it, and a commit marked after the fence lands.
+    let after = dev.fence_mark();
+    let other: [u8; 16] = std::array::from_fn(|i| i as u8);
+    assert_ne!(stics_link::fence_of(&other), stics_link::fence_of(&[5; 16]));
+    dev.link_status(stics_link::fence_of(&other)).await.expect("status");
+    dev.commit_marked(group(1, G1), after).await.expect("lands");
+    same(&view(&dev).await, &model(&[G1]), "served");
+    dev.close().await;
+}
