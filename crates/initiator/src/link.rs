@@ -104,19 +104,23 @@ impl Lun {
         let early = self.link.is_some_and(|l| l.commit_waits).then(|| s.submit(commit()));
         let mut first_err = None;
         for w in waits {
-            let out = w.await?;
-            if out.status != status::GOOD && first_err.is_none() {
-                first_err = Some(Error::scsi(link_cdb::LINK_WRITE, &out));
-            }
+            let failed = match w.await {
+                Ok(out) if out.status == status::GOOD => None,
+                Ok(out) => Some(Error::scsi(link_cdb::LINK_WRITE, &out)),
+                Err(e) => Some(e),
+            };
+            first_err = first_err.or(failed);
         }
         let out = match early {
-            // A refused piece fails the commit too; the piece's status says why.
+            // A refused piece fails the commit too; the piece's status says why. The commit is
+            // waited for even then: left behind, a commit sent again after a reconnection could
+            // take the next attempt's pieces and leave that attempt's own commit waiting.
             Some(c) => {
-                let out = c.await?;
+                let out = c.await;
                 if let Some(e) = first_err {
                     return Err(e);
                 }
-                out
+                out?
             }
             None => {
                 if let Some(e) = first_err {
