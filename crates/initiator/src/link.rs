@@ -111,23 +111,19 @@ impl Lun {
             };
             first_err = first_err.or(failed);
         }
+        // An early commit is waited for even after a refused piece (which fails it too, the
+        // piece's status saying why): left behind, a commit sent again after a reconnection could
+        // take the next attempt's pieces and leave that attempt's own commit waiting.
+        let early = match early {
+            Some(c) => Some(c.await),
+            None => None,
+        };
+        if let Some(e) = first_err {
+            return Err(e);
+        }
         let out = match early {
-            // A refused piece fails the commit too; the piece's status says why. The commit is
-            // waited for even then: left behind, a commit sent again after a reconnection could
-            // take the next attempt's pieces and leave that attempt's own commit waiting.
-            Some(c) => {
-                let out = c.await;
-                if let Some(e) = first_err {
-                    return Err(e);
-                }
-                out?
-            }
-            None => {
-                if let Some(e) = first_err {
-                    return Err(e);
-                }
-                s.execute(commit()).await?
-            }
+            Some(out) => out?,
+            None => s.execute(commit()).await?,
         };
         if out.status != status::GOOD {
             return Err(Error::scsi(link_cdb::LINK_COMMIT, &out));

@@ -381,7 +381,7 @@ fn readers_on_three_hosts_see_an_update_of_a_shared_image_once_it_completes_and_
     let dir = tempfile::tempdir().unwrap();
     // Three hosts behind `stics wan`, each reading through its own gateway; host 1 also updates.
     let s = WanSetup::start(dir.path(), journal_lun(dir.path()), &[]);
-    let bs = s.session(0).call(|l| l.as_ref().unwrap().1.geometry().block_size) as usize;
+    let bs = block_size_in(&s.session(0));
     // The region: 128 KiB across two segments, written whole by each update.
     let region = (128 << 10) / bs;
     let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -397,10 +397,7 @@ fn readers_on_three_hosts_see_an_update_of_a_shared_image_once_it_completes_and_
                     let mut reads = 0u32;
                     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                         let floor = done.load(std::sync::atomic::Ordering::SeqCst);
-                        let data = r.call(move |l| {
-                            let (rt, lun) = l.as_ref().unwrap();
-                            rt.block_on(lun.read(0, region as u32)).unwrap()
-                        });
+                        let data = read_in(r, 0, region as u32).unwrap();
                         for (b, block) in data.chunks(bs).enumerate() {
                             let v = stamp_in(block);
                             assert!(
@@ -416,10 +413,7 @@ fn readers_on_three_hosts_see_an_update_of_a_shared_image_once_it_completes_and_
             .collect();
         for v in 1..=20u64 {
             let data = Bytes::from((0..region).flat_map(|_| v.to_le_bytes().repeat(bs / 8)).collect::<Vec<u8>>());
-            writer.call(move |l| {
-                let (rt, lun) = l.as_ref().unwrap();
-                rt.block_on(lun.write(0, data, false)).unwrap();
-            });
+            write_in(&writer, 0, data).unwrap();
             done.store(v, std::sync::atomic::Ordering::SeqCst);
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -428,10 +422,7 @@ fn readers_on_three_hosts_see_an_update_of_a_shared_image_once_it_completes_and_
     });
     assert!(counts.iter().all(|&n| n > 0), "every reader read: {counts:?}");
     for r in &readers {
-        let data = r.call(move |l| {
-            let (rt, lun) = l.as_ref().unwrap();
-            rt.block_on(lun.read(0, region as u32)).unwrap()
-        });
+        let data = read_in(r, 0, region as u32).unwrap();
         assert!(data.chunks(bs).all(|b| stamp_in(b) == 20), "every gateway reads the last update whole");
     }
 }
@@ -560,24 +551,36 @@ fn check_linearizable(ops: &[Op]) {
 /// A checker's session to one gateway, made and used inside the gateway's host namespace.
 type Session = stics_testkit::netns::Resident<Option<(tokio::runtime::Runtime, stics_initiator::Lun)>>;
 
-fn session_write(s: &Session, gw: usize, block: u64, stamp: u64, bs: usize) -> Op {
-    let start = Instant::now();
+/// `blocks` blocks at `lba`, read through `s`.
+fn read_in(s: &Session, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
     s.call(move |l| {
         let (rt, lun) = l.as_ref().expect("a session");
-        rt.block_on(lun.write(block, stamped(stamp, bs), false))
+        rt.block_on(lun.read(lba, blocks))
     })
-    .unwrap_or_else(|e| panic!("gateway {gw} writes block {block}: {e}"));
+}
+
+/// `data` written at `lba` through `s`.
+fn write_in(s: &Session, lba: u64, data: Bytes) -> Result<(), BlockError> {
+    s.call(move |l| {
+        let (rt, lun) = l.as_ref().expect("a session");
+        rt.block_on(lun.write(lba, data, false))
+    })
+}
+
+/// The block size of the LUN `s` reads.
+fn block_size_in(s: &Session) -> usize {
+    s.call(|l| l.as_ref().expect("a session").1.geometry().block_size) as usize
+}
+
+fn session_write(s: &Session, gw: usize, block: u64, stamp: u64, bs: usize) -> Op {
+    let start = Instant::now();
+    write_in(s, block, stamped(stamp, bs)).unwrap_or_else(|e| panic!("gateway {gw} writes block {block}: {e}"));
     Op { gw, block, write: true, stamp, start, end: Instant::now() }
 }
 
 fn session_read(s: &Session, gw: usize, block: u64) -> Op {
     let start = Instant::now();
-    let data = s
-        .call(move |l| {
-            let (rt, lun) = l.as_ref().expect("a session");
-            rt.block_on(lun.read(block, 1))
-        })
-        .unwrap_or_else(|e| panic!("gateway {gw} reads block {block}: {e}"));
+    let data = read_in(s, block, 1).unwrap_or_else(|e| panic!("gateway {gw} reads block {block}: {e}"));
     Op { gw, block, write: false, stamp: stamp_in(&data), start, end: Instant::now() }
 }
 
@@ -755,7 +758,7 @@ fn three_gateways_each_behind_its_own_wan_host_stay_linearizable_through_kills_a
     let dir = tempfile::tempdir().unwrap();
     let mut s = WanSetup::start(dir.path(), journal_lun(dir.path()), &[]);
     let mut sessions: Vec<Session> = (0..3).map(|g| s.session(g)).collect();
-    let bs = sessions[0].call(|l| l.as_ref().unwrap().1.geometry().block_size) as usize;
+    let bs = block_size_in(&sessions[0]);
     // Twelve 64 KiB segments, read and written by all three at once.
     let seg = (64 << 10) / bs as u64;
     let blocks = 12 * seg;
@@ -915,7 +918,7 @@ fn a_gateway_cut_off_behind_stics_wan_loses_its_token_after_break_after_and_quar
     for g in 0..3 {
         assert_eq!(s.gateway_status(g)["tokens"]["lease_secs"], 2.0, "gateway {g} takes the SG's shorter lease");
     }
-    let bs = sessions[0].call(|l| l.as_ref().unwrap().1.geometry().block_size) as usize;
+    let bs = block_size_in(&sessions[0]);
     let x = 5 * (64 << 10) / bs as u64 + 1;
     // Gateway 2 writes a block and lets it reach the SG, loses its line, and writes the block
     // again: dirty in its log, under the exclusive token it still holds.

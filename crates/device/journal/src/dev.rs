@@ -559,9 +559,8 @@ impl GroupSink for JournalDev {
             )));
         }
         let fence = stics_link::group::peek(&group).map_or(0, |h| stics_link::fence_of(&h.source));
-        let fenced_after = || lock(&inner.fences).get(&fence).is_some_and(|&at| at > mark);
         let _turn = inner.turn.lock().await;
-        if fenced_after() {
+        if lock(&inner.fences).get(&fence).is_some_and(|&at| at > mark) {
             return Err(refused(
                 "the gateway read the status while this commit waited (it restarted): a group of its previous run does not land after that".into(),
             ));

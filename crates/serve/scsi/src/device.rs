@@ -594,24 +594,20 @@ impl Device {
                     let news = lu.staged.notified();
                     tokio::pin!(news);
                     news.as_mut().enable();
+                    // A session that ended while its commit waited here has a successor that may
+                    // have read the status since (its group must not land now), and the pieces
+                    // it waits for will not come.
+                    if !lu.lock().nexuses.contains_key(&nexus.id) {
+                        return Err(Sense::command_sequence_error().into());
+                    }
                     let taken = lu.staging().take(nexus.id, seq, len).map_err(stage_fail)?;
-                    match taken {
-                        Taken::Group(g) => break g,
-                        // Its session ended: the pieces it waits for will not come.
-                        Taken::Wait if !lu.lock().nexuses.contains_key(&nexus.id) => {
-                            return Err(Sense::command_sequence_error().into());
-                        }
-                        Taken::Wait => {}
+                    if let Taken::Group(g) = taken {
+                        break g;
                     }
                     if tokio::time::timeout_at(until, news).await.is_err() {
                         return Err(Sense::command_sequence_error().into());
                     }
                 };
-                // A session that ended while its commit waited here has a successor that may have
-                // read the status since: its group must not land now.
-                if !lu.lock().nexuses.contains_key(&nexus.id) {
-                    return Err(Sense::command_sequence_error().into());
-                }
                 sink.commit_marked(group, mark).await.map_err(|e| block_error(e, true))?;
                 Ok(Done::none())
             }
