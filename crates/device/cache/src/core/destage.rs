@@ -17,11 +17,15 @@
 //! the newest epoch the remote holds whole ([`reached_epoch`]).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use stics_block::BlockError;
 
 use super::{Core, ErrorKind, Loc, Piece};
+
+/// How long after the last host read that went to the remote destage still gives way to reads
+/// (see [`Core::reads_first`]).
+pub(crate) const READS_RECENT: Duration = Duration::from_secs(1);
 
 /// One remote operation of destage.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,6 +190,10 @@ pub(crate) struct Destage {
     next_io: u64,
     /// Destage runs the whole pipeline whatever the log's fill (a drain waits for it).
     hurry: bool,
+    /// The read side's count of remote reads when destage last looked, and when it last saw
+    /// one outstanding or new.
+    reads_seen: u64,
+    reads_at: Option<Instant>,
     /// Shipping groups to an SG.
     pub(crate) groups: super::group::Groups,
 }
@@ -358,11 +366,16 @@ impl Core {
             // The next epoch is too large for any group: it goes alone as plain writes.
             self.destage.solo = true;
         }
-        let limit = self.cfg.destage_inflight.max(1);
+        let limit = if self.reads_first(now) { 1 } else { self.cfg.destage_inflight.max(1) };
         let mut inflight = self.destage.inflight();
         let mut i = 0;
         loop {
             if i == self.destage.active.len() {
+                // An epoch started now could send nothing, and starting it closes the open one
+                // early: it waits for the next look.
+                if inflight >= limit {
+                    break;
+                }
                 let pipelining = self.layout.ordered_remote && !self.destage.solo;
                 let may_start = pipelining
                     || self.destage.active.is_empty() && self.log.durable_destaged_epoch >= self.destaged_epoch;
@@ -393,6 +406,25 @@ impl Core {
             self.destage.heard = Some(now);
         }
         out
+    }
+
+    /// Whether destage gives way to host reads at `now`. Seed 004's level-2 destage is
+    /// background work that a new request interrupts: reads that miss share the remote's disk
+    /// with destage's writes, and a remote that serves in arrival order makes each read wait
+    /// behind every write queued before it. So while the log has room (below
+    /// `deep_destage_from`), nothing hurries destage and no lag bound is set, destage keeps one
+    /// write in flight while host reads have gone to the remote within [`READS_RECENT`]: a read
+    /// waits behind one at most, and destage still moves. The log absorbs the difference; past
+    /// `deep_destage_from` destage runs its whole pipeline again. Groups to an SG are not held
+    /// back: the SG's journal, not its disk, takes them.
+    fn reads_first(&mut self, now: Instant) -> bool {
+        let d = &mut self.destage;
+        if self.read.waiting() || self.read.remote_plans != d.reads_seen {
+            d.reads_seen = self.read.remote_plans;
+            d.reads_at = Some(now);
+        }
+        let recent = d.reads_at.is_some_and(|t| now.saturating_duration_since(t) < READS_RECENT);
+        recent && !d.hurry && self.cfg.max_lag.is_none() && self.log_fill() < self.cfg.deep_destage_from
     }
 
     /// At `now`, with commands outstanding that the remote has left unanswered for longer than

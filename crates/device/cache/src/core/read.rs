@@ -73,6 +73,8 @@ pub(crate) struct ReadState {
     recent: ExtentMap<u64>,
     /// Outstanding plans with remote data to come, by their clock.
     plans: BTreeMap<u64, u32>,
+    /// Plans that went to the remote so far (destage notices new ones by this count).
+    pub(crate) remote_plans: u64,
     /// Plans older than this are refused the read cache (the record above was cut short).
     floor: u64,
     /// Where the last read ended, the read-ahead window and how far read-ahead has gone.
@@ -88,6 +90,7 @@ impl ReadState {
             clock: 0,
             recent: ExtentMap::new(512),
             plans: BTreeMap::new(),
+            remote_plans: 0,
             floor: 0,
             last_read_end: u64::MAX,
             ra_window: 0,
@@ -97,6 +100,12 @@ impl ReadState {
 
     fn expect(&mut self, generation: u64) {
         *self.plans.entry(generation).or_default() += 1;
+        self.remote_plans += 1;
+    }
+
+    /// True while a host read (or its read-ahead) waits for the remote.
+    pub(crate) fn waiting(&self) -> bool {
+        !self.plans.is_empty()
     }
 
     fn done(&mut self, generation: u64) {

@@ -817,3 +817,40 @@ fn max_lag_holds_when_the_link_is_the_bottleneck() {
     assert!(busy > 0.6, "the link was busy {:.0} % of the time", busy * 100.0);
     assert_eq!(c.newest_data, data_blocks(c.newest.iter()), "the count kept matches one made afresh");
 }
+
+#[test]
+fn while_the_log_has_room_destage_gives_way_to_reads_of_the_remote() {
+    let roomy = || Core::new(Config { deep_destage_from: 0.5, ..cfg(Mode::Immediate) }, layout(false), [1; 16], cp());
+    let mut c = roomy();
+    // Eight scattered writes: eight destage writes, four in flight at most.
+    for i in 0..8 {
+        c.write(100 + 10 * i, blocks(1, 1), false).expect("write");
+    }
+    log_all(&mut c);
+    let t0 = now();
+    let read = c.read(0, 4).expect("plan");
+    assert!(read.has_remote());
+    let writes = |ios: &[DestageIo]| ios.iter().filter(|io| matches!(io, DestageIo::Write { .. })).count();
+    // While a read waits for the remote, and after it ended: one write in flight at a time.
+    for step in 0..3 {
+        let ios = c.next_destage(0, t0);
+        assert_eq!(writes(&ios), 1, "step {step}");
+        assert!(c.next_destage(0, t0).is_empty(), "one in flight already");
+        let Some(DestageIo::Write { id, .. }) = ios.into_iter().next() else { panic!("a write") };
+        c.destage_done(id, t0);
+        if step == 0 {
+            c.finish_read(read.generation, &[(0, blocks(4, 0))]);
+        }
+    }
+    // No read for a while: the whole pipeline again.
+    assert_eq!(writes(&c.next_destage(0, t0 + destage::READS_RECENT)), 4);
+    // A drain does not give way either.
+    let mut d = roomy();
+    for i in 0..8 {
+        d.write(100 + 10 * i, blocks(1, 1), false).expect("write");
+    }
+    log_all(&mut d);
+    let _read = d.read(0, 4).expect("plan");
+    d.hurry(true);
+    assert_eq!(writes(&d.next_destage(0, t0)), 4);
+}
