@@ -424,7 +424,13 @@ impl Core {
             d.reads_at = Some(now);
         }
         let recent = d.reads_at.is_some_and(|t| now.saturating_duration_since(t) < READS_RECENT);
-        recent && !d.hurry && self.cfg.max_lag.is_none() && self.log_fill() < self.cfg.deep_destage_from
+        recent && self.cfg.max_lag.is_none() && self.shallow()
+    }
+
+    /// Destage is background work now: the log is below `deep_destage_from` and nothing hurries
+    /// it. Then it keeps two epochs in flight, not its whole pipeline.
+    fn shallow(&self) -> bool {
+        !self.destage.hurry && self.log_fill() < self.cfg.deep_destage_from
     }
 
     /// At `now`, with commands outstanding that the remote has left unanswered for longer than
@@ -483,8 +489,7 @@ impl Core {
             let d = &self.destage;
             let n = d.undurable.len() + d.active.iter().map(|e| e.covers.len() + 1).sum::<usize>() + covers.len() + 1;
             let sent = d.undurable.iter().map(|(_, b)| b).sum::<u64>() + d.active.iter().map(|e| e.blocks).sum::<u64>();
-            let shallow = !d.hurry && self.log_fill() < self.cfg.deep_destage_from;
-            if !self.pipeline_allows(n, (sent + total_blocks) * bs) || shallow && n > 2 {
+            if !self.pipeline_allows(n, (sent + total_blocks) * bs) || self.shallow() && n > 2 {
                 return false;
             }
         }

@@ -231,7 +231,7 @@ impl Core {
         let r = &mut self.read;
         r.cache.remove_range(start, end);
         r.clock += 1;
-        if r.plans.is_empty() {
+        if !r.waiting() {
             return;
         }
         r.recent.insert(start, end, r.clock);

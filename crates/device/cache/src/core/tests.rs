@@ -820,13 +820,16 @@ fn max_lag_holds_when_the_link_is_the_bottleneck() {
 
 #[test]
 fn while_the_log_has_room_destage_gives_way_to_reads_of_the_remote() {
-    let roomy = || Core::new(Config { deep_destage_from: 0.5, ..cfg(Mode::Immediate) }, layout(false), [1; 16], cp());
-    let mut c = roomy();
-    // Eight scattered writes: eight destage writes, four in flight at most.
-    for i in 0..8 {
-        c.write(100 + 10 * i, blocks(1, 1), false).expect("write");
-    }
-    log_all(&mut c);
+    // Eight scattered writes in a log with room: eight destage writes, four in flight at most.
+    let loaded = || {
+        let mut c = Core::new(Config { deep_destage_from: 0.5, ..cfg(Mode::Immediate) }, layout(false), [1; 16], cp());
+        for i in 0..8 {
+            c.write(100 + 10 * i, blocks(1, 1), false).expect("write");
+        }
+        log_all(&mut c);
+        c
+    };
+    let mut c = loaded();
     let t0 = now();
     let read = c.read(0, 4).expect("plan");
     assert!(read.has_remote());
@@ -845,11 +848,7 @@ fn while_the_log_has_room_destage_gives_way_to_reads_of_the_remote() {
     // No read for a while: the whole pipeline again.
     assert_eq!(writes(&c.next_destage(0, t0 + destage::READS_RECENT)), 4);
     // A drain does not give way either.
-    let mut d = roomy();
-    for i in 0..8 {
-        d.write(100 + 10 * i, blocks(1, 1), false).expect("write");
-    }
-    log_all(&mut d);
+    let mut d = loaded();
     let _read = d.read(0, 4).expect("plan");
     d.hurry(true);
     assert_eq!(writes(&d.next_destage(0, t0)), 4);
