@@ -27,6 +27,9 @@ pub struct LinkInfo {
     /// The SG's commit waits for pieces still on their way
     /// ([`stics_link::status::FEATURE_COMMIT_WAITS`]): the commit goes right behind them.
     pub commit_waits: bool,
+    /// The SG takes groups strictly in sequence ([`stics_link::status::FEATURE_IN_ORDER`]): two
+    /// may be out at once.
+    pub in_order: bool,
 }
 
 /// Largest LINK STATUS answer read (32 bytes and 40 per source: about 1,600 sources).
@@ -52,6 +55,7 @@ pub(crate) async fn probe(s: &Session, lun: u64) -> Option<LinkInfo> {
             version,
             max_group: st.max_group,
             commit_waits: st.features & stics_link::status::FEATURE_COMMIT_WAITS != 0,
+            in_order: st.features & stics_link::status::FEATURE_IN_ORDER != 0,
         }),
         Err(e) => {
             tracing::info!(lun, "the target speaks the link but this LUN takes no groups: {e}");
@@ -136,6 +140,13 @@ impl Lun {
 impl GroupSink for Lun {
     fn max_group(&self) -> u32 {
         self.link.map_or(0, |l| l.max_group)
+    }
+
+    fn groups_in_flight(&self) -> u32 {
+        match self.link {
+            Some(l) if l.in_order => stics_link::status::GROUPS_IN_FLIGHT,
+            _ => 1,
+        }
     }
 
     async fn commit(&self, g: Bytes) -> Result<(), BlockError> {

@@ -24,6 +24,16 @@ pub const FEATURE_RELEASE_AFTER: u64 = 1;
 /// per group).
 pub const FEATURE_COMMIT_WAITS: u64 = 2;
 
+/// A feature bit: the SG takes a source's groups strictly in sequence, and a group that comes
+/// before its predecessor was taken waits for it (and fails with it), so a gateway may have
+/// [`GROUPS_IN_FLIGHT`] out at once without one overtaking another.
+pub const FEATURE_IN_ORDER: u64 = 4;
+
+/// Groups a gateway has out at once on an SG with [`FEATURE_IN_ORDER`]: the next one leaves
+/// while the one before it is still on its way (a surrender of a token need not wait for the
+/// group in flight to be answered).
+pub const GROUPS_IN_FLIGHT: u32 = 2;
+
 /// One source's groups on the SG.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SourceState {

@@ -361,6 +361,7 @@ const GROUP_SERIES: &[(&str, &str, GroupCount)] = &[
     ("sg_bytes_merged", "Bytes of the groups' data after merging", |g| g.bytes_merged),
     ("sg_bytes_shipped", "Bytes of the groups as shipped (compressed, with tables)", |g| g.bytes_shipped),
     ("sg_groups_resent", "Groups sent again after a failure", |g| g.resent),
+    ("sg_groups_overlapped", "Groups sent while the one before was still out (a settle waited)", |g| g.overlapped),
     ("sg_plain_epochs", "Epochs too large for a group, sent as plain writes", |g| g.plain_epochs),
 ];
 

@@ -162,6 +162,12 @@ pub trait GroupSink: Send + Sync {
     /// The largest encoded group the device takes, in bytes.
     fn max_group(&self) -> u32;
 
+    /// Groups of one source that may be committing at once: more than one only on a device
+    /// that takes them strictly in sequence, one that arrives early waiting for the one before.
+    fn groups_in_flight(&self) -> u32 {
+        1
+    }
+
     /// Takes an encoded group; on return it is durable. A group the device already holds (the
     /// same source and sequence number, sent again after a lost answer) is taken again without
     /// effect.

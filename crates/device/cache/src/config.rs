@@ -180,6 +180,8 @@ pub struct Layout {
     /// The remote is a stics SG that takes groups of epochs up to this many encoded bytes
     /// ([`stics_block::GroupSink`]): destage ships groups.
     pub max_group: Option<u32>,
+    /// Groups that may be out at once ([`stics_block::GroupSink::groups_in_flight`]).
+    pub groups_in_flight: u32,
 }
 
 /// A configuration the cache cannot run with.

@@ -188,9 +188,9 @@ impl Core {
         self.uuid
     }
 
-    /// Checks a group against the medium and its source: it must fit the medium, and come
-    /// after the newest group the journal holds of its source (unless `recovering`: the scan
-    /// takes every record behind the checkpoint again).
+    /// Checks a group against the medium and its source: it must fit the medium, and be the
+    /// next of its source's groups, right after the newest the journal holds (unless
+    /// `recovering`: the scan takes every record behind the checkpoint again).
     pub fn check(&self, bytes: &[u8], recovering: bool) -> Result<Take> {
         let v = group::parse(bytes, self.max_raw)?;
         if v.head.block_size != self.block_size {
@@ -220,6 +220,11 @@ impl Core {
                 "group {} (epochs {}..={}) under a number already used: the newest taken from this source is group {} up to epoch {}",
                 v.head.seq, v.head.first_epoch, v.head.last_epoch, known.committed_seq, known.committed_epoch
             )));
+        }
+        // Strictly in sequence: a gateway with two groups out must never have the second land
+        // first, or a refusal of the first would leave its epochs counted as held.
+        if !recovering && v.head.seq > known.committed_seq + 1 {
+            return Err(JournalError::Ahead { seq: v.head.seq, missing: known.committed_seq + 1 });
         }
         Ok(Take::New(Checked {
             head: v.head,
@@ -503,11 +508,22 @@ mod tests {
     }
 
     #[test]
-    fn a_group_sent_again_is_taken_without_effect_and_one_past_the_medium_is_refused() {
+    fn a_group_sent_again_is_taken_without_effect_one_ahead_of_its_turn_waits_and_one_past_the_medium_is_refused() {
         let mut c = core();
         let d = |lba, blocks| Extent { lba, blocks, kind: ExtentKind::Data };
-        commit(&mut c, grp(5, &[d(0, 1)], 1));
+        assert!(
+            matches!(c.check(&grp(2, &[d(0, 1)], 1), false), Err(JournalError::Ahead { seq: 2, missing: 1 })),
+            "a source's first group is its group 1"
+        );
+        for seq in 1..=5 {
+            commit(&mut c, grp(seq, &[d(0, 1)], 1));
+        }
         assert!(matches!(c.check(&grp(5, &[d(0, 1)], 1), false).unwrap(), Take::Again));
+        assert!(
+            matches!(c.check(&grp(7, &[d(0, 1)], 1), false), Err(JournalError::Ahead { seq: 7, missing: 6 })),
+            "one past the next: it waits for group 6"
+        );
+        assert!(matches!(c.check(&grp(7, &[d(0, 1)], 1), true).unwrap(), Take::New(_)), "recovery takes any");
         assert!(
             matches!(c.check(&grp(4, &[d(0, 1)], 1), false), Err(JournalError::Refused(_))),
             "an older number: the sender lost track"

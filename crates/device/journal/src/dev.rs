@@ -75,6 +75,10 @@ fn dev_err(what: &'static str) -> impl FnOnce(BlockError) -> JournalError {
     move |source| JournalError::Device { what, source }
 }
 
+/// Longest a group that came before its predecessor waits for it to be taken (a gateway with
+/// two groups out sends them on one connection, so the first is seldom far behind).
+pub const AHEAD_WAIT: Duration = Duration::from_secs(10);
+
 struct Inner {
     core: Mutex<Core>,
     medium: Arc<dyn BlockDev>,
@@ -96,6 +100,11 @@ struct Inner {
     progress: Notify,
     /// A group was committed.
     committed: Notify,
+    /// A commit ended, taken or not: a group that came before its predecessor looks again.
+    outcomes: Notify,
+    /// Each source's newest group whose commit failed here, and when (until it is tried
+    /// again): the group behind it, waiting for it since before then, fails at once.
+    failed: Mutex<std::collections::HashMap<[u8; 16], (u64, Instant)>>,
     stats: Mutex<JournalStatus>,
     /// When each unapplied group was committed, oldest first.
     pending_since: Mutex<std::collections::VecDeque<Instant>>,
@@ -208,6 +217,8 @@ impl JournalDev {
             fence_clock: std::sync::atomic::AtomicU64::new(0),
             progress: Notify::new(),
             committed: Notify::new(),
+            outcomes: Notify::new(),
+            failed: Mutex::new(std::collections::HashMap::new()),
             stopping: AtomicBool::new(false),
         });
         let ticker = tokio::spawn(tick(Arc::downgrade(&inner)));
@@ -535,21 +546,15 @@ async fn checkpoint(inner: &Inner) {
     lock(&inner.core).checkpoint_durable(head_seq);
 }
 
-#[async_trait]
-impl GroupSink for JournalDev {
-    fn max_group(&self) -> u32 {
-        self.inner.cfg.max_group
-    }
-
-    async fn commit(&self, group: Bytes) -> std::result::Result<(), BlockError> {
-        self.commit_marked(group, self.fence_mark()).await
-    }
-
-    fn fence_mark(&self) -> u64 {
-        self.inner.fence_clock.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    async fn commit_marked(&self, group: Bytes, mark: u64) -> std::result::Result<(), BlockError> {
+impl JournalDev {
+    /// A commit under the turn, after the group before it in its source's sequence was taken
+    /// (it waits for that one, up to [`AHEAD_WAIT`], and fails with it).
+    async fn commit_in_turn(
+        &self,
+        group: Bytes,
+        head: Option<&group::GroupHead>,
+        mark: u64,
+    ) -> std::result::Result<(), BlockError> {
         let inner = &self.inner;
         if group.len() as u64 > u64::from(inner.cfg.max_group) {
             return Err(refused(format!(
@@ -558,20 +563,36 @@ impl GroupSink for JournalDev {
                 inner.cfg.max_group
             )));
         }
-        let fence = stics_link::group::peek(&group).map_or(0, |h| stics_link::fence_of(&h.source));
-        let _turn = inner.turn.lock().await;
-        if lock(&inner.fences).get(&fence).is_some_and(|&at| at > mark) {
-            return Err(refused(
-                "the gateway read the status while this commit waited (it restarted): a group of its previous run does not land after that".into(),
-            ));
-        }
-        let checked = match lock(&inner.core).check(&group, false) {
-            Ok(Take::Again) => {
-                lock(&inner.stats).groups_again += 1;
-                return Ok(());
+        let fence = head.map_or(0, |h| stics_link::fence_of(&h.source));
+        let (since, until) = (Instant::now(), tokio::time::Instant::now() + AHEAD_WAIT);
+        let (_turn, checked) = loop {
+            let news = inner.outcomes.notified();
+            tokio::pin!(news);
+            news.as_mut().enable();
+            let turn = inner.turn.lock().await;
+            if lock(&inner.fences).get(&fence).is_some_and(|&at| at > mark) {
+                return Err(refused(
+                    "the gateway read the status while this commit waited (it restarted): a group of its previous run does not land after that".into(),
+                ));
             }
-            Ok(Take::New(c)) => c,
-            Err(e) => return Err(refused(e.to_string())),
+            let take = lock(&inner.core).check(&group, false);
+            match take {
+                Ok(Take::Again) => {
+                    lock(&inner.stats).groups_again += 1;
+                    return Ok(());
+                }
+                Ok(Take::New(c)) => break (turn, c),
+                Err(e @ JournalError::Ahead { missing, .. }) => {
+                    drop(turn);
+                    let gone = head.is_some_and(|h| {
+                        lock(&inner.failed).get(&h.source).is_some_and(|&(seq, at)| seq == missing && at >= since)
+                    });
+                    if gone || tokio::time::timeout_at(until, news).await.is_err() {
+                        return Err(refused(format!("{e}: it failed or did not come")));
+                    }
+                }
+                Err(e) => return Err(refused(e.to_string())),
+            }
         };
         // The fence: a write lands only under the token it was made under.
         inner.tokens.admit(&checked.head.source, checked.fences.as_ref(), |b| checked.segments(b))?;
@@ -597,7 +618,41 @@ impl GroupSink for JournalDev {
         }
         Ok(())
     }
+}
 
+#[async_trait]
+impl GroupSink for JournalDev {
+    fn max_group(&self) -> u32 {
+        self.inner.cfg.max_group
+    }
+
+    async fn commit(&self, group: Bytes) -> std::result::Result<(), BlockError> {
+        self.commit_marked(group, self.fence_mark()).await
+    }
+
+    fn fence_mark(&self) -> u64 {
+        self.inner.fence_clock.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn groups_in_flight(&self) -> u32 {
+        stics_link::status::GROUPS_IN_FLIGHT
+    }
+
+    async fn commit_marked(&self, group: Bytes, mark: u64) -> std::result::Result<(), BlockError> {
+        let head = stics_link::group::peek(&group).ok();
+        if let Some(h) = &head {
+            let mut failed = lock(&self.inner.failed);
+            if failed.get(&h.source).is_some_and(|(seq, _)| *seq == h.seq) {
+                failed.remove(&h.source);
+            }
+        }
+        let r = self.commit_in_turn(group, head.as_ref(), mark).await;
+        if let (Err(_), Some(h)) = (&r, &head) {
+            lock(&self.inner.failed).insert(h.source, (h.seq, Instant::now()));
+        }
+        self.inner.outcomes.notify_waiters();
+        r
+    }
     async fn tokens(&self, exchange: Bytes, new_connection: bool) -> std::result::Result<(), BlockError> {
         let _turn = self.inner.turn.lock().await;
         let step = self.inner.tokens.exchange(&exchange, new_connection, Instant::now(), |source| {
@@ -644,8 +699,10 @@ impl GroupSink for JournalDev {
             sources,
             lease_ms: u64::try_from(self.inner.cfg.tokens.lease.as_millis()).unwrap_or(u64::MAX).max(1),
             // Its LINK COMMIT waits for pieces still on their way: the stics target's staging
-            // (stics-scsi) is what serves a journal.
-            features: stics_link::status::FEATURE_RELEASE_AFTER | stics_link::status::FEATURE_COMMIT_WAITS,
+            // (stics-scsi) is what serves a journal; a commit waits for its predecessor here.
+            features: stics_link::status::FEATURE_RELEASE_AFTER
+                | stics_link::status::FEATURE_COMMIT_WAITS
+                | stics_link::status::FEATURE_IN_ORDER,
         };
         Ok(Bytes::from(st.encode()))
     }

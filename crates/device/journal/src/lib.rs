@@ -40,6 +40,10 @@ pub enum JournalError {
     /// A group does not fit this journal or its medium.
     #[error("group refused: {0}")]
     Refused(String),
+    /// A group came before the one ahead of it in its source's sequence was taken (a gateway
+    /// with two out): it may wait for it.
+    #[error("group {seq} came before this source's group {missing}")]
+    Ahead { seq: u64, missing: u64 },
     /// The journal or the medium failed.
     #[error("{what}: {source}")]
     Device {

@@ -605,6 +605,7 @@ impl Device {
                         break g;
                     }
                     if tokio::time::timeout_at(until, news).await.is_err() {
+                        lu.staging().abandon(nexus.id, seq);
                         return Err(Sense::command_sequence_error().into());
                     }
                 };

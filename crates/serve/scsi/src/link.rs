@@ -1,27 +1,29 @@
 //! The SG's side of the link's SCSI commands (see the `stics-link` crate): LINK WRITE pieces of
-//! a group are staged per nexus, LINK COMMIT hands the whole group to the device's
+//! a group are staged per nexus and group, LINK COMMIT hands the whole group to the device's
 //! [`stics_block::GroupSink`], LINK STATUS reads what it holds. Staging is bounded per logical
-//! unit, whatever peers send: one group per nexus, at most [`STAGED_GROUPS`] groups' worth in all.
+//! unit, whatever peers send: [`GROUPS_IN_FLIGHT`] groups per nexus (a group and the one after
+//! it), at most [`STAGED_GROUPS`] groups' worth in all.
 //!
 //! A gateway may send the commit right behind its pieces, without waiting for their answers
 //! (a round trip less per group): a commit that finds pieces of its group still missing waits
 //! for them ([`Taken::Wait`]) as long as none of them failed, up to [`COMMIT_WAIT`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
+use stics_link::status::GROUPS_IN_FLIGHT;
 use stics_sam::sense::Sense;
 
 /// Largest groups staged at once on one logical unit (bytes: this many times the device's
-/// largest group). A gateway sends one group at a time; more nexuses staging at once wait
-/// (BUSY) until a commit frees room.
-pub const STAGED_GROUPS: u64 = 2;
+/// largest group): one gateway's two in flight and another's. More nexuses staging at once
+/// wait (BUSY) until a commit frees room.
+pub const STAGED_GROUPS: u64 = 3;
 
 /// Longest a LINK COMMIT waits for pieces of its group sent before it that have not arrived (a
 /// piece beyond the first burst comes after an R2T, so after the commit's command).
 pub const COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// One nexus's group in the making.
+/// One group in the making.
 #[derive(Debug, Default)]
 struct Staged {
     seq: u64,
@@ -49,6 +51,19 @@ impl Staged {
     }
 }
 
+/// Drops the staged groups `gone` picks; returns the bytes they held.
+fn drop_staged(groups: &mut Vec<Staged>, mut gone: impl FnMut(&Staged) -> bool) -> u64 {
+    let mut freed = 0;
+    groups.retain(|g| {
+        let drop = gone(g);
+        if drop {
+            freed += g.buf.len() as u64;
+        }
+        !drop
+    });
+    freed
+}
+
 /// Why a link command failed, as the SCSI layer answers it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum StageError {
@@ -70,16 +85,19 @@ pub(crate) enum Taken {
 /// The groups being staged on one logical unit, by nexus.
 #[derive(Debug, Default)]
 pub(crate) struct Staging {
-    by_nexus: HashMap<u64, Staged>,
+    /// Each nexus's groups in the making, at most [`GROUPS_IN_FLIGHT`].
+    by_nexus: HashMap<u64, Vec<Staged>>,
     bytes: u64,
-    /// The group of each nexus a piece of which was refused since its last commit: that commit
-    /// fails at once instead of waiting for the piece, and the gateway sends the group again.
-    failed: HashMap<u64, u64>,
+    /// The groups (nexus, seq) a piece of which was refused since their last commit: that
+    /// commit fails at once instead of waiting for the piece, and the gateway sends the group
+    /// again.
+    failed: HashSet<(u64, u64)>,
 }
 
 impl Staging {
-    /// LINK WRITE: `data` is bytes `offset..` of group `seq`. A piece of another group than the
-    /// one this nexus stages starts that group afresh (the gateway sends a group again whole).
+    /// LINK WRITE: `data` is bytes `offset..` of group `seq`. A piece of a group this nexus is
+    /// not staging starts it afresh, in place of a group out of the window of two around it, or
+    /// of the older of two (the gateway sends a group again whole).
     pub(crate) fn write(
         &mut self,
         nexus: u64,
@@ -94,11 +112,20 @@ impl Staging {
             return Err(StageError::Sense(Sense::invalid_cdb_field(10, None)));
         }
         let budget = u64::from(max_group) * STAGED_GROUPS;
-        let st = self.by_nexus.entry(nexus).or_default();
-        if st.seq != seq {
-            self.bytes -= st.buf.len() as u64;
-            *st = Staged { seq, ..Staged::default() };
+        let groups = self.by_nexus.entry(nexus).or_default();
+        if !groups.iter().any(|g| g.seq == seq) {
+            let window = u64::from(GROUPS_IN_FLIGHT);
+            let mut freed = drop_staged(groups, |g| g.seq.abs_diff(seq) >= window);
+            if groups.len() >= GROUPS_IN_FLIGHT as usize {
+                groups.sort_unstable_by_key(|g| g.seq);
+                freed += groups.remove(0).buf.len() as u64;
+            }
+            self.bytes -= freed;
+            groups.push(Staged { seq, ..Staged::default() });
         }
+        let Some(st) = groups.iter_mut().find(|g| g.seq == seq) else {
+            return Err(StageError::Busy);
+        };
         let grow = end.saturating_sub(st.buf.len() as u64);
         if self.bytes + grow > budget {
             self.refused(nexus, seq);
@@ -117,44 +144,61 @@ impl Staging {
 
     /// LINK COMMIT: the first `len` bytes of group `seq`, when this nexus sent them all;
     /// [`Taken::Wait`] while some are missing but none was refused (with nothing staged for
-    /// the group yet, or an earlier group's pieces, as well: its first piece may be the one on
-    /// its way). A commit of a group older than the one staged is out of sequence.
+    /// the group yet as well: its first piece may be the one on its way). A commit of a group
+    /// out of the window behind the newest staged is out of sequence. Taking a group drops any
+    /// older one of the nexus left staged.
     pub(crate) fn take(&mut self, nexus: u64, seq: u64, len: u32) -> Result<Taken, StageError> {
         let sequence_error = Err(StageError::Sense(Sense::command_sequence_error()));
-        if self.failed.get(&nexus) == Some(&seq) {
-            self.failed.remove(&nexus);
+        if self.failed.remove(&(nexus, seq)) {
             return sequence_error;
         }
-        match self.by_nexus.get(&nexus) {
-            Some(s) if s.seq == seq && s.holds(u64::from(len)) => {}
-            Some(s) if s.seq == seq => return Ok(Taken::Wait),
-            Some(s) if s.seq > seq => return sequence_error,
-            _ if len > 0 => return Ok(Taken::Wait),
-            _ => return sequence_error,
-        }
-        let Some(mut st) = self.by_nexus.remove(&nexus) else {
-            return Err(StageError::Sense(Sense::command_sequence_error()));
+        let groups = self.by_nexus.get_mut(&nexus);
+        let Some(groups) = groups else {
+            return if len > 0 { Ok(Taken::Wait) } else { sequence_error };
         };
-        self.bytes -= st.buf.len() as u64;
+        let Some(at) = groups.iter().position(|g| g.seq == seq) else {
+            if groups.iter().any(|g| g.seq >= seq + u64::from(GROUPS_IN_FLIGHT)) || len == 0 {
+                return sequence_error;
+            }
+            return Ok(Taken::Wait);
+        };
+        if !groups[at].holds(u64::from(len)) {
+            return Ok(Taken::Wait);
+        }
+        let mut st = groups.remove(at);
+        let freed = st.buf.len() as u64 + drop_staged(groups, |g| g.seq < seq);
+        if groups.is_empty() {
+            self.by_nexus.remove(&nexus);
+        }
+        self.bytes -= freed;
         st.buf.truncate(len as usize);
         Ok(Taken::Group(Bytes::from(st.buf)))
     }
 
-    /// A nexus is gone: what it staged goes.
-    pub(crate) fn forget(&mut self, nexus: u64) {
-        if let Some(st) = self.by_nexus.remove(&nexus) {
-            self.bytes -= st.buf.len() as u64;
+    /// A commit gave up waiting for pieces of group `seq`: what it staged goes, so that the
+    /// group sent again (or another under its number) never mixes with them.
+    pub(crate) fn abandon(&mut self, nexus: u64, seq: u64) {
+        if let Some(groups) = self.by_nexus.get_mut(&nexus) {
+            self.bytes -= drop_staged(groups, |g| g.seq == seq);
+            if groups.is_empty() {
+                self.by_nexus.remove(&nexus);
+            }
         }
-        self.failed.remove(&nexus);
     }
 
-    /// A piece of `seq` was refused: what the nexus staged goes (the whole group comes again),
-    /// and the group's commit fails.
-    fn refused(&mut self, nexus: u64, seq: u64) {
-        if let Some(st) = self.by_nexus.remove(&nexus) {
-            self.bytes -= st.buf.len() as u64;
+    /// A nexus is gone: what it staged goes.
+    pub(crate) fn forget(&mut self, nexus: u64) {
+        if let Some(groups) = self.by_nexus.remove(&nexus) {
+            self.bytes -= groups.iter().map(|g| g.buf.len() as u64).sum::<u64>();
         }
-        self.failed.insert(nexus, seq);
+        self.failed.retain(|(n, _)| *n != nexus);
+    }
+
+    /// A piece of `seq` was refused: what the nexus staged of it goes (the whole group comes
+    /// again), and the group's commit fails.
+    fn refused(&mut self, nexus: u64, seq: u64) {
+        self.abandon(nexus, seq);
+        self.failed.insert((nexus, seq));
     }
 
     #[cfg(test)]
@@ -184,8 +228,9 @@ mod tests {
         s.write(1, 5, 4, b"efgh", 64).unwrap();
         assert_eq!(s.take(1, 5, 8), Ok(Taken::Wait), "a gap: its piece may still come");
         s.write(1, 5, 0, b"abcd", 64).unwrap();
-        assert_eq!(s.take(1, 4, 8), SEQUENCE_ERROR, "an older group than the one staged");
-        assert_eq!(s.take(1, 6, 8), Ok(Taken::Wait), "a newer one: its pieces replace these");
+        assert_eq!(s.take(1, 3, 8), SEQUENCE_ERROR, "a group out of the window behind the one staged");
+        assert_eq!(s.take(1, 4, 8), Ok(Taken::Wait), "the one before it: its pieces may be on their way");
+        assert_eq!(s.take(1, 6, 8), Ok(Taken::Wait), "the one after it: staged beside it");
         assert_eq!(&group(s.take(1, 5, 8))[..], b"abcdefgh");
         assert_eq!(s.bytes(), 0);
         assert_eq!(s.take(1, 5, 0), SEQUENCE_ERROR, "a group is taken once");
@@ -200,6 +245,7 @@ mod tests {
         assert_eq!(s.take(1, 2, 16), SEQUENCE_ERROR);
         s.write(2, 1, 0, &[0; 64], 64).unwrap();
         s.write(3, 1, 0, &[0; 64], 64).unwrap();
+        s.write(3, 2, 0, &[0; 64], 64).unwrap();
         assert_eq!(s.write(1, 3, 0, &[0; 8], 64), Err(StageError::Busy));
         assert_eq!(s.take(1, 3, 8), SEQUENCE_ERROR, "a piece refused as busy is not waited for either");
         s.forget(2);
@@ -208,16 +254,30 @@ mod tests {
     }
 
     #[test]
-    fn a_new_group_starts_afresh_and_staging_stays_within_its_budget() {
+    fn a_nexus_stages_a_group_and_the_next_and_staging_stays_within_its_budget() {
         let mut s = Staging::default();
         s.write(1, 1, 0, &[1; 40], 64).unwrap();
         s.write(1, 2, 0, &[2; 8], 64).unwrap();
-        assert_eq!(s.bytes(), 8, "the first group's bytes went with it");
+        assert_eq!(s.bytes(), 48, "group 2 is staged beside group 1");
+        s.write(1, 1, 40, &[1; 8], 64).unwrap();
+        assert_eq!(&group(s.take(1, 1, 48))[..], &[1; 48], "the pieces of both arrive in any order");
+        s.write(1, 3, 0, &[3; 8], 64).unwrap();
+        s.write(1, 4, 0, &[4; 8], 64).unwrap();
+        assert_eq!(s.bytes(), 16, "group 4 took the place of group 2, two behind it");
+        assert_eq!(s.take(1, 2, 8), SEQUENCE_ERROR, "its pieces are gone");
+        assert_eq!(&group(s.take(1, 4, 8))[..], &[4; 8]);
+        assert_eq!(s.bytes(), 0, "taking group 4 dropped the older group 3 left behind");
         s.write(2, 1, 0, &[0; 64], 64).unwrap();
-        assert_eq!(s.write(3, 1, 0, &[0; 64], 64), Err(StageError::Busy), "two groups' worth in all");
-        s.forget(2);
         s.write(3, 1, 0, &[0; 64], 64).unwrap();
-        assert_eq!(s.bytes(), 72);
+        s.write(3, 2, 0, &[0; 64], 64).unwrap();
+        assert_eq!(s.write(4, 1, 0, &[0; 64], 64), Err(StageError::Busy), "three groups' worth in all");
+        s.forget(3);
+        assert_eq!(s.bytes(), 64);
+        assert_eq!(s.take(4, 1, 64), SEQUENCE_ERROR, "its piece was refused as busy");
+        s.write(4, 1, 0, &[0; 60], 64).unwrap();
+        s.abandon(4, 1);
+        assert_eq!(s.bytes(), 64, "an abandoned group's pieces go");
+        assert_eq!(s.take(4, 1, 64), Ok(Taken::Wait), "and its commit waits for them again");
     }
 
     #[test]

@@ -115,6 +115,18 @@ pub fn reached_epoch(base: u64, probe: &Probe, matches: &[bool]) -> u64 {
     base
 }
 
+/// The epochs a probe reads back for epochs sent (each with the epochs before it that it stands
+/// for and the later ones the remote may hold part of), in order, each once.
+fn probe_window<'a>(sent: impl IntoIterator<Item = (&'a Vec<u64>, u64, &'a Vec<u64>)>) -> Vec<u64> {
+    let mut window: Vec<u64> = sent
+        .into_iter()
+        .flat_map(|(covers, epoch, beyond)| covers.iter().chain(beyond).copied().chain([epoch]))
+        .collect();
+    window.sort_unstable();
+    window.dedup();
+    window
+}
+
 /// Where an epoch's flush of the remote stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SyncState {
@@ -138,6 +150,9 @@ struct EpochDestage {
     /// Earlier epochs the remote was found to hold already: they leave the dirty index with
     /// this one, once its flush makes them durable there.
     covers: Vec<u64>,
+    /// Later epochs the remote was found to hold part of (this one is sent again over them):
+    /// if this one fails, the remote may still hold that part.
+    beyond: Vec<u64>,
     /// Blocks in this epoch and those it covers (for [`Core::pipeline_allows`]).
     blocks: u64,
     /// The remote's reset count when the epoch began: a flush answered after it changed
@@ -164,6 +179,8 @@ struct PendingProbe {
 struct Resume {
     epoch: u64,
     covers: Vec<u64>,
+    /// The probe's epochs after it, which the remote may hold part of.
+    beyond: Vec<u64>,
     resets: u64,
 }
 
@@ -188,8 +205,8 @@ pub(crate) struct Destage {
     /// When the remote last answered anything, or something went out with nothing outstanding.
     pub(crate) heard: Option<Instant>,
     next_io: u64,
-    /// Destage runs the whole pipeline whatever the log's fill (a drain waits for it).
-    hurry: bool,
+    /// Drains and settles waiting: destage runs the whole pipeline whatever the log's fill.
+    hurries: u32,
     /// The read side's count of remote reads when destage last looked, and when it last saw
     /// one outstanding or new.
     reads_seen: u64,
@@ -216,9 +233,16 @@ impl Destage {
 }
 
 impl Core {
-    /// Destage at full depth whatever the log's fill (for a drain), or not.
+    /// A drain or a settle starts waiting (`on`), or ends: while any waits, destage runs at
+    /// full depth whatever the log's fill.
     pub fn hurry(&mut self, on: bool) {
-        self.destage.hurry = on;
+        let h = &mut self.destage.hurries;
+        *h = if on { h.saturating_add(1) } else { h.saturating_sub(1) };
+    }
+
+    /// A drain or a settle waits for destage.
+    pub(crate) fn hurried(&self) -> bool {
+        self.destage.hurries > 0
     }
 
     /// When destage may go on after a failure (`None`: now).
@@ -287,7 +311,8 @@ impl Core {
             // Epoch `reached` is sent again: over a remote holding some of the next epoch it
             // stays consistent, and its flush makes the ones before it durable there too.
             let covers = probe.epochs.iter().copied().filter(|&e| e < reached).collect();
-            self.destage.resume = Some(Resume { epoch: reached, covers, resets });
+            let beyond = probe.epochs.iter().copied().filter(|&e| e > reached).collect();
+            self.destage.resume = Some(Resume { epoch: reached, covers, beyond, resets });
         }
     }
 
@@ -332,17 +357,24 @@ impl Core {
                 return out;
             }
             // Everything ended. The remote holds every epoch synchronised; of those sent after,
-            // any order-respecting part. Two at most: start over from the oldest not
-            // synchronised; more: find out first how far it got.
+            // any order-respecting part, and of an epoch past one a probe resumed from, the
+            // part the probe found. Two at most: start over from the oldest not synchronised
+            // (sent again, it leaves the remote at its end plus part of the next); more: find
+            // out first how far it got.
             self.destage.failed = false;
-            let window: Vec<u64> =
-                self.destage.active.iter().flat_map(|e| e.covers.iter().copied().chain([e.epoch])).collect();
+            let window = probe_window(self.destage.active.iter().map(|e| (&e.covers, e.epoch, &e.beyond)));
             self.stats.epochs_resent += self.destage.active.len() as u64;
             self.destage.active.clear();
             self.destage.solo = true;
             if window.len() > 2 {
                 self.start_probe(self.destaged_epoch, window);
             }
+        }
+        // What a probe found holds only until the remote is reset (a power loss may take what
+        // it read since its last flush): read the same epochs back again.
+        if let Some(r) = self.destage.resume.as_ref().filter(|r| r.resets != resets) {
+            let window = probe_window([(&r.covers, r.epoch, &r.beyond)]);
+            self.start_probe(self.destaged_epoch, window);
         }
         if let Some(p) = self.destage.probe.as_mut() {
             if p.sent.is_none() {
@@ -354,17 +386,18 @@ impl Core {
         let was_quiet = self.destage.quiet();
         if self.groups_on() && self.destage.active.is_empty() {
             let mut plain = false;
-            if let Some(io) = self.next_group(&mut plain) {
-                if was_quiet {
-                    self.destage.heard = Some(now);
-                }
-                out.push(io);
+            self.next_groups(&mut plain, &mut out);
+            if was_quiet && !out.is_empty() {
+                self.destage.heard = Some(now);
             }
-            if !plain {
+            // Groups may have turned off just now: plain destage goes on in the same look.
+            if !plain && self.groups_on() {
                 return out;
             }
-            // The next epoch is too large for any group: it goes alone as plain writes.
-            self.destage.solo = true;
+            if plain {
+                // The next epoch is too large for any group: it goes alone as plain writes.
+                self.destage.solo = true;
+            }
         }
         let limit = if self.reads_first(now) { 1 } else { self.cfg.destage_inflight.max(1) };
         let mut inflight = self.destage.inflight();
@@ -430,7 +463,7 @@ impl Core {
     /// Destage is background work now: the log is below `deep_destage_from` and nothing hurries
     /// it. Then it keeps two epochs in flight, not its whole pipeline.
     fn shallow(&self) -> bool {
-        !self.destage.hurry && self.log_fill() < self.cfg.deep_destage_from
+        !self.hurried() && self.log_fill() < self.cfg.deep_destage_from
     }
 
     /// At `now`, with commands outstanding that the remote has left unanswered for longer than
@@ -500,9 +533,9 @@ impl Core {
         if not_durable {
             return false;
         }
-        let (covers, resets) = match self.destage.resume.take() {
-            Some(r) if r.epoch == epoch => (r.covers, r.resets),
-            _ => (Vec::new(), resets),
+        let (covers, beyond, resets) = match self.destage.resume.take() {
+            Some(r) if r.epoch == epoch => (r.covers, r.beyond, r.resets),
+            _ => (Vec::new(), Vec::new(), resets),
         };
         if epoch == self.log.epoch {
             self.close_epoch();
@@ -515,6 +548,7 @@ impl Core {
             sync: SyncState::Unsent,
             failed: false,
             covers,
+            beyond,
             blocks: total_blocks,
             resets,
             pipelined,

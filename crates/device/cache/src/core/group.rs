@@ -1,18 +1,22 @@
 //! Destage to a stics SG (a remote that takes groups, [`stics_block::GroupSink`]): whole epochs
 //! `a..=b` merged into one group (last write wins per block, neighbours coalesced), shipped as
 //! one unit that the SG makes durable before it answers and applies whole. One group is in
-//! flight at a time; while it travels the next one grows, so groups are large exactly when the
-//! link is the bottleneck, bounded by the SG's largest group, by the `max_lag` budget (a group
-//! should take at most a quarter of it to ship at the rate measured, and host writes wait while
-//! the data not on the SG would take more than half of it) and by the log: destage never waits
-//! for more.
+//! flight at a time, two while a drain or a settle waits (a gateway giving up a token) on an SG
+//! that takes groups strictly in sequence; while one travels the next one grows, so groups are
+//! large exactly when the link is the bottleneck, bounded by the SG's largest group, by the
+//! `max_lag` budget (a group should take at most a quarter of it to ship at the rate measured,
+//! and host writes wait while the data not on the SG would take more than half of it) and by
+//! the log: destage never waits for more.
 //!
 //! What the SG holds is what its status says: at start, and after a group it refused, the
 //! gateway reads it and retires every epoch up to the newest the SG committed, instead of
 //! reading back blocks. A group sent again after a lost answer carries the same number and
-//! epochs, and the SG takes it without effect. An epoch too large for any group goes as plain
-//! writes and a flush (the plain destage of [`super::destage`]), alone.
+//! epochs, and the SG takes it without effect. With two out, the SG's answer to the second
+//! says the first is there too; a failure of either waits until neither is out, then the older
+//! failure decides what comes next. An epoch too large for any group goes as plain writes and a
+//! flush (the plain destage of [`super::destage`]), alone, with no group out.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use stics_block::extent::ExtentMap;
@@ -69,10 +73,10 @@ pub(crate) struct Groups {
     next_seq: Option<u64>,
     /// A status read is out.
     status_sent: bool,
-    /// The group out, or to be sent again.
-    inflight: Option<GroupPlan>,
-    /// It is out now (else it waits for its retry).
-    sent: bool,
+    /// The groups out or to be sent again, oldest first.
+    flights: VecDeque<Flight>,
+    /// The oldest group that failed since the last look, and how: acted on once none is out.
+    broken: Option<(u64, Failure)>,
     /// Refusals in a row.
     refusals: u32,
     /// After recovery: the read-back of plain destage's epochs comes once the status is known.
@@ -87,6 +91,25 @@ pub(crate) struct Groups {
     pub(crate) now: Option<Instant>,
 }
 
+/// A group handed out.
+#[derive(Debug)]
+struct Flight {
+    plan: GroupPlan,
+    /// It is out now (else it waits to be sent again).
+    sent: bool,
+}
+
+/// How a group failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Failure {
+    /// Lost on the way, or the SG could not take it now: the same group goes again.
+    Again,
+    /// The SG refused it.
+    Refused(String),
+    /// The remote takes no groups (any more).
+    Unsupported(String),
+}
+
 /// Metrics of group destage.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct GroupStats {
@@ -97,6 +120,8 @@ pub struct GroupStats {
     pub bytes_merged: u64,
     pub bytes_shipped: u64,
     pub groups_resent: u64,
+    /// Groups sent while the one before was still out (a settle waited).
+    pub groups_overlapped: u64,
     /// Epochs too large for a group, sent as plain writes.
     pub plain_epochs: u64,
     /// Shipping rate measured, bytes per second.
@@ -162,30 +187,70 @@ impl Core {
         GroupStats { rate: self.destage.groups.rate.unwrap_or(0.0), ..self.group_stats }
     }
 
-    /// The next group operation, if any: the status read, a group, or nothing (one is out, or
-    /// the next epoch is too large for a group and plain destage takes it: then `plain` is set).
-    pub(crate) fn next_group(&mut self, plain: &mut bool) -> Option<super::DestageIo> {
+    /// The next group operations: the status read, groups sent again in order and a new one
+    /// while there is room, or nothing (the ones out fill the pipeline, or the next epoch is too
+    /// large for a group and plain destage takes it: then `plain` is set).
+    pub(crate) fn next_groups(&mut self, plain: &mut bool, out: &mut Vec<super::DestageIo>) {
         let g = &mut self.destage.groups;
         if g.next_seq.is_none() {
-            if g.status_sent {
-                return None;
+            if !g.status_sent {
+                g.status_sent = true;
+                out.push(super::DestageIo::GroupStatus);
             }
-            g.status_sent = true;
-            return Some(super::DestageIo::GroupStatus);
+            return;
         }
-        if let Some(p) = &g.inflight {
-            if g.sent {
-                return None;
+        if g.broken.is_some() {
+            if g.flights.iter().any(|f| f.sent) {
+                return;
             }
-            g.sent = true;
-            self.group_stats.groups_resent += 1;
-            return Some(super::DestageIo::Group(p.clone()));
+            self.after_failure();
+            if !self.groups_on() {
+                return;
+            }
+            if self.destage.groups.next_seq.is_none() {
+                return self.next_groups(plain, out);
+            }
         }
-        let plan = self.plan_group(plain)?;
         let g = &mut self.destage.groups;
-        g.inflight = Some(plan.clone());
-        g.sent = true;
-        Some(super::DestageIo::Group(plan))
+        for f in g.flights.iter_mut().filter(|f| !f.sent) {
+            f.sent = true;
+            self.group_stats.groups_resent += 1;
+            out.push(super::DestageIo::Group(f.plan.clone()));
+        }
+        let depth = if self.hurried() { self.layout.groups_in_flight.max(1) as usize } else { 1 };
+        if self.destage.groups.flights.len() >= depth {
+            return;
+        }
+        // Plain writes never go while a group is out: they could land before it.
+        let mut behind = false;
+        let alone = if self.destage.groups.flights.is_empty() { plain } else { &mut behind };
+        if let Some(plan) = self.plan_group(alone) {
+            if !self.destage.groups.flights.is_empty() {
+                self.group_stats.groups_overlapped += 1;
+            }
+            out.push(super::DestageIo::Group(plan.clone()));
+            self.destage.groups.flights.push_back(Flight { plan, sent: true });
+        }
+    }
+
+    /// Every group out has answered since one failed: the first that failed decides.
+    fn after_failure(&mut self) {
+        let g = &mut self.destage.groups;
+        let Some((_, failure)) = g.broken.take() else { return };
+        let why = match failure {
+            Failure::Again => return,
+            // A fenced cache never turns to plain writes: it tries again, after the status.
+            Failure::Refused(why) | Failure::Unsupported(why) if g.only => why,
+            Failure::Unsupported(why) => return self.groups_off(why),
+            Failure::Refused(why) => why,
+        };
+        g.refusals += 1;
+        if g.refusals >= MAX_REFUSALS && !g.only {
+            return self.groups_off(why);
+        }
+        g.next_seq = None;
+        g.status_sent = false;
+        g.flights.clear();
     }
 
     /// The largest group to form now: under a lag bound, one that ships in a quarter of it at
@@ -218,7 +283,8 @@ impl Core {
         let (mut first, mut last) = (None, 0);
         let mut before = 0u64;
         let mut additive = 0u64;
-        let epochs: Vec<u64> = self.epochs.range(self.destaged_epoch + 1..).map(|(e, _)| *e).collect();
+        let after = self.destage.groups.flights.back().map_or(self.destaged_epoch, |f| f.plan.last_epoch);
+        let epochs: Vec<u64> = self.epochs.range(after + 1..).map(|(e, _)| *e).collect();
         for epoch in epochs {
             let Some(m) = self.epochs.get(&epoch) else { break };
             if !durable(m) {
@@ -258,7 +324,8 @@ impl Core {
         if last == self.log.epoch {
             self.close_epoch();
         }
-        let seq = self.destage.groups.next_seq?;
+        let g = &self.destage.groups;
+        let seq = g.flights.back().map_or(g.next_seq, |f| Some(f.plan.seq + 1))?;
         let mut extents: Vec<Extent> = Vec::new();
         let mut sources: Vec<Piece> = Vec::new();
         let mut raw_blocks = 0u64;
@@ -316,59 +383,61 @@ impl Core {
     }
 
     /// The SG took group `seq` (`encoded` bytes, shipped in `took`) at `now`: its epochs are on
-    /// the remote. True when epochs were retired.
+    /// the remote, and those of any group before it (the SG takes them in sequence). True when
+    /// epochs were retired.
     pub fn group_committed(&mut self, seq: u64, encoded: u64, took: Duration, now: Instant) -> bool {
         self.destage.heard = Some(now);
         let g = &mut self.destage.groups;
-        let Some(plan) = g.inflight.take_if(|p| p.seq == seq) else { return false };
-        g.sent = false;
+        let Some(at) = g.flights.iter().position(|f| f.plan.seq == seq) else {
+            // Its answer came after the next group's, which said it was there.
+            if g.next_seq.is_some_and(|n| seq < n) {
+                self.group_stats.bytes_shipped += encoded;
+            }
+            return false;
+        };
+        let done: Vec<Flight> = g.flights.drain(..=at).collect();
         g.refusals = 0;
         g.next_seq = Some(seq + 1);
+        if g.broken.as_ref().is_some_and(|(s, _)| *s <= seq) {
+            g.broken = None;
+        }
         if took > Duration::ZERO {
+            let raw = done.last().map_or(0, |f| f.plan.raw_bytes);
             let smooth = |old: Option<f64>, r: f64| Some(old.map_or(r, |old| 0.7 * old + 0.3 * r));
             g.rate = smooth(g.rate, encoded as f64 / took.as_secs_f64());
-            g.raw_rate = smooth(g.raw_rate, plan.raw_bytes.max(encoded) as f64 / took.as_secs_f64());
+            g.raw_rate = smooth(g.raw_rate, raw.max(encoded) as f64 / took.as_secs_f64());
         }
         let bs = u64::from(self.layout.block_size);
         let s = &mut self.group_stats;
-        s.groups += 1;
-        s.group_epochs += plan.last_epoch - plan.first_epoch + 1;
-        s.bytes_merged += plan.raw_bytes;
-        s.bytes_before_merge += plan.raw_bytes + plan.absorbed_blocks * bs;
         s.bytes_shipped += encoded;
-        self.retire_through(plan.last_epoch, now)
+        let mut last = 0;
+        for f in done {
+            let plan = f.plan;
+            s.groups += 1;
+            s.group_epochs += plan.last_epoch - plan.first_epoch + 1;
+            s.bytes_merged += plan.raw_bytes;
+            s.bytes_before_merge += plan.raw_bytes + plan.absorbed_blocks * bs;
+            last = plan.last_epoch;
+        }
+        self.retire_through(last, now)
     }
 
-    /// Committing group `seq` failed at `now`. A refused group makes destage read the SG's
-    /// status again (the SG may have taken it under this number already, or lost track);
-    /// refused too often, or on a remote that no longer takes groups, destage goes on with
-    /// plain writes. Anything else sends the same group again after a pause.
+    /// Committing group `seq` failed at `now`. Once no group is out, the oldest that failed
+    /// decides: a refused group makes destage read the SG's status again (the SG may have taken
+    /// it under this number already, or lost track); refused too often, or on a remote that no
+    /// longer takes groups, destage goes on with plain writes. Anything else sends the same
+    /// groups again after a pause.
     pub fn group_failed(&mut self, seq: u64, err: &BlockError, now: Instant) {
         let g = &mut self.destage.groups;
-        if g.inflight.as_ref().is_none_or(|p| p.seq != seq) {
-            return;
-        }
-        g.sent = false;
-        match err {
-            // A fenced cache never turns to plain writes: it tries again, after the status.
-            BlockError::Unsupported(_) | BlockError::Rejected(_) if g.only => {
-                g.refusals += 1;
-                g.next_seq = None;
-                g.status_sent = false;
-                g.inflight = None;
-            }
-            BlockError::Unsupported(_) => self.groups_off(err),
-            BlockError::Rejected(_) => {
-                g.refusals += 1;
-                if g.refusals >= MAX_REFUSALS {
-                    self.groups_off(err);
-                } else {
-                    g.next_seq = None;
-                    g.status_sent = false;
-                    g.inflight = None;
-                }
-            }
-            _ => {}
+        let Some(f) = g.flights.iter_mut().find(|f| f.plan.seq == seq) else { return };
+        f.sent = false;
+        let failure = match err {
+            BlockError::Unsupported(_) => Failure::Unsupported(err.to_string()),
+            BlockError::Rejected(_) => Failure::Refused(err.to_string()),
+            _ => Failure::Again,
+        };
+        if g.broken.as_ref().is_none_or(|(s, _)| seq < *s) {
+            g.broken = Some((seq, failure));
         }
         self.remote_failed(err, None, now);
     }
@@ -379,12 +448,12 @@ impl Core {
         self.destage.groups.only = true;
     }
 
-    fn groups_off(&mut self, err: &BlockError) {
+    fn groups_off(&mut self, why: String) {
         let g = &mut self.destage.groups;
         g.off = true;
-        g.inflight = None;
-        g.sent = false;
-        self.changes.push(super::Change::GroupsOff { why: err.to_string() });
+        g.flights.clear();
+        g.broken = None;
+        self.changes.push(super::Change::GroupsOff { why });
     }
 
     /// What the SG holds of this log, read at `now`: every epoch up to the newest it committed
@@ -394,11 +463,11 @@ impl Core {
         let g = &mut self.destage.groups;
         g.status_sent = false;
         g.next_seq = Some(holds.committed_seq + 1);
-        // A group out under a number the SG has not used goes again as it is; one under a used
-        // number is planned afresh.
-        if g.inflight.as_ref().is_some_and(|p| p.seq <= holds.committed_seq) {
-            g.inflight = None;
-            g.sent = false;
+        // Groups out under numbers the SG has not used go again as they are, if they follow
+        // on from the newest it took; the rest are planned afresh.
+        g.flights.retain(|f| f.plan.seq > holds.committed_seq);
+        if g.flights.front().is_some_and(|f| f.plan.seq != holds.committed_seq + 1) {
+            g.flights.clear();
         }
         if holds.committed_seq > 0 && holds.committed_epoch < self.destaged_epoch {
             tracing::warn!(
@@ -418,7 +487,7 @@ impl Core {
     pub fn group_status_failed(&mut self, err: &BlockError, now: Instant) {
         self.destage.groups.status_sent = false;
         if matches!(err, BlockError::Unsupported(_)) {
-            self.groups_off(err);
+            self.groups_off(err.to_string());
         }
         self.remote_failed(err, None, now);
     }
@@ -446,6 +515,6 @@ impl Core {
 impl Groups {
     /// True when nothing of group destage is out.
     pub(crate) fn quiet(&self) -> bool {
-        !(self.status_sent || self.inflight.is_some() && self.sent)
+        !(self.status_sent || self.flights.iter().any(|f| f.sent))
     }
 }

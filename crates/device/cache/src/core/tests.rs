@@ -33,6 +33,7 @@ fn layout(ordered: bool) -> Layout {
         ring_end: RING_START + (64 << 20),
         ordered_remote: ordered,
         max_group: None,
+        groups_in_flight: 1,
     }
 }
 
@@ -629,6 +630,74 @@ fn a_failed_group_goes_again_with_its_number_and_epochs_and_a_refused_one_after_
     assert_eq!((next.seq, next.first_epoch), (43, first.last_epoch + 1));
 }
 
+/// A core in front of an SG that takes groups in sequence, two out at once, its status read.
+fn pipelined_core(t: Instant) -> Core {
+    let mut l = layout(true);
+    l.max_group = Some(1 << 20);
+    l.groups_in_flight = 2;
+    let mut c = Core::new(cfg(Mode::Log), l, [1; 16], cp());
+    assert_eq!(one_io(&mut c, t), DestageIo::GroupStatus);
+    c.group_status(crate::core::SgHolds::default(), t);
+    c
+}
+
+#[test]
+fn while_a_settle_waits_the_next_group_leaves_before_the_last_is_answered_and_its_answer_retires_both() {
+    let t = now();
+    let mut c = pipelined_core(t);
+    c.write(0, blocks(2, 1), false).unwrap();
+    log_all(&mut c);
+    let g1 = group_of(one_io(&mut c, t));
+    c.write(10, blocks(2, 2), false).unwrap();
+    log_all(&mut c);
+    assert!(c.next_destage(0, t).is_empty(), "one out at a time while nothing waits for destage");
+    c.hurry(true);
+    let g2 = group_of(one_io(&mut c, t));
+    assert_eq!((g2.seq, g2.first_epoch), (g1.seq + 1, g1.last_epoch + 1), "the next epochs, the next number");
+    c.write(20, blocks(2, 3), false).unwrap();
+    log_all(&mut c);
+    assert!(c.next_destage(0, t).is_empty(), "two out at most");
+    // The second's answer comes first: the SG takes a source's groups in sequence.
+    assert!(c.group_committed(g2.seq, 100, Duration::from_millis(20), t));
+    assert_eq!(c.group_stats().groups, 2, "both are on the SG");
+    assert!(!c.group_committed(g1.seq, 100, Duration::from_millis(20), t), "the first's late answer retires nothing");
+    assert_eq!(c.group_stats().bytes_shipped, 200);
+    let g3 = group_of(one_io(&mut c, t));
+    assert_eq!((g3.seq, g3.first_epoch), (g2.seq + 1, g2.last_epoch + 1));
+    c.hurry(false);
+}
+
+#[test]
+fn when_the_first_of_two_groups_fails_both_go_again_in_order_once_neither_is_out() {
+    let t = now();
+    let mut c = pipelined_core(t);
+    c.hurry(true);
+    c.write(0, blocks(2, 1), false).unwrap();
+    log_all(&mut c);
+    let g1 = group_of(one_io(&mut c, t));
+    c.write(10, blocks(2, 2), false).unwrap();
+    log_all(&mut c);
+    let g2 = group_of(one_io(&mut c, t));
+    c.group_failed(g1.seq, &BlockError::Unreachable("cut".into()), t);
+    let later = t + Duration::from_secs(10);
+    assert!(c.next_destage(0, later).is_empty(), "nothing goes while the second is out");
+    // The SG refused the second: its predecessor never came.
+    c.group_failed(g2.seq, &BlockError::Rejected("came before".into()), later);
+    let again = c.next_destage(0, later + Duration::from_secs(10));
+    assert_eq!(again, vec![DestageIo::Group(g1.clone()), DestageIo::Group(g2.clone())], "the first failure decides");
+    // This time the first is refused and the second lost: the status is read, and what the SG
+    // holds is planned afresh.
+    let t2 = later + Duration::from_secs(20);
+    c.group_failed(g2.seq, &BlockError::Unreachable("cut".into()), t2);
+    c.group_failed(g1.seq, &BlockError::Rejected("used number".into()), t2);
+    let t3 = t2 + Duration::from_secs(10);
+    assert_eq!(one_io(&mut c, t3), DestageIo::GroupStatus);
+    assert!(c.group_status(crate::core::SgHolds { committed_seq: g1.seq, committed_epoch: g1.last_epoch }, t3));
+    let next = group_of(one_io(&mut c, t3));
+    assert_eq!((next.seq, next.first_epoch), (g1.seq + 1, g1.last_epoch + 1), "group 2 planned afresh");
+    c.hurry(false);
+}
+
 #[test]
 fn a_remote_that_refuses_groups_gets_plain_destage() {
     let mut c = sg_core(Mode::Log, 1 << 20);
@@ -639,10 +708,11 @@ fn a_remote_that_refuses_groups_gets_plain_destage() {
     log_all(&mut c);
     let g = group_of(one_io(&mut c, t));
     c.group_failed(g.seq, &BlockError::Unsupported("no link"), t);
-    assert!(!c.groups_on());
-    assert!(c.take_changes().iter().any(|ch| matches!(ch, crate::core::Change::GroupsOff { .. })));
+    // Decided at the next look, once no group is out: plain writes go in the same look.
     let later = t + Duration::from_secs(10);
     let ios = c.next_destage(0, later);
+    assert!(!c.groups_on());
+    assert!(c.take_changes().iter().any(|ch| matches!(ch, crate::core::Change::GroupsOff { .. })));
     assert!(matches!(ios.first(), Some(DestageIo::Write { lba: 0, blocks: 2, .. })), "{ios:?}");
 }
 

@@ -41,6 +41,7 @@ pub(crate) async fn destager(inner: Arc<Inner>) {
             return;
         }
         let notified = inner.destager.notified();
+        tokio::pin!(notified);
         if let (true, Some(q), true) = (ordered, inner.remote.ordered_queue(), running.is_empty()) {
             // Cheap unless the session was reinstated or the claim was refused: then the claim
             // is made again first. Only with nothing in flight: after a lost connection the
@@ -79,12 +80,27 @@ pub(crate) async fn destager(inner: Arc<Inner>) {
             }
         }
         // Collect what finished; wait a while for the first if nothing else can happen (not for
-        // ever: a remote that stops answering must still be noticed below).
+        // ever: a remote that stops answering must still be noticed below). While a drain or a
+        // settle waits, new work ends the wait too: a group may go behind the one out.
+        let mut woke = false;
         loop {
             let joined = if progressed {
                 running.try_join_next()
             } else {
-                tokio::time::timeout(Duration::from_millis(500), running.join_next()).await.ok().flatten()
+                let until = tokio::time::Instant::now() + Duration::from_millis(500);
+                loop {
+                    tokio::select! {
+                        j = running.join_next() => break j,
+                        () = notified.as_mut() => {
+                            woke = true;
+                            notified.set(inner.destager.notified());
+                            if lock(&inner.core).hurried() {
+                                break None;
+                            }
+                        }
+                        () = tokio::time::sleep_until(until) => break None,
+                    }
+                }
             };
             let Some(joined) = joined else { break };
             progressed = true;
@@ -93,7 +109,7 @@ pub(crate) async fn destager(inner: Arc<Inner>) {
         }
         lock(&inner.core).check_answers(Instant::now());
         report(&inner);
-        if !progressed {
+        if !progressed && !woke {
             // Idle, or holding back after a failure: until the backoff ends or new work comes.
             let wait = lock(&inner.core)
                 .retry_at()
@@ -186,8 +202,9 @@ fn spawn_destage(inner: &Arc<Inner>, io: DestageIo, running: &mut JoinSet<Ended>
 /// Encodes a group (the same bytes again when it is sent again) and commits it on the SG;
 /// returns its encoded size.
 async fn ship_group(inner: &Arc<Inner>, plan: GroupPlan) -> Result<u64, BlockError> {
+    let plan_seq = plan.seq;
     let sink = inner.remote.group_sink().ok_or(BlockError::Unsupported("the remote no longer takes groups"))?;
-    let kept = lock(&inner.group_bytes).as_ref().filter(|(seq, _)| *seq == plan.seq).map(|(_, b)| b.clone());
+    let kept = lock(&inner.group_bytes).iter().find(|(seq, _)| *seq == plan.seq).map(|(_, b)| b.clone());
     let bytes = match kept {
         Some(b) => b,
         None => {
@@ -210,13 +227,19 @@ async fn ship_group(inner: &Arc<Inner>, plan: GroupPlan) -> Result<u64, BlockErr
             .map_err(|e| BlockError::Io { lba: 0, source: std::io::Error::other(e) })?
             .map_err(|e| BlockError::Rejected(format!("encoding a group: {e}")))?;
             let b = Bytes::from(encoded);
-            *lock(&inner.group_bytes) = Some((plan.seq, b.clone()));
+            let mut kept = lock(&inner.group_bytes);
+            // The groups out: a newer number than all of them starts a new run of groups.
+            kept.retain(|(seq, _)| *seq < plan.seq);
+            kept.push((plan.seq, b.clone()));
+            if kept.len() > stics_link::status::GROUPS_IN_FLIGHT as usize {
+                kept.remove(0);
+            }
             b
         }
     };
     let len = bytes.len() as u64;
     sink.commit(bytes).await?;
-    *lock(&inner.group_bytes) = None;
+    lock(&inner.group_bytes).retain(|(seq, _)| *seq > plan_seq);
     lock(&inner.counters).remote_write_bytes += len;
     Ok(len)
 }
@@ -404,7 +427,7 @@ async fn destage_ended(inner: &Arc<Inner>, ended: Ended) {
             tracing::debug!(seq, "shipping a group failed: {e}");
             if matches!(e, BlockError::Rejected(_)) {
                 tracing::warn!(seq, "the SG refused a group: {e}");
-                *lock(&inner.group_bytes) = None;
+                lock(&inner.group_bytes).clear();
             }
             lock(&inner.counters).destage_retries += 1;
             lock(&inner.core).group_failed(seq, &e, now);

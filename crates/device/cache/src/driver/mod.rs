@@ -181,8 +181,8 @@ pub(crate) struct Inner {
     halted: AtomicBool,
     /// Read-ahead in flight: block range and who waits for it.
     prefetching: Mutex<Vec<(u64, u64, Arc<Notify>)>>,
-    /// The group being shipped, encoded: sent again as the same bytes.
-    group_bytes: Mutex<Option<(u64, Bytes)>>,
+    /// The groups being shipped, encoded (oldest first): each sent again as the same bytes.
+    group_bytes: Mutex<Vec<(u64, Bytes)>>,
     /// The tokens a shared LUN's groups are fenced under.
     fencer: Option<Arc<dyn Fencer>>,
 }
@@ -273,6 +273,7 @@ impl Cache {
             ring_end: sb.log_bytes,
             ordered_remote: cfg.ordered_destage && remote.ordered_queue().is_some(),
             max_group,
+            groups_in_flight: remote.group_sink().map_or(1, stics_block::GroupSink::groups_in_flight),
         };
         cfg.validate(&layout)?;
         // Once the settings are known to work and before recovery destages anything: nobody else
@@ -337,7 +338,7 @@ impl Cache {
             stopping: AtomicBool::new(false),
             halted: AtomicBool::new(false),
             prefetching: Mutex::new(Vec::new()),
-            group_bytes: Mutex::new(None),
+            group_bytes: Mutex::new(Vec::new()),
             fencer,
         });
         let mut tasks = JoinSet::new();

@@ -102,6 +102,8 @@ pub struct GroupStatus {
     pub bytes_shipped: u64,
     /// Groups sent again after a failure.
     pub resent: u64,
+    /// Groups sent while the one before was still out.
+    pub overlapped: u64,
     /// Epochs too large for a group, sent as plain writes.
     pub plain_epochs: u64,
     /// Shipping rate measured, bytes per second.
@@ -208,6 +210,7 @@ impl Counters {
                 bytes_merged: g.bytes_merged,
                 bytes_shipped: g.bytes_shipped,
                 resent: g.groups_resent,
+                overlapped: g.groups_overlapped,
                 plain_epochs: g.plain_epochs,
                 ship_bytes_per_sec: g.rate,
             }),

@@ -92,6 +92,47 @@ async fn a_committed_group_is_served_at_once_and_reaches_the_medium_whole() {
     dev.close().await;
 }
 
+#[tokio::test]
+async fn a_group_that_comes_before_its_predecessor_waits_for_it_and_fails_with_it() {
+    let medium = Arc::new(MemDev::new(512, BLOCKS));
+    let dev = Arc::new(
+        JournalDev::open(Arc::new(MemDev::new(512, 2048 * 16)), medium.clone(), JournalConfig::default())
+            .await
+            .expect("opens"),
+    );
+    assert_eq!(dev.groups_in_flight(), 2);
+    let early = tokio::spawn({
+        let dev = Arc::clone(&dev);
+        async move { dev.commit(group(2, G2)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!early.is_finished(), "group 2 waits for group 1");
+    assert_eq!(dev.status().groups_committed, 0);
+    dev.commit(group(1, G1)).await.expect("commit 1");
+    early.await.expect("joins").expect("group 2 lands behind group 1");
+    same(&view(dev.as_ref()).await, &model(&[G1, G2]), "in sequence");
+
+    // Group 4 waits for group 3, which the journal refuses (past the medium): group 4 fails
+    // at once rather than after the whole wait, and nothing of either lands.
+    let early = tokio::spawn({
+        let dev = Arc::clone(&dev);
+        async move { dev.commit(group(4, G3)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(dev.commit(group(3, &[(BLOCKS - 1, 2, 9)])).await.is_err(), "past the medium");
+    let e = tokio::time::timeout(AHEAD_WAIT / 2, early)
+        .await
+        .expect("it fails with its predecessor, not at the end of its wait")
+        .expect("joins")
+        .expect_err("its predecessor failed");
+    assert!(e.to_string().contains("came before"), "{e}");
+    same(&view(dev.as_ref()).await, &model(&[G1, G2]), "neither landed");
+    dev.commit(group(3, G3)).await.expect("group 3 sent again");
+    dev.commit(group(4, G1)).await.expect("then group 4");
+    same(&view(dev.as_ref()).await, &model(&[G1, G2, G3, G1]), "both, in sequence");
+    dev.close().await;
+}
+
 impl JournalDev {
     async fn status_bytes(&self) -> Bytes {
         self.link_status(0).await.expect("status")
@@ -433,9 +474,9 @@ mod tokens_kept {
         let after = dev.token_status();
         assert_eq!((after.held_exclusive, after.gateways), (before.held_exclusive, 1));
         assert_eq!(after.held_exclusive, gens.len());
-        for (seg, gen) in gens {
+        for (seq, (seg, gen)) in (1..).zip(gens) {
             let lba = seg * 128;
-            dev.commit(fenced_group(a, 100 + seg, lba, 1, 1, Some(vec![(seg, gen)])))
+            dev.commit(fenced_group(a, seq, lba, 1, 1, Some(vec![(seg, gen)])))
                 .await
                 .unwrap_or_else(|e| panic!("segment {seg} under {gen}: {e}"));
         }
