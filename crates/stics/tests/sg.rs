@@ -143,7 +143,7 @@ fn sg_kills(mode: &str, seed: u64, rounds: u32) {
 }
 
 #[test]
-fn the_sg_serves_its_journal_s_groups_fill_and_apply_lag_as_metrics() {
+fn the_sg_serves_its_journal_s_groups_fill_apply_lag_and_reads_as_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk.img");
     std::fs::File::create(&disk).unwrap().set_len(16 << 20).unwrap();
@@ -175,6 +175,9 @@ fn the_sg_serves_its_journal_s_groups_fill_and_apply_lag_as_metrics() {
     assert!(value("stics_sg_journal_bytes") > f64::from(60u32 << 20), "the 64 MiB journal: {text}");
     assert!(value("stics_sg_journal_used_bytes") >= 0.0, "{text}");
     assert!(value("stics_sg_apply_lag_seconds") >= 0.0, "{text}");
+    // Where reads were served from (counted exactly by the journal's own test).
+    assert!(value("stics_sg_blocks_read_journal_total") >= 0.0, "{text}");
+    assert!(value("stics_sg_blocks_read_medium_total") >= 0.0, "{text}");
 }
 
 /// The SG with CHAP both ways: the gateway proves itself with its secret and checks the SG's.

@@ -41,13 +41,15 @@ struct JournalCollector(Vec<Arc<JournalDev>>);
 type JournalRead = fn(&JournalStatus) -> u64;
 type JournalGauge = (&'static str, &'static str, fn(&JournalStatus) -> f64);
 
-const JOURNAL_COUNTERS: [(&str, &str, JournalRead); 6] = [
+const JOURNAL_COUNTERS: [(&str, &str, JournalRead); 8] = [
     ("groups_committed", "Groups the journal took, durable before the answer", |s| s.groups_committed),
     ("group_bytes", "Bytes of those groups as shipped", |s| s.group_bytes),
     ("group_raw_bytes", "Bytes of data those groups carry", |s| s.group_raw_bytes),
     ("groups_again", "Groups sent again after a lost answer, taken without effect", |s| s.groups_again),
     ("groups_applied", "Groups applied to the medium", |s| s.groups_applied),
     ("apply_failures", "Times applying a group to the medium failed (it is tried again)", |s| s.apply_failures),
+    ("blocks_read_journal", "Blocks reads took from groups not on the medium yet", |s| s.blocks_read_journal),
+    ("blocks_read_medium", "Blocks reads took from the medium", |s| s.blocks_read_medium),
 ];
 
 impl prometheus_client::collector::Collector for JournalCollector {

@@ -65,6 +65,10 @@ pub struct JournalStatus {
     pub apply_lag_secs: f64,
     /// Times applying a group to the medium failed (it is tried again).
     pub apply_failures: u64,
+    /// Blocks reads took from groups not on the medium yet (held in memory until applied), and
+    /// from the medium: how much of what the SG serves skips its disk.
+    pub blocks_read_journal: u64,
+    pub blocks_read_medium: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -741,6 +745,13 @@ impl BlockDev for JournalDev {
     async fn read(&self, lba: u64, blocks: u32) -> std::result::Result<Bytes, BlockError> {
         self.geometry().check_range(lba, u64::from(blocks))?;
         let pieces = lock(&self.inner.core).read(lba, u64::from(blocks));
+        {
+            let from_medium: u64 =
+                pieces.iter().map(|p| if let Piece::Medium { blocks, .. } = p { u64::from(*blocks) } else { 0 }).sum();
+            let mut s = lock(&self.inner.stats);
+            s.blocks_read_medium += from_medium;
+            s.blocks_read_journal += u64::from(blocks) - from_medium;
+        }
         if let [Piece::Medium { lba, blocks }] = pieces.as_slice() {
             return self.inner.medium.read(*lba, *blocks).await;
         }

@@ -93,6 +93,29 @@ async fn a_committed_group_is_served_at_once_and_reaches_the_medium_whole() {
 }
 
 #[tokio::test]
+async fn reads_are_counted_by_where_they_were_served_from() {
+    // The medium refuses writes, so the group stays in the journal until the rule goes.
+    let medium = fault(9, BLOCKS);
+    medium.add_rule(Rule::fail(Op::Write));
+    let dev =
+        JournalDev::open(Arc::new(MemDev::new(512, 2048 * 16)), Arc::new(medium.clone()), JournalConfig::default())
+            .await
+            .expect("opens");
+    dev.commit(group(1, G1)).await.expect("commit");
+    // Blocks 0..8 from the group, 8..20 from the medium, 100..104 from the group.
+    dev.read(0, 20).await.expect("read");
+    dev.read(100, 4).await.expect("read");
+    let s = dev.status();
+    assert_eq!((s.blocks_read_journal, s.blocks_read_medium), (12, 12));
+    medium.clear_rules();
+    dev.settle().await;
+    dev.read(0, 20).await.expect("read");
+    let s = dev.status();
+    assert_eq!((s.blocks_read_journal, s.blocks_read_medium), (12, 32));
+    dev.close().await;
+}
+
+#[tokio::test]
 async fn a_group_that_comes_before_its_predecessor_waits_for_it_and_fails_with_it() {
     let medium = Arc::new(MemDev::new(512, BLOCKS));
     let dev = Arc::new(

@@ -29,6 +29,64 @@ pub struct Args {
     /// Leave out the count of iSCSI messages per file-system call (seed 002 Tables 2–3).
     #[arg(long)]
     pub no_calls: bool,
+    /// The paths to run, comma-separated (default: all five, in this order).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub paths: Vec<Path>,
+}
+
+/// A path PostMark's traffic takes to the remote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Path {
+    /// Plain iSCSI to the target.
+    Plain,
+    /// Through a gateway in log mode, then plain iSCSI.
+    Log,
+    /// Through a gateway in immediate mode, then plain iSCSI.
+    Immediate,
+    /// Through a gateway in log mode over the link to a stics SG.
+    LogLink,
+    /// Through a gateway in immediate mode over the link to a stics SG.
+    ImmediateLink,
+}
+
+impl Path {
+    const ALL: [Path; 5] = [Path::Plain, Path::Log, Path::Immediate, Path::LogLink, Path::ImmediateLink];
+
+    fn via(self) -> Via {
+        match self {
+            Path::Plain => Via::Plain,
+            Path::Log => Via::gateway("log"),
+            Path::Immediate => Via::gateway("immediate"),
+            Path::LogLink => Via::link("log"),
+            Path::ImmediateLink => Via::link("immediate"),
+        }
+    }
+}
+
+/// The SG's `--metrics` address in the storage namespace.
+const SG_METRICS: &str = "127.0.0.1:9119";
+
+/// The SG's read counters and apply backlog, from its `/status`.
+#[derive(Debug, Clone, Copy, Default)]
+struct SgReads {
+    journal: u64,
+    medium: u64,
+    unapplied: u64,
+    lag: f64,
+}
+
+impl SgReads {
+    fn of(b: &Bench, wan: &Wan) -> Result<SgReads> {
+        let v = wan.target_status(b, "storage", SG_METRICS)?;
+        let j = &v["journals"][0];
+        let n = |k: &str| j[k].as_u64().unwrap_or(0);
+        Ok(SgReads {
+            journal: n("blocks_read_journal"),
+            medium: n("blocks_read_medium"),
+            unapplied: n("groups_unapplied"),
+            lag: j["apply_lag_secs"].as_f64().unwrap_or(0.0),
+        })
+    }
 }
 
 /// Seed 004's bucket names, in the order of `stics_wan`'s.
@@ -45,8 +103,16 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let lun = b.work().join("remote.img");
     std::fs::File::create(&lun)?.set_len(1 << 30)?;
     let target = wan.stics_target(b, "remote", "storage", &[&b.remote_medium(&lun)])?;
-    let sg = wan.stics_target_on(b, "sg", "storage", SG_PORT, &[&sg_lun(b, "sg", 1 << 30)?])?;
-    let vias = [Via::Plain, Via::gateway("log"), Via::gateway("immediate"), Via::link("log"), Via::link("immediate")];
+    let sg = wan.stics_target_on_with(
+        b,
+        "sg",
+        "storage",
+        SG_PORT,
+        &[&sg_lun(b, "sg", 1 << 30)?],
+        &["--metrics", SG_METRICS],
+    )?;
+    let paths = if a.paths.is_empty() { Path::ALL.to_vec() } else { a.paths.clone() };
+    let vias: Vec<Via> = Path::ALL.into_iter().filter(|p| paths.contains(p)).map(Path::via).collect();
     let bar = b.bar(vias.len() as u64, "packets");
     let mut cols = vec![Column::new("path", "path", "", 1.0)];
     for (i, name) in BUCKETS.iter().enumerate() {
@@ -82,9 +148,14 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     }
     let mut totals = Vec::new();
     let mut shipped = Vec::new();
+    let mut sg_reads = Vec::new();
     for via in &vias {
         let remote = if via.is_link() { &sg.url } else { &target.url };
+        let before = if via.is_link() { Some(SgReads::of(b, &wan)?) } else { None };
         let r = postmark_via(b, &wan, remote, via, super::fs::fs_mib(b), &pool)?;
+        if let Some(before) = before {
+            sg_reads.push((via.label(), before, SgReads::of(b, &wan)?));
+        }
         bar.inc(1);
         let mut cells = vec![via.label().into()];
         cells.extend(r.sizes.iter().map(|&n| (n as f64).into()));
@@ -142,7 +213,8 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
              the + sync columns include.",
         );
     }
-    if let [(_, pp, pb, _), rest @ ..] = totals.as_slice() {
+    // Ratios to plain iSCSI, when it ran (it is then the first path).
+    if let (true, [(_, pp, pb, _), rest @ ..]) = (paths.contains(&Path::Plain), totals.as_slice()) {
         for (label, p, bytes, host) in rest {
             r.note(format!(
                 "{label}: {:.2}× plain iSCSI's packets (paper: {:.2}×) and {:.2}× its bytes (paper: {:.2}×); {:.2}× the \
@@ -168,6 +240,23 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
             g.shipped as f64 / 1e6,
             g.shipped as f64 / g.merged.max(1) as f64,
             g.plain_epochs
+        ));
+    }
+    for (label, before, after) in &sg_reads {
+        let (journal, medium) =
+            (after.journal.saturating_sub(before.journal), after.medium.saturating_sub(before.medium));
+        let backlog = if after.unapplied == 0 {
+            "every group was on the medium once the gateway had drained".to_owned()
+        } else {
+            format!(
+                "{} groups were still to apply once the gateway had drained, the oldest {:.0} s old",
+                after.unapplied, after.lag
+            )
+        };
+        r.note(format!(
+            "{label}: the SG's reads took {journal} blocks from groups not yet on its medium (held in memory) and \
+             {medium} from the medium ({:.0} % from memory); {backlog}.",
+            100.0 * journal as f64 / (journal + medium).max(1) as f64,
         ));
     }
     r.note(
