@@ -17,6 +17,7 @@ use stics_block::{BlockDev, BlockError};
 use stics_coherence::driver::{Driver, DriverConfig, Holder};
 use stics_coherence::Kind;
 use stics_link::group::{encode_fenced, Extent, ExtentKind, Fences, GroupHead};
+use stics_link::status::Status;
 
 /// Blocks of 512 bytes in the SG's default 64 KiB segment.
 pub const SEG_BLOCKS: u64 = 128;
@@ -33,7 +34,10 @@ struct Gateway {
     source: [u8; 16],
     sg: Arc<dyn BlockDev>,
     cache: Mutex<BTreeMap<u64, (u64, bool)>>,
-    seq: AtomicU64,
+    /// The next group's number. The SG takes a source's groups strictly in sequence, and the
+    /// driver surrenders several segments at once, so one group ships at a time and a failed
+    /// one's number is learnt again from the SG's status.
+    seq: tokio::sync::Mutex<u64>,
     shipped: AtomicU64,
 }
 
@@ -52,7 +56,8 @@ impl Holder for Gateway {
     async fn surrender(&self, seg: u64, gen: u64, keep: Option<Kind>) -> Result<(), BlockError> {
         let dirty = lock(&self.cache).get(&seg).copied().filter(|(_, d)| *d);
         if let Some((v, _)) = dirty {
-            let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+            let mut next = self.seq.lock().await;
+            let seq = *next;
             let head = GroupHead { source: self.source, seq, first_epoch: seq, last_epoch: seq, block_size: 512 };
             let extents = [Extent { lba: seg * SEG_BLOCKS, blocks: 1, kind: ExtentKind::Data }];
             let mut data = vec![0u8; 512];
@@ -61,7 +66,15 @@ impl Holder for Gateway {
             let group = encode_fenced(&head, &extents, &data, 1, Some(&fences))
                 .map_err(|e| BlockError::Rejected(format!("encoding: {e}")))?;
             let sink = self.sg.group_sink().ok_or(BlockError::Unsupported("no SG"))?;
-            sink.commit(Bytes::from(group)).await?;
+            if let Err(e) = sink.commit(Bytes::from(group)).await {
+                // Its answer may have been lost after it landed: the SG says which came last.
+                let status = sink.link_status(0).await?;
+                let st = Status::decode(&status).map_err(|e| BlockError::Rejected(format!("status: {e}")))?;
+                *next = st.of(&self.source).map_or(0, |me| me.committed_seq) + 1;
+                return Err(e);
+            }
+            *next += 1;
+            drop(next);
             self.shipped.fetch_add(1, Ordering::SeqCst);
             lock(&self.cache).insert(seg, (v, false));
         }
@@ -158,7 +171,7 @@ pub async fn share(sgs: Vec<Arc<dyn BlockDev>>, segs: u64, ops: usize, cfg: Driv
             source,
             sg: Arc::clone(&sg),
             cache: Mutex::new(BTreeMap::new()),
-            seq: AtomicU64::new(0),
+            seq: tokio::sync::Mutex::new(1),
             shipped: AtomicU64::new(0),
         });
         let driver = Arc::new(Driver::start(sg, source, Arc::clone(&gw) as Arc<dyn Holder>, cfg));
