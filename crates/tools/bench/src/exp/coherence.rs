@@ -8,7 +8,7 @@ use std::time::Duration;
 use stics_report::plot::{Figure, Series};
 use stics_report::{Column, Table};
 
-use super::fs::{sg_lun, SG_PORT};
+use super::fs::{sg_lun, SG_METRICS, SG_PORT};
 use crate::load::Outcome;
 use crate::peers::{Gateway, GatewayOptions, Wan};
 use crate::{Bench, Report, Result};
@@ -73,9 +73,6 @@ fn loads(b: &Bench, wan: &Wan, runs: &[(&Gateway, Vec<String>)]) -> Result<Vec<O
 fn tokens(b: &Bench, wan: &Wan, g: &Gateway, key: &str) -> Result<f64> {
     Ok(wan.gateway_status(b, g)?["tokens"][key].as_f64().unwrap_or(0.0))
 }
-
-/// Where the SG serves `/status`, inside the storage namespace.
-const SG_METRICS: &str = "127.0.0.1:9119";
 
 fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()

@@ -407,6 +407,9 @@ pub fn setup(b: &Bench) -> String {
 /// The SG's port in the storage namespace, beside the plain target's 3260.
 pub const SG_PORT: u16 = 3262;
 
+/// The SG's `--metrics` address in the storage namespace.
+pub const SG_METRICS: &str = "127.0.0.1:9119";
+
 /// PostMark from the host namespace over `remote` (a target in the storage namespace), either
 /// straight or through a fresh gateway that is stopped, its log removed and its reservation
 /// released afterwards.

@@ -6,7 +6,7 @@
 use stics_report::plot::{Figure, Series};
 use stics_report::{Column, Table};
 
-use super::fs::{postmark_via, sg_lun, Pool, Via, SG_PORT};
+use super::fs::{postmark_via, sg_lun, Pool, Via, SG_METRICS, SG_PORT};
 use crate::paper;
 use crate::peers::Wan;
 use crate::{Bench, Report, Result};
@@ -62,9 +62,6 @@ impl Path {
         }
     }
 }
-
-/// The SG's `--metrics` address in the storage namespace.
-const SG_METRICS: &str = "127.0.0.1:9119";
 
 /// The SG's read counters and apply backlog, from its `/status`.
 #[derive(Debug, Clone, Copy, Default)]
