@@ -43,6 +43,21 @@ struct Held {
     /// The newest operation that named it: the least recently used tokens go first when the
     /// gateway holds more than it wants.
     used: u64,
+    /// A newer token of the segment granted while this one is being given up (the gateway asked
+    /// for it again as soon as its release was out): it is held once the surrender ends.
+    next: Option<Next>,
+    /// The SG broke this token while it was being given up and a newer one waits in `next`:
+    /// the entry stays only until the surrender ends.
+    broken: bool,
+}
+
+/// A token granted while the one before it is still being given up, with any revoke of it that
+/// came meanwhile.
+#[derive(Debug, Clone, Copy)]
+struct Next {
+    kind: Kind,
+    gen: u64,
+    revoke: Option<(Option<Kind>, u64)>,
 }
 
 /// What a surrender under way leaves held.
@@ -123,12 +138,26 @@ impl Client {
 
     /// The token held on `seg`, with its generation.
     pub fn holds(&self, seg: u64) -> Option<(Kind, u64)> {
-        self.held.get(&seg).map(|h| (h.kind, h.gen))
+        self.held.get(&seg).and_then(Self::token)
+    }
+
+    /// The token on `seg` operations may run under: held, and not being given up.
+    pub fn serving(&self, seg: u64) -> Option<(Kind, u64)> {
+        self.held.get(&seg).filter(|h| h.surrendering.is_none()).and_then(Self::token)
+    }
+
+    /// The token an entry stands for: a broken one's successor, if any.
+    fn token(h: &Held) -> Option<(Kind, u64)> {
+        if h.broken {
+            h.next.map(|n| (n.kind, n.gen))
+        } else {
+            Some((h.kind, h.gen))
+        }
     }
 
     /// Tokens held, by kind (shared, exclusive).
     pub fn counts(&self) -> (usize, usize) {
-        self.held.values().fold((0, 0), |(sr, ew), h| match h.kind {
+        self.held.values().filter_map(Self::token).fold((0, 0), |(sr, ew), (kind, _)| match kind {
             Kind::Shared => (sr + 1, ew),
             Kind::Exclusive => (sr, ew + 1),
         })
@@ -171,7 +200,10 @@ impl Client {
         } else {
             for (&seg, &kind) in &o.need {
                 // A token being given up is asked for again once it is gone (`surrendered`):
-                // asked for now, the SG could grant it again before it takes the release.
+                // asked for now, the SG could grant it again before it takes the release. One
+                // revoked and not given up yet is asked for at once (the SG puts the request
+                // behind the one it revoked for), and a grant of it that comes before the
+                // surrender ends waits for it (`Held::next`).
                 let (revoked, surrendering) =
                     self.held.get(&seg).map_or((false, false), |h| (h.revoke.is_some(), h.surrendering.is_some()));
                 if !surrendering && (!self.usable(seg, kind) || revoked) {
@@ -235,8 +267,20 @@ impl Client {
                     revoke: None,
                     surrendering: None,
                     used: 0,
+                    next: None,
+                    broken: false,
                 });
-                if h.gen == gen {
+                if gen > h.gen && h.surrendering == Some(Keeping(None)) {
+                    // The SG took the release (a conditional one, beside the surrender's group)
+                    // and granted a request made since: the old token's writes are still being
+                    // shipped under its generation, so the new one waits for that to end.
+                    let n = h.next.get_or_insert(Next { kind, gen, revoke: None });
+                    if n.gen == gen {
+                        n.kind = n.kind.max(kind);
+                    } else if gen > n.gen {
+                        *n = Next { kind, gen, revoke: None };
+                    }
+                } else if h.gen == gen {
                     h.kind = h.kind.max(kind);
                 } else {
                     // A new token replaces the one held, whatever that was: the SG's table holds
@@ -256,6 +300,15 @@ impl Client {
                 // Grants come before the revokes that follow them: a token not held was given
                 // up already, or its grant was lost with a connection, and the SG may have it.
                 None => self.release(seg, gen, None, now, &mut acts),
+                // A revoke of the token granted while the one before is still being given up:
+                // obeyed once that one is gone and this one held.
+                Some(Held { next: Some(n), .. }) if gen >= n.gen => {
+                    n.gen = gen;
+                    n.revoke = Some(match n.revoke {
+                        Some((k, t)) => (if keep.is_none() { None } else { k }, t.min(ticket)),
+                        None => (keep, ticket),
+                    });
+                }
                 // A revoke of an earlier token of this segment, answered already.
                 Some(h) if gen < h.gen => {}
                 // Holding no more than it would keep: its release was lost or is on its way;
@@ -277,8 +330,15 @@ impl Client {
             Msg::Broken { seg, gen } => {
                 // What is held under that generation or an earlier one (the SG's newer grant of
                 // it was lost) is gone.
-                if self.held.get(&seg).is_some_and(|h| h.gen <= gen) {
-                    self.held.remove(&seg);
+                // A token granted while the broken one is still being given up is newer: it is
+                // held once the surrender ends (the SG says `Broken` again until it hears the
+                // release, so this comes after that grant too).
+                if let Some(h) = self.held.get_mut(&seg).filter(|h| h.gen <= gen) {
+                    if h.next.is_some_and(|n| n.gen > gen) {
+                        h.broken = true;
+                    } else {
+                        self.held.remove(&seg);
+                    }
                 }
                 acts.push(Action::Broken { seg, gen });
                 // The release acknowledges it; the SG says it again until then.
@@ -309,9 +369,23 @@ impl Client {
                 // A revoke that came during the surrender and asks for more is obeyed next.
                 h.revoke = h.revoke.filter(|(k, _)| k.is_none_or(|k| !k.covers(kind)));
             }
-            None => {
-                self.held.remove(&seg);
-            }
+            None => match h.next.take() {
+                Some(n) => {
+                    *h = Held {
+                        kind: n.kind,
+                        gen: n.gen,
+                        pins: 0,
+                        revoke: n.revoke,
+                        surrendering: None,
+                        used: h.used,
+                        next: None,
+                        broken: false,
+                    };
+                }
+                None => {
+                    self.held.remove(&seg);
+                }
+            },
         }
         self.release(seg, gen, keep, now, &mut acts);
         self.try_comply(seg, &mut acts);
@@ -361,8 +435,13 @@ impl Client {
         for o in self.ops.values_mut() {
             o.ticket = None;
         }
-        for h in self.held.values_mut().filter(|h| h.surrendering.is_none()) {
-            h.revoke = None;
+        for h in self.held.values_mut() {
+            if h.surrendering.is_none() {
+                h.revoke = None;
+            }
+            if let Some(n) = &mut h.next {
+                n.revoke = None;
+            }
         }
         for (&op, o) in &self.ops {
             if o.ready {
@@ -584,5 +663,49 @@ mod tests {
         assert!(acts.contains(&Action::Send(Msg::Release { seg: 1, gen: 11, keep: None })), "{acts:?}");
         assert!(c.holds(1).is_none());
         c.end(pinned);
+        // A token given up of the gateway's own accord is asked for again only once it is gone:
+        // the SG, which revoked nothing, would grant it again before it took the release.
+        let (waits, acts) = c.begin(&[(3, Kind::Exclusive)], t);
+        assert!(acts.is_empty(), "{acts:?}");
+        let acts = c.surrendered(3, t);
+        assert!(acts.contains(&Action::Send(Msg::Request { op: waits, seg: 3, kind: Kind::Exclusive })), "{acts:?}");
+    }
+
+    #[test]
+    fn a_grant_that_comes_while_the_token_before_it_is_still_being_given_up_waits_for_it() {
+        let t = Instant::now();
+        let mut c = Client::new(Duration::from_secs(30));
+        c.heard(t, t);
+        let (op, _) = c.begin(&[(4, Kind::Exclusive)], t);
+        c.on_msg(grant(op, 4, Kind::Exclusive, 9, 1), t);
+        // Another gateway's operation (ticket 2) wants the segment while `op` runs.
+        assert!(c.on_msg(Msg::Revoke { seg: 4, gen: 9, keep: None, ticket: 2 }, t).is_empty());
+        // A write that comes now asks at once: the SG puts it behind ticket 2.
+        let (op2, acts) = c.begin(&[(4, Kind::Exclusive)], t);
+        assert_eq!(acts, [Action::Send(Msg::Request { op: op2, seg: 4, kind: Kind::Exclusive })]);
+        c.on_msg(Msg::Queued { op: op2, ticket: 3 }, t);
+        assert_eq!(c.end(op), [Action::Surrender { seg: 4, gen: 9, keep: None }]);
+        // The SG took the early release, served ticket 2 and grants op2 a new token, and the other
+        // gateway wants it back (ticket 5), all before this gateway's surrender has its answer:
+        // the old token is still being shipped under generation 9, so the new one waits.
+        assert!(c.on_msg(grant(op2, 4, Kind::Exclusive, 11, 3), t).is_empty());
+        assert!(c.on_msg(Msg::Revoke { seg: 4, gen: 11, keep: None, ticket: 5 }, t).is_empty());
+        assert_eq!(c.holds(4), Some((Kind::Exclusive, 9)));
+        assert!(!c.valid(op2, t));
+        // The surrender ends: generation 9 is released, and generation 11 runs op2 (older than
+        // the revoke's ticket) before it is given up in turn.
+        assert_eq!(
+            c.surrendered(4, t),
+            [
+                Action::Send(Msg::Release { seg: 4, gen: 9, keep: None }),
+                Action::Ready(op2),
+                Action::Send(Msg::Done { op: op2 })
+            ]
+        );
+        assert_eq!(c.holds(4), Some((Kind::Exclusive, 11)));
+        assert!(c.valid(op2, t));
+        assert_eq!(c.end(op2), [Action::Surrender { seg: 4, gen: 11, keep: None }]);
+        assert_eq!(c.surrendered(4, t), [Action::Send(Msg::Release { seg: 4, gen: 11, keep: None })]);
+        assert_eq!(c.holds(4), None);
     }
 }

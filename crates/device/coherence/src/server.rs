@@ -302,8 +302,16 @@ impl Server {
     }
 
     /// Whether a write to `seg` made under generation `gen` by `gw` may land: only while `gw`
-    /// still holds the exclusive token granted under `gen`.
+    /// still holds the exclusive token granted under `gen`, and has acknowledged every token of
+    /// `seg` broken under it (a gateway ships its dirty blocks under the token it holds when it
+    /// ships them, so until it knows of the break, blocks written under the broken token may ride
+    /// under a newer one: a restarted gateway, or one whose `Broken` was lost, that asked for the
+    /// segment again).
     pub fn fence(&self, gw: Gw, seg: u64, gen: u64) -> Result<(), Fenced> {
+        if self.untold.get(&gw).is_some_and(|v| v.iter().any(|&(s, _)| s == seg)) {
+            let ew = self.segs.get(&seg).and_then(|s| s.ew);
+            return Err(Fenced { seg, gen, holder: ew.map(|h| h.0), current: ew.map_or(0, |h| h.1) });
+        }
         match self.segs.get(&seg) {
             Some(s) if s.ew == Some((gw, gen)) => Ok(()),
             Some(s) => Err(Fenced { seg, gen, holder: s.ew.map(|h| h.0), current: s.ew.map_or(0, |h| h.1) }),
@@ -716,6 +724,33 @@ mod tests {
         assert_eq!(out, [Out { to: 1, msg: Msg::Broken { seg: 3, gen } }]);
         assert_eq!(s.handle(1, &[], later).len(), 1, "an answer may be lost: told again");
         assert!(s.handle(1, &[Msg::Release { seg: 3, gen, keep: None }], later).is_empty());
+    }
+
+    /// A gateway ships its dirty blocks under the token it holds when it ships them: one that
+    /// comes back holding the segment again before it has heard of the break (a restart, or its
+    /// `Broken` lost with the SG's restart) would land the broken token's writes over newer ones.
+    #[test]
+    fn a_gateway_that_has_not_acknowledged_a_break_lands_nothing_on_that_segment() {
+        let t = Instant::now();
+        let mut s = Server::new(Policy::default());
+        s.handle(1, &[req(1, 3, Kind::Exclusive)], t);
+        let gen = s.holders(3).0.unwrap().1;
+        s.handle(2, &[req(1, 3, Kind::Exclusive)], t);
+        let (out, _) = s.break_segment(3);
+        assert_eq!(grants(&out), [(2, 3, Kind::Exclusive)]);
+        // 2 writes and gives the segment up; 1 asks again (its answer, with `Broken` first, is
+        // lost) and is granted a newer token.
+        let gen2 = s.holders(3).0.unwrap().1;
+        s.handle(2, &[Msg::Release { seg: 3, gen: gen2, keep: None }], t);
+        s.handle(1, &[req(2, 3, Kind::Exclusive)], t);
+        let (ew, _) = s.holders(3);
+        let gen3 = ew.unwrap().1;
+        assert_eq!(ew, Some((1, gen3)));
+        assert!(gen3 > gen2 && gen2 > gen);
+        assert!(s.fence(1, 3, gen3).is_err(), "what it ships may have been written under {gen}");
+        // Once it acknowledges the break (its writes under it in quarantine), its token counts.
+        s.handle(1, &[Msg::Release { seg: 3, gen, keep: None }], t);
+        assert!(s.fence(1, 3, gen3).is_ok());
     }
 
     #[test]

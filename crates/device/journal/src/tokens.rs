@@ -105,6 +105,14 @@ struct State {
     revoked_at: BTreeMap<(Gw, u64), Instant>,
     answered: u64,
     answer_secs: f64,
+    /// Where a revoke's time goes before the holder has it: revokes queued once the table's
+    /// record was durable (and the seconds that took), and revokes handed to a poll of their
+    /// holder (and the seconds they waited for one), by holder and segment while queued.
+    revoke_queued_at: BTreeMap<(Gw, u64), (Instant, bool)>,
+    revokes_queued: u64,
+    revoke_durable_secs: f64,
+    revokes_polled: u64,
+    revoke_poll_secs: f64,
 }
 
 /// A LUN's lock server.
@@ -179,6 +187,13 @@ pub struct TokenStatus {
     /// Revokes a release answered, and the seconds from revoke to release they took in all.
     pub revokes_answered: u64,
     pub revoke_answer_secs: f64,
+    /// Of that time, before the holder had the revoke: revokes queued once the table's record
+    /// of them was durable, with the seconds that took in all, and revokes a poll of their
+    /// holder carried, with the seconds they waited for one in all.
+    pub revokes_queued: u64,
+    pub revoke_durable_secs: f64,
+    pub revokes_polled: u64,
+    pub revoke_poll_secs: f64,
     /// Segments someone waits for, with the holders in the way (by source) and the waiters.
     pub blocked: Vec<BlockedSegment>,
 }
@@ -200,6 +215,22 @@ impl State {
             if let Some(at) = self.revoked_at.remove(&(gw, seg)) {
                 self.answered += 1;
                 self.answer_secs += at.elapsed().as_secs_f64();
+            }
+            self.revoke_queued_at.remove(&(gw, seg));
+        }
+    }
+
+    /// `msgs` go to `gw` in a poll answer: the revokes among them that no poll carried before
+    /// end their wait for one.
+    fn polled(&mut self, gw: Gw, msgs: &[Msg]) {
+        for m in msgs {
+            if let Msg::Revoke { seg, .. } = *m {
+                // Counted once: an answer lost and asked for again is the network's cost.
+                if let Some((at, polled @ false)) = self.revoke_queued_at.get_mut(&(gw, seg)) {
+                    *polled = true;
+                    self.revokes_polled += 1;
+                    self.revoke_poll_secs += at.elapsed().as_secs_f64();
+                }
             }
         }
     }
@@ -246,6 +277,11 @@ impl Tokens {
                 revoked_at: BTreeMap::new(),
                 answered: 0,
                 answer_secs: 0.0,
+                revoke_queued_at: BTreeMap::new(),
+                revokes_queued: 0,
+                revoke_durable_secs: 0.0,
+                revokes_polled: 0,
+                revoke_poll_secs: 0.0,
             }),
             news: Notify::new(),
             segment_bytes,
@@ -369,7 +405,16 @@ impl Tokens {
         if any {
             tracing::trace!(?outs, "token messages queued");
         }
+        let now = Instant::now();
         for o in outs {
+            if let Msg::Revoke { seg, .. } = o.msg {
+                let key = (o.to, seg);
+                if let (Some(&at), false) = (st.revoked_at.get(&key), st.revoke_queued_at.contains_key(&key)) {
+                    st.revokes_queued += 1;
+                    st.revoke_durable_secs += now.saturating_duration_since(at).as_secs_f64();
+                    st.revoke_queued_at.insert(key, (now, false));
+                }
+            }
             let q = st.queued.entry(o.to).or_insert_with(Queue::start);
             if q.msgs.len() >= MAX_QUEUED {
                 // A gap in the numbers tells the gateway that it lost messages.
@@ -546,7 +591,11 @@ impl Tokens {
                     if gap || !q.msgs.is_empty() {
                         let n = token::fitting(q.msgs.len(), max);
                         let msgs: Vec<Msg> = q.msgs.iter().take(n).copied().collect();
-                        return Bytes::from(token::encode_answer(q.base, &msgs));
+                        let answer = Bytes::from(token::encode_answer(q.base, &msgs));
+                        if let Some(gw) = gw {
+                            st.polled(gw, &msgs);
+                        }
+                        return answer;
                     }
                 }
             }
@@ -614,6 +663,10 @@ impl Tokens {
             pending_releases: st.pending.len(),
             revokes_answered: st.answered,
             revoke_answer_secs: st.answer_secs,
+            revokes_queued: st.revokes_queued,
+            revoke_durable_secs: st.revoke_durable_secs,
+            revokes_polled: st.revokes_polled,
+            revoke_poll_secs: st.revoke_poll_secs,
             blocked,
         }
     }
@@ -751,6 +804,12 @@ mod tests {
         ex(&t, 2, &[Msg::Request { op: 1, seg: 4, kind: Kind::Exclusive }]);
         assert!(matches!(poll(&t, 2).await[..], [Msg::Queued { .. }]));
         assert!(matches!(poll(&t, 1).await[..], [Msg::Revoke { seg: 4, .. }]));
+        // The revoke was queued once its record was durable and a poll of 1 took it; a poll
+        // that reads it again (its answer lost) does not count it again.
+        let st = t.status(Instant::now());
+        assert_eq!((st.revokes_queued, st.revokes_polled), (1, 1));
+        assert!(matches!(poll_from(&t, 1, from(1).wrapping_sub(1)).await.1[..], [Msg::Revoke { seg: 4, .. }]));
+        assert_eq!(t.status(Instant::now()).revokes_polled, 1);
         // 1 gives it up after epoch 7, which the journal has not committed: nothing moves.
         ex_at(&t, 1, &[Msg::ReleaseAfter { seg: 4, gen, keep: None, after: 7, nonce: 100 }], 5, false);
         commit(&t, 1, 6);

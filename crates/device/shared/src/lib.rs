@@ -146,6 +146,12 @@ impl Fencer for Fence {
 
     fn exclusive(&self, seg: u64) -> Option<u64> {
         let link = self.0.upgrade()?;
+        // Writes under a broken token are being put in quarantine: none of the segment's ships
+        // until they are out of the log, whatever token it holds now (the SG takes this
+        // gateway's writes there again once it has heard that the gateway knows of the break).
+        if lock(&link.quarantining).contains(&seg) {
+            return None;
+        }
         match link.driver.get()?.holds(seg)? {
             (Kind::Exclusive, gen) => Some(gen),
             (Kind::Shared, _) => None,
