@@ -74,7 +74,7 @@ impl prometheus_client::collector::Collector for JournalCollector {
             gauge(&mut enc, &format!("stics_sg_{name}"), help, &rows)?;
         }
         let tokens: Vec<TokenStatus> = self.0.iter().map(|j| j.token_status()).collect();
-        let token_counters: [(&str, &str, TokenRead); 5] = [
+        let token_counters: [(&str, &str, TokenRead); 8] = [
             ("token_grants", "Coherence tokens granted to gateways", |t| t.grants),
             ("token_revokes", "Coherence tokens the SG asked a gateway to give up", |t| t.revokes),
             ("token_releases", "Coherence tokens gateways gave up", |t| t.releases),
@@ -84,7 +84,29 @@ impl prometheus_client::collector::Collector for JournalCollector {
                 |t| t.early_releases,
             ),
             ("token_breaks", "Coherence tokens taken from gateways that did not answer", |t| t.breaks),
+            ("token_revokes_answered", "Revokes a holder's release answered", |t| t.revokes_answered),
+            (
+                "token_revokes_queued",
+                "Revokes queued for their holder once the token table's record was durable",
+                |t| t.revokes_queued,
+            ),
+            ("token_revokes_polled", "Revokes a poll of their holder carried", |t| t.revokes_polled),
         ];
+        let token_seconds: [TokenGauge; 3] = [
+            ("token_revoke_answer_seconds", "Seconds from revokes to the releases that answered them", |t| {
+                t.revoke_answer_secs
+            }),
+            ("token_revoke_durable_seconds", "Seconds revokes waited for the token table's record", |t| {
+                t.revoke_durable_secs
+            }),
+            ("token_revoke_poll_seconds", "Seconds queued revokes waited for a poll of their holder", |t| {
+                t.revoke_poll_secs
+            }),
+        ];
+        for (name, help, read) in token_seconds {
+            let rows: Vec<(&Labels<'_>, f64)> = labels.iter().zip(&tokens).map(|(l, t)| (&l[..], read(t))).collect();
+            counter(&mut enc, &format!("stics_sg_{name}"), help, &rows)?;
+        }
         for (name, help, read) in token_counters {
             let rows: Vec<(&Labels<'_>, u64)> = labels.iter().zip(&tokens).map(|(l, t)| (&l[..], read(t))).collect();
             counter(&mut enc, &format!("stics_sg_{name}"), help, &rows)?;
@@ -166,7 +188,12 @@ pub fn classic(openmetrics: &str) -> String {
 type Labels<'a> = [(&'static str, &'a str)];
 
 /// A counter family, one value per label set; left out when it has none.
-fn counter(enc: &mut DescriptorEncoder<'_>, name: &str, help: &str, rows: &[(&Labels<'_>, u64)]) -> std::fmt::Result {
+fn counter<V: prometheus_client::encoding::EncodeCounterValue>(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: &[(&Labels<'_>, V)],
+) -> std::fmt::Result {
     if rows.is_empty() {
         return Ok(());
     }

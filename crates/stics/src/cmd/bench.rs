@@ -294,12 +294,21 @@ fn run_all(b: &Bench, errors: &mut Vec<String>) -> Vec<Report> {
         ("coherence", Box::new(|| with_commands(b, || coherence::run(b, &defaults()?)))),
     ];
     let mut out = Vec::new();
+    let all = std::time::Instant::now();
     for (name, step) in steps {
         b.say(&format!("stics bench {name}"));
+        let started = std::time::Instant::now();
         match step() {
-            Ok(r) => out.push(r),
+            Ok(r) => {
+                b.say(&format!(
+                    "stics bench {name}: done in {:.0} s ({:.0} s so far)",
+                    started.elapsed().as_secs_f64(),
+                    all.elapsed().as_secs_f64()
+                ));
+                out.push(r);
+            }
             Err(e) => {
-                b.say(&format!("stics bench {name} failed: {e:#}"));
+                b.say(&format!("stics bench {name} failed after {:.0} s: {e:#}", started.elapsed().as_secs_f64()));
                 errors.push(format!("stics bench {name}: {e:#}"));
             }
         }

@@ -28,6 +28,11 @@ pub struct Args {
     /// How much of each of the three gateways' spans the others' cover too, as fractions.
     #[arg(long, value_delimiter = ',', default_value = "0,0.25,0.5,1")]
     pub shares: Vec<f64>,
+    /// TCP congestion control in the namespaces (`stics wan --cc`): reno, cubic or bbr. BBR,
+    /// Linux's default here, paces a connection that idles between bursts at its low bandwidth
+    /// estimate, so a surrender's group of dirty blocks leaves slower than the path allows.
+    #[arg(long, default_value = "bbr")]
+    pub cc: String,
 }
 
 const LUN_BYTES: u64 = 4 << 30;
@@ -104,6 +109,8 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         Column::new("writes_per_hold", "writes per hold", "", 1.0),
         Column::new("answer", "revoke to release", "ms", 1.0),
         Column::new("rtts", "revoke to release [round trips]", "", 1.0),
+        Column::new("durable", "of it, the revoke's record", "ms", 1.0),
+        Column::new("polled", "of it, waiting for the holder's poll", "ms", 1.0),
         Column::new("wait", "a waiting write's wait", "ms", 1.0),
         Column::new("wait_rtts", "wait [round trips]", "", 1.0),
         Column::new("early", "early releases", "", 1.0),
@@ -122,7 +129,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let bar = b.bar(a.delays.len() as u64, "coherence");
     for delay in &a.delays {
         let rtt = 2.0 * ms(delay);
-        let wan = Wan::up(b, &format!("sbco{}", std::process::id()), &["--delay", delay])?;
+        let wan = Wan::up(b, &format!("sbco{}", std::process::id()), &["--delay", delay, "--cc", &a.cc])?;
         let sg = wan.stics_target_on_with(
             b,
             "sg",
@@ -205,6 +212,8 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         let transfers = grew(0..2, "surrenders");
         let wait_ms = grew(0..2, "wait_secs") * 1e3 / grew(0..2, "waits").max(1.0);
         let answer_ms = grew(2..3, "revoke_answer_secs") * 1e3 / grew(2..3, "revokes_answered").max(1.0);
+        let durable_ms = grew(2..3, "revoke_durable_secs") * 1e3 / grew(2..3, "revokes_queued").max(1.0);
+        let polled_ms = grew(2..3, "revoke_poll_secs") * 1e3 / grew(2..3, "revokes_polled").max(1.0);
         let done: f64 = outs.iter().map(|o| o.requests as f64).sum();
         let elapsed = outs.iter().map(|o| o.seconds).fold(0.0, f64::max);
         pingpong.push(vec![
@@ -214,13 +223,16 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
             (done / transfers.max(1.0)).into(),
             answer_ms.into(),
             (answer_ms / rtt).into(),
+            durable_ms.into(),
+            polled_ms.into(),
             wait_ms.into(),
             (wait_ms / rtt).into(),
             grew(2..3, "early_releases").into(),
             (overlapped_after - overlapped_before).into(),
         ])?;
         pp_notes.push(format!(
-            "{:.2} round trips at {delay} one way ({answer_ms:.1} ms; a waiting write waited {:.1} round trips, \
+            "{:.2} round trips at {delay} one way ({answer_ms:.1} ms, of which {durable_ms:.1} ms the revoke's record \
+             and {polled_ms:.1} ms its wait for the holder's poll; a waiting write waited {:.1} round trips, \
              {:.0} writes/s, {:.1} per hold)",
             answer_ms / rtt,
             wait_ms / rtt,
@@ -306,17 +318,21 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     );
     r.note(format!(
         "From the SG's revoke to the holder's release taking effect, a transfer took {}. That is the revoke out \
-         (half a round trip, on the poll the holder keeps waiting at the SG), the holder's writes back as a group \
-         with its release beside it (half, and the journal's writes of the group and of the token table: the \
-         release takes effect once the group is committed; its pieces and its commit go together, the commit \
-         waiting at the SG for any piece still on its way): one round trip and the data, as the goal has it. The \
-         rest is the holder's: only epochs already durable in its log are shipped, so the surrender's group \
-         waits for the log write, and the journal writes the group and then the token table's record before \
-         the release takes effect. The surrender's group leaves behind the group still out rather than after \
-         its answer (groups sent behind another, in the table; the SG takes them in sequence). The waiting side \
-         adds its request and the grant, half a round trip each, and asks only once its own last surrender is \
-         answered, so the other writes several times per hold.",
-        pp_notes.join(", ")
+         (half a round trip, on the poll the holder keeps waiting at the SG; the table has the revoke's wait for \
+         that poll and for the token table's record written before it goes out), the holder's writes back as a group with its release beside it (half, and the journal's writes of \
+         the group and of the token table: the release takes effect once the group is committed; its pieces and \
+         its commit go together, the commit waiting at the SG for any piece still on its way): one round trip \
+         and the data, as the goal has it. The rest grows with the dirty data a hold leaves (writes per hold × \
+         4 KiB): only epochs already durable in the holder's log are shipped, so the surrender's group waits for \
+         the log write, the journal writes the group and then the token table's record before the release takes \
+         effect, and TCP sends the group at the pace its congestion control allows ({cc} here; BBR paces a \
+         connection idle between bursts at its low bandwidth estimate, and Reno sends the group at once: \
+         `--cc`). The surrender's group leaves behind the group still out rather than after its answer (groups \
+         sent behind another, in the table; the SG takes them in sequence). The waiting side adds its request \
+         and the grant, half a round trip each, and asks only once its own last surrender is answered, so the \
+         other writes several times per hold.",
+        pp_notes.join(", "),
+        cc = a.cc
     ));
     r.section(
         format!(
