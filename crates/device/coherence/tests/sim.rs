@@ -460,6 +460,18 @@ impl World {
     }
 }
 
+/// Runs `steps` under a policy that breaks silent writers, then everything to its end and a read
+/// of every segment: the writes voided by breaks, and those their writers put in quarantine.
+fn with_breaks(steps: &[Step]) -> (usize, usize) {
+    let mut w = World::new(BREAKING);
+    w.run(steps);
+    w.drain();
+    w.read_all();
+    let voided: usize = w.history.values().map(|h| h.iter().filter(|(_, v)| *v).count()).sum();
+    let quarantined: usize = w.gws.iter().map(|g| g.quarantined.len()).sum();
+    (voided, quarantined)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
 
@@ -478,12 +490,7 @@ proptest! {
     fn with_breaks_only_voided_writes_are_lost_and_nothing_stale_lands(
         steps in proptest::collection::vec(breaking_step(), 0..300),
     ) {
-        let mut w = World::new(BREAKING);
-        w.run(&steps);
-        w.drain();
-        w.read_all();
-        let voided: usize = w.history.values().map(|h| h.iter().filter(|(_, v)| *v).count()).sum();
-        let quarantined: usize = w.gws.iter().map(|g| g.quarantined.len()).sum();
+        let (voided, quarantined) = with_breaks(&steps);
         prop_assert_eq!(voided, quarantined, "every voided write is quarantined by its writer, and only those");
     }
 
@@ -494,12 +501,7 @@ proptest! {
     fn with_early_releases_a_token_granted_again_before_the_old_one_is_gone_waits_for_it(
         steps in proptest::collection::vec(early_step(), 0..300),
     ) {
-        let mut w = World::new(BREAKING);
-        w.run(&steps);
-        w.drain();
-        w.read_all();
-        let voided: usize = w.history.values().map(|h| h.iter().filter(|(_, v)| *v).count()).sum();
-        let quarantined: usize = w.gws.iter().map(|g| g.quarantined.len()).sum();
+        let (voided, quarantined) = with_breaks(&steps);
         prop_assert_eq!(voided, quarantined, "every voided write is quarantined by its writer, and only those");
     }
 }
