@@ -92,7 +92,7 @@ impl prometheus_client::collector::Collector for JournalCollector {
             ),
             ("token_revokes_polled", "Revokes a poll of their holder carried", |t| t.revokes_polled),
         ];
-        let token_seconds: [TokenGauge; 3] = [
+        let token_seconds: [TokenValue; 3] = [
             ("token_revoke_answer_seconds", "Seconds from revokes to the releases that answered them", |t| {
                 t.revoke_answer_secs
             }),
@@ -120,7 +120,7 @@ impl prometheus_client::collector::Collector for JournalCollector {
         let held: Vec<f64> = tokens.iter().flat_map(|t| [t.held_shared as f64, t.held_exclusive as f64]).collect();
         let rows: Vec<(&Labels<'_>, f64)> = kinds.iter().zip(held).map(|(l, v)| (&l[..], v)).collect();
         gauge(&mut enc, "stics_sg_tokens_held", "Coherence tokens gateways hold, by kind", &rows)?;
-        let token_gauges: [TokenGauge; 2] = [
+        let token_gauges: [TokenValue; 2] = [
             ("token_gateways", "Gateways that exchanged tokens for the LUN", |t| t.gateways as f64),
             ("segments_blocked", "Segments a gateway waits for while their holder has not given them up", |t| {
                 t.blocked.len() as f64
@@ -135,7 +135,8 @@ impl prometheus_client::collector::Collector for JournalCollector {
 }
 
 type TokenRead = fn(&TokenStatus) -> u64;
-type TokenGauge = (&'static str, &'static str, fn(&TokenStatus) -> f64);
+/// A token status value, as a counter or a gauge: its name, its help and how to read it.
+type TokenValue = (&'static str, &'static str, fn(&TokenStatus) -> f64);
 
 /// Encodes `registry` as OpenMetrics text.
 pub fn encode(registry: &Registry) -> String {

@@ -43,8 +43,9 @@ struct Held {
     /// The newest operation that named it: the least recently used tokens go first when the
     /// gateway holds more than it wants.
     used: u64,
-    /// A newer token of the segment granted while this one is being given up (the gateway asked
-    /// for it again as soon as its release was out): it is held once the surrender ends.
+    /// A newer token of the segment granted while this one is being given up (an operation asked
+    /// for it while the revoke waited, and the SG took the release beside the surrender's group):
+    /// it is held once the surrender ends.
     next: Option<Next>,
     /// The SG broke this token while it was being given up and a newer one waits in `next`:
     /// the entry stays only until the surrender ends.
@@ -58,6 +59,15 @@ struct Next {
     kind: Kind,
     gen: u64,
     revoke: Option<(Option<Kind>, u64)>,
+}
+
+/// A revoke that comes on top of one not yet obeyed: the token goes whole if either says so, and
+/// for the older ticket.
+fn merge_revoke(had: Option<(Option<Kind>, u64)>, keep: Option<Kind>, ticket: u64) -> (Option<Kind>, u64) {
+    match had {
+        Some((k, t)) => (if keep.is_none() { None } else { k }, t.min(ticket)),
+        None => (keep, ticket),
+    }
 }
 
 /// What a surrender under way leaves held.
@@ -304,10 +314,7 @@ impl Client {
                 // obeyed once that one is gone and this one held.
                 Some(Held { next: Some(n), .. }) if gen >= n.gen => {
                     n.gen = gen;
-                    n.revoke = Some(match n.revoke {
-                        Some((k, t)) => (if keep.is_none() { None } else { k }, t.min(ticket)),
-                        None => (keep, ticket),
-                    });
+                    n.revoke = Some(merge_revoke(n.revoke, keep, ticket));
                 }
                 // A revoke of an earlier token of this segment, answered already.
                 Some(h) if gen < h.gen => {}
@@ -320,10 +327,7 @@ impl Client {
                     // A later generation than the one held: the SG granted one whose grant was
                     // lost; what is held goes, and the release names the SG's generation.
                     h.gen = gen;
-                    h.revoke = Some(match h.revoke {
-                        Some((k, t)) => (if keep.is_none() { None } else { k }, t.min(ticket)),
-                        None => (keep, ticket),
-                    });
+                    h.revoke = Some(merge_revoke(h.revoke, keep, ticket));
                     self.try_comply(seg, &mut acts);
                 }
             },

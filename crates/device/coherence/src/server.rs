@@ -308,14 +308,12 @@ impl Server {
     /// under a newer one: a restarted gateway, or one whose `Broken` was lost, that asked for the
     /// segment again).
     pub fn fence(&self, gw: Gw, seg: u64, gen: u64) -> Result<(), Fenced> {
-        if self.untold.get(&gw).is_some_and(|v| v.iter().any(|&(s, _)| s == seg)) {
-            let ew = self.segs.get(&seg).and_then(|s| s.ew);
-            return Err(Fenced { seg, gen, holder: ew.map(|h| h.0), current: ew.map_or(0, |h| h.1) });
-        }
-        match self.segs.get(&seg) {
-            Some(s) if s.ew == Some((gw, gen)) => Ok(()),
-            Some(s) => Err(Fenced { seg, gen, holder: s.ew.map(|h| h.0), current: s.ew.map_or(0, |h| h.1) }),
-            None => Err(Fenced { seg, gen, holder: None, current: 0 }),
+        let ew = self.segs.get(&seg).and_then(|s| s.ew);
+        let told = !self.untold.get(&gw).is_some_and(|v| v.iter().any(|&(s, _)| s == seg));
+        if told && ew == Some((gw, gen)) {
+            Ok(())
+        } else {
+            Err(Fenced { seg, gen, holder: ew.map(|h| h.0), current: ew.map_or(0, |h| h.1) })
         }
     }
 

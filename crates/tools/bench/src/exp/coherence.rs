@@ -319,8 +319,9 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     r.note(format!(
         "From the SG's revoke to the holder's release taking effect, a transfer took {}. That is the revoke out \
          (half a round trip, on the poll the holder keeps waiting at the SG; the table has the revoke's wait for \
-         that poll and for the token table's record written before it goes out), the holder's writes back as a group with its release beside it (half, and the journal's writes of \
-         the group and of the token table: the release takes effect once the group is committed; its pieces and \
+         that poll and for the token table's record written before it goes out), the holder's writes back as a \
+         group with its release beside it (half, and the journal's writes of the group and of the token table: \
+         the release takes effect once the group is committed; its pieces and \
          its commit go together, the commit waiting at the SG for any piece still on its way): one round trip \
          and the data, as the goal has it. The rest grows with the dirty data a hold leaves (writes per hold × \
          4 KiB): only epochs already durable in the holder's log are shipped, so the surrender's group waits for \
