@@ -652,7 +652,12 @@ impl GroupSink for JournalDev {
         }
         let r = self.commit_in_turn(group, head.as_ref(), mark).await;
         if let (Err(_), Some(h)) = (&r, &head) {
-            lock(&self.inner.failed).insert(h.source, (h.seq, Instant::now()));
+            let mut failed = lock(&self.inner.failed);
+            // Only a group that waits for its predecessor looks here, and none waits longer than
+            // `AHEAD_WAIT`: older failures are forgotten, so sources that come and go leave
+            // nothing behind.
+            failed.retain(|_, (_, at)| at.elapsed() <= AHEAD_WAIT);
+            failed.insert(h.source, (h.seq, Instant::now()));
         }
         self.inner.outcomes.notify_waiters();
         r
