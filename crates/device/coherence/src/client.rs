@@ -9,7 +9,7 @@
 //! anywhere always gets all it needs. An operation on tokens already held, none of them revoked,
 //! runs at once, with no message at all: the single-owner fast path.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use stics_link::token::{Kind, Msg};
@@ -27,6 +27,7 @@ pub enum Action {
     Surrender { seg: u64, gen: u64, keep: Option<Kind> },
     /// The SG took the token on `seg` granted under `gen` away: writes made under it that did
     /// not reach the SG are refused there and belong in quarantine; cached blocks are stale.
+    /// Once they are out of the way, call [`Client::quarantined`].
     Broken { seg: u64, gen: u64 },
 }
 
@@ -101,6 +102,10 @@ pub struct Client {
     /// a token whose writes are still in the log is shipped under it, not given up unshipped.
     learning: bool,
     deferred: Vec<Msg>,
+    /// Broken tokens whose holder is putting their writes out of the way: acknowledged (by their
+    /// release) only then, since until the SG hears it, it refuses every write of this gateway
+    /// to the segment, and a group planned before the break could still carry them.
+    breaking: BTreeSet<(u64, u64)>,
 }
 
 impl Client {
@@ -115,6 +120,7 @@ impl Client {
             next_op: 1,
             learning: true,
             deferred: Vec::new(),
+            breaking: BTreeSet::new(),
         }
     }
 
@@ -344,9 +350,14 @@ impl Client {
                         self.held.remove(&seg);
                     }
                 }
-                acts.push(Action::Broken { seg, gen });
-                // The release acknowledges it; the SG says it again until then.
-                self.release(seg, gen, None, now, &mut acts);
+                // The SG says it again in every answer until the release acknowledges it, which
+                // waits for the holder (`quarantined`). A grant of it that is still on its way
+                // is void meanwhile.
+                if self.breaking.insert((seg, gen)) {
+                    let r = self.released.entry(seg).or_insert((gen, now));
+                    *r = (r.0.max(gen), now);
+                    acts.push(Action::Broken { seg, gen });
+                }
                 self.ask_again(seg, &mut acts);
             }
             // The SG never sends these.
@@ -355,6 +366,17 @@ impl Client {
             | Msg::Done { .. }
             | Msg::ReleaseAfter { .. }
             | Msg::Hello { .. } => {}
+        }
+        acts
+    }
+
+    /// The writes made under the broken token `gen` on `seg` are out of the way: in quarantine,
+    /// and no group planned before could still carry them. The release tells the SG that this
+    /// gateway knows of the break, and its writes to the segment land again.
+    pub fn quarantined(&mut self, seg: u64, gen: u64, now: Instant) -> Vec<Action> {
+        let mut acts = Vec::new();
+        if self.breaking.remove(&(seg, gen)) {
+            self.release(seg, gen, None, now, &mut acts);
         }
         acts
     }
@@ -640,6 +662,14 @@ mod tests {
         assert_eq!(acts[0], Action::Broken { seg: 3, gen: 2 });
         assert_eq!(c.holds(3), None);
         assert!(c.end(op2).is_empty(), "it was running: nothing to tell the SG");
+        // Acknowledged only once the writes under it are out of the way: a group planned before
+        // could still carry them under a newer token, and the SG refuses them only until then.
+        assert!(!acts.iter().any(|a| matches!(a, Action::Send(Msg::Release { .. }))), "{acts:?}");
+        assert!(c.on_msg(Msg::Broken { seg: 3, gen: 2 }, t).is_empty(), "said again: still under way");
+        assert_eq!(c.quarantined(3, 2, t), [Action::Send(Msg::Release { seg: 3, gen: 2, keep: None })]);
+        assert!(c.quarantined(3, 2, t).is_empty());
+        // Said again (the release was lost): the holder looks again, and it is acknowledged again.
+        assert_eq!(c.on_msg(Msg::Broken { seg: 3, gen: 2 }, t), [Action::Broken { seg: 3, gen: 2 }]);
     }
 
     #[test]

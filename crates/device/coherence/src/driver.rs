@@ -29,7 +29,10 @@ pub trait Holder: Send + Sync + 'static {
 
     /// The SG took the token on `seg` granted under `gen` away: what was written under it and
     /// not shipped is refused by the SG and belongs in quarantine; cached blocks are stale.
-    fn broken(&self, seg: u64, gen: u64);
+    /// Returns once no write under it can reach the SG any more (nor ride under a newer token):
+    /// the break is then acknowledged, after which the SG takes this gateway's writes to the
+    /// segment again.
+    async fn broken(&self, seg: u64, gen: u64);
 
     /// The newest epoch of the gateway's log that holds a write to `seg` not yet on the SG, if
     /// any: once the SG has committed the gateway's groups through it, the segment's writes are
@@ -166,7 +169,12 @@ impl Shared {
                 }
                 Action::Broken { seg, gen } => {
                     self.counts.broken.fetch_add(1, Ordering::Relaxed);
-                    self.holder.broken(seg, gen);
+                    let me = Arc::clone(self);
+                    tokio::spawn(async move {
+                        me.holder.broken(seg, gen).await;
+                        let acts = lock(&me.core).quarantined(seg, gen, Instant::now());
+                        me.dispatch(acts);
+                    });
                 }
             }
         }

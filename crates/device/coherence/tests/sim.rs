@@ -200,8 +200,13 @@ impl World {
                 Action::Ready(op) => self.gws[g].ready.push_back(op),
                 Action::Surrender { seg, gen, keep } => self.gws[g].surrenders.push_back((seg, gen, keep)),
                 // Unshipped writes under a broken token are voided; the break voided them already
-                // when it happened (`Tick`), this is the gateway finding out.
-                Action::Broken { seg, .. } => self.void(g, seg),
+                // when it happened (`Tick`), this is the gateway finding out. Nothing of them is
+                // on its way here, so the break is acknowledged at once.
+                Action::Broken { seg, gen } => {
+                    self.void(g, seg);
+                    let acts = self.clients[g].quarantined(seg, gen, self.t);
+                    self.act(g, acts);
+                }
             }
         }
     }

@@ -104,6 +104,19 @@ impl Link {
         });
     }
 
+    /// Waits until no quarantine of any of `segs` is under way.
+    async fn quarantine_done(&self, segs: impl Iterator<Item = u64> + Clone) {
+        loop {
+            let cleared = self.cleared.notified();
+            tokio::pin!(cleared);
+            cleared.as_mut().enable();
+            if !segs.clone().any(|s| lock(&self.quarantining).contains(&s)) {
+                return;
+            }
+            cleared.await;
+        }
+    }
+
     async fn quarantine_once(&self, seg: u64, gen: u64) -> Result<(), String> {
         let Some(cache) = self.cache.get() else { return Ok(()) };
         let (lba, blocks) = self.blocks_of(seg);
@@ -193,7 +206,7 @@ impl Holder for Keeper {
         link.cache.get()?.dirty_through(lba, blocks)
     }
 
-    fn broken(&self, seg: u64, gen: u64) {
+    async fn broken(&self, seg: u64, gen: u64) {
         let Some(link) = self.0.upgrade() else { return };
         tracing::error!(
             segment = seg,
@@ -205,6 +218,13 @@ impl Holder for Keeper {
             cache.forget(lba, blocks);
         }
         link.quarantine(seg, gen);
+        link.quarantine_done(std::iter::once(seg)).await;
+        // A group planned before the writes left the log may carry them still, and one that has
+        // to be encoded again would carry them under the token the segment has then: the SG
+        // refuses this gateway's writes to the segment only until it hears of the break.
+        if let Some(cache) = link.cache.get() {
+            cache.groups_ended().await;
+        }
     }
 }
 
@@ -286,15 +306,7 @@ impl SharedCache {
         let driver = self.link.driver.get().ok_or(BlockError::Unsupported("the shared cache is not open"))?;
         let need: Vec<(u64, Kind)> =
             stics_coherence::segments(lba, blocks, self.link.seg_blocks).map(|s| (s, kind)).collect();
-        loop {
-            let cleared = self.link.cleared.notified();
-            tokio::pin!(cleared);
-            cleared.as_mut().enable();
-            if !need.iter().any(|(s, _)| lock(&self.link.quarantining).contains(s)) {
-                break;
-            }
-            cleared.await;
-        }
+        self.link.quarantine_done(need.iter().map(|&(s, _)| s)).await;
         let op = driver.begin(&need).await;
         if !op.valid() {
             return Err(BlockError::Busy(

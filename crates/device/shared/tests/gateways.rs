@@ -432,6 +432,56 @@ async fn a_broken_writer_s_writes_go_to_quarantine_and_never_over_newer_data() {
     b.close().await;
 }
 
+/// A group planned under a token that is then broken, whose data is read (and the group encoded)
+/// only after its writes went to quarantine and the gateway took the segment again: a break
+/// acknowledged at once let the SG take the group under the new token, over newer data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_planned_before_a_break_never_lands_under_a_token_granted_after_it() {
+    use stics_testkit::faults::{FaultDev, Op, Rule};
+    let sg = sg().await;
+    let qdir = tempfile::tempdir().unwrap();
+    let log = Arc::new(FaultDev::new(BS, 2048 * 8, 1));
+    let remote: Arc<dyn BlockDev> = Arc::clone(&sg) as Arc<dyn BlockDev>;
+    let a = SharedCache::open(log.clone(), remote, b"sg-lun", cache_cfg(Mode::Log), tokens(), qdir.path().to_owned())
+        .await
+        .expect("A opens");
+    // The next read of A's log, where its first group's data comes from, takes 5 s.
+    let reads = log.count(Op::Read);
+    let read_ends = std::time::Instant::now() + Duration::from_secs(5);
+    log.add_rule(Rule::delay(Op::Read, Duration::from_secs(5)).times(1));
+    a.write(1, block(11), true).await.expect("A writes");
+    while log.count(Op::Read) == reads {
+        assert!(std::time::Instant::now() < read_ends, "A planned no group");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // B wants the segment; A's surrender waits for that group; an operator breaks A's token.
+    let b = Arc::new(gateway(&sg, Mode::Log).await);
+    let reader = {
+        let b = Arc::clone(&b);
+        tokio::spawn(async move { stamp_of(&b.read(1, 1).await.expect("B reads")) })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!reader.is_finished(), "B waits for A's segment");
+    assert_eq!(sg.break_segment(0).await.expect("break").len(), 1);
+    assert_eq!(tokio::time::timeout(Duration::from_secs(2), reader).await.unwrap().unwrap(), 0);
+    b.write(1, block(21), false).await.expect("B writes");
+    // A hears of the break, keeps its write in quarantine, and writes the segment again under a
+    // new token, all while its old group still waits for its data.
+    while a.quarantined().is_empty() {
+        assert!(std::time::Instant::now() < read_ends, "A put nothing in quarantine");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    a.write(2, block(12), false).await.expect("A writes again");
+    assert!(std::time::Instant::now() < read_ends, "the steps above took longer than the log's delay");
+    settles(&a).await;
+    settles(&b).await;
+    assert_eq!(stamp_of(&sg.read(1, 1).await.unwrap()), 21, "the write under the broken token never lands");
+    assert_eq!(stamp_of(&sg.read(2, 1).await.unwrap()), 12);
+    assert_eq!(stamp_of(&a.read(1, 1).await.unwrap()), 21);
+    a.close().await;
+    b.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_keeps_no_more_tokens_than_its_bound_and_ships_what_it_gives_up() {
     let sg = sg().await;

@@ -75,6 +75,8 @@ pub(crate) struct Groups {
     status_sent: bool,
     /// The groups out or to be sent again, oldest first.
     flights: VecDeque<Flight>,
+    /// Groups planned so far (a group's place in this count stays when it goes again).
+    planned: u64,
     /// The oldest group that failed since the last look, and how: acted on once none is out.
     broken: Option<(u64, Failure)>,
     /// Refusals in a row.
@@ -95,6 +97,8 @@ pub(crate) struct Groups {
 #[derive(Debug)]
 struct Flight {
     plan: GroupPlan,
+    /// Which plan it was, counted from the start ([`Core::groups_planned`]).
+    n: u64,
     /// It is out now (else it waits to be sent again).
     sent: bool,
 }
@@ -229,7 +233,9 @@ impl Core {
                 self.group_stats.groups_overlapped += 1;
             }
             out.push(super::DestageIo::Group(plan.clone()));
-            self.destage.groups.flights.push_back(Flight { plan, sent: true });
+            let g = &mut self.destage.groups;
+            g.planned += 1;
+            g.flights.push_back(Flight { plan, n: g.planned, sent: true });
         }
     }
 
@@ -440,6 +446,17 @@ impl Core {
             g.broken = Some((seq, failure));
         }
         self.remote_failed(err, None, now);
+    }
+
+    /// How many groups were planned so far: a mark for [`Core::groups_ended`].
+    pub fn groups_planned(&self) -> u64 {
+        self.destage.groups.planned
+    }
+
+    /// True once no group among the first `mark` planned is out or waits to go again (each was
+    /// taken by the SG, or refused and dropped): whatever they carried can no longer land.
+    pub fn groups_ended(&self, mark: u64) -> bool {
+        !self.destage.groups.flights.iter().any(|f| f.n <= mark)
     }
 
     /// Ships groups only, never plain writes, whatever the SG answers (a cache of a LUN other

@@ -472,6 +472,22 @@ impl Cache {
         self.submit(false, |c| c.forget(lba, blocks)).await.map(|_| ())
     }
 
+    /// Waits until no group planned before the call is out or waits to go again: whatever the
+    /// groups planned so far carry has landed or never will. What a shared gateway waits for
+    /// before it acknowledges a broken token, since a group planned under it could otherwise
+    /// be encoded again under a newer token of the segment.
+    pub async fn groups_ended(&self) {
+        let mark = lock(&self.inner.core).groups_planned();
+        loop {
+            let notified = self.inner.space.notified();
+            if lock(&self.inner.core).groups_ended(mark) {
+                return;
+            }
+            self.inner.destager.notify_one();
+            let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+        }
+    }
+
     /// The log's identity: the source its groups carry, and a gateway's name at the SG.
     pub fn log_uuid(&self) -> [u8; 16] {
         lock(&self.inner.core).log_uuid
