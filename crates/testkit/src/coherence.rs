@@ -84,7 +84,7 @@ impl Holder for Gateway {
         Ok(())
     }
 
-    async fn broken(&self, seg: u64, gen: u64) {
+    async fn broken(&self, seg: u64, gen: u64) -> Result<(), BlockError> {
         panic!("no token is broken here (segment {seg}, generation {gen})");
     }
 }

@@ -31,8 +31,8 @@ pub trait Holder: Send + Sync + 'static {
     /// not shipped is refused by the SG and belongs in quarantine; cached blocks are stale.
     /// Returns once no write under it can reach the SG any more (nor ride under a newer token):
     /// the break is then acknowledged, after which the SG takes this gateway's writes to the
-    /// segment again.
-    async fn broken(&self, seg: u64, gen: u64);
+    /// segment again. An error (the holder is closing) leaves it unacknowledged.
+    async fn broken(&self, seg: u64, gen: u64) -> Result<(), BlockError>;
 
     /// The newest epoch of the gateway's log that holds a write to `seg` not yet on the SG, if
     /// any: once the SG has committed the gateway's groups through it, the segment's writes are
@@ -171,7 +171,10 @@ impl Shared {
                     self.counts.broken.fetch_add(1, Ordering::Relaxed);
                     let me = Arc::clone(self);
                     tokio::spawn(async move {
-                        me.holder.broken(seg, gen).await;
+                        if let Err(e) = me.holder.broken(seg, gen).await {
+                            tracing::warn!(seg, gen, "a broken token stays unacknowledged: {e}");
+                            return;
+                        }
                         let acts = lock(&me.core).quarantined(seg, gen, Instant::now());
                         me.dispatch(acts);
                     });

@@ -158,7 +158,9 @@ impl stics_coherence::driver::Holder for Nothing {
     async fn surrender(&self, _: u64, _: u64, _: Option<stics_coherence::Kind>) -> Result<(), stics_block::BlockError> {
         Ok(())
     }
-    async fn broken(&self, _: u64, _: u64) {}
+    async fn broken(&self, _: u64, _: u64) -> Result<(), stics_block::BlockError> {
+        Ok(())
+    }
 }
 
 async fn fresh_sg() -> Arc<JournalDev> {

@@ -206,8 +206,8 @@ impl Holder for Keeper {
         link.cache.get()?.dirty_through(lba, blocks)
     }
 
-    async fn broken(&self, seg: u64, gen: u64) {
-        let Some(link) = self.0.upgrade() else { return };
+    async fn broken(&self, seg: u64, gen: u64) -> Result<(), BlockError> {
+        let Some(link) = self.0.upgrade() else { return Err(BlockError::Unsupported("the shared cache is closed")) };
         tracing::error!(
             segment = seg,
             generation = gen,
@@ -222,8 +222,9 @@ impl Holder for Keeper {
         // A group planned before the writes left the log may carry them still, and one that has
         // to be encoded again would carry them under the token the segment has then: the SG
         // refuses this gateway's writes to the segment only until it hears of the break.
-        if let Some(cache) = link.cache.get() {
-            cache.groups_ended().await;
+        match link.cache.get() {
+            Some(cache) => cache.groups_ended().await,
+            None => Ok(()),
         }
     }
 }

@@ -475,13 +475,17 @@ impl Cache {
     /// Waits until no group planned before the call is out or waits to go again: whatever the
     /// groups planned so far carry has landed or never will. What a shared gateway waits for
     /// before it acknowledges a broken token, since a group planned under it could otherwise
-    /// be encoded again under a newer token of the segment.
-    pub async fn groups_ended(&self) {
+    /// be encoded again under a newer token of the segment. Fails once the cache is closed:
+    /// groups cut off on their way may still land.
+    pub async fn groups_ended(&self) -> Result<(), BlockError> {
         let mark = lock(&self.inner.core).groups_planned();
         loop {
             let notified = self.inner.space.notified();
             if lock(&self.inner.core).groups_ended(mark) {
-                return;
+                return Ok(());
+            }
+            if self.inner.halted.load(Ordering::Acquire) {
+                return Err(BlockError::Unsupported("the cache is closed"));
             }
             self.inner.destager.notify_one();
             let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
