@@ -320,6 +320,19 @@ impl BlockDev for Path {
     }
 }
 
+/// Gateway B, opened on `sg`, reading block 1 in the background: it waits, since A holds the
+/// segment and cannot ship it.
+async fn b_waits_to_read_block_1(sg: &Arc<JournalDev>) -> (Arc<SharedCache>, tokio::task::JoinHandle<u64>) {
+    let b = Arc::new(gateway(sg, Mode::Log).await);
+    let reader = {
+        let b = Arc::clone(&b);
+        tokio::spawn(async move { stamp_of(&b.read(1, 1).await.expect("B reads")) })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!reader.is_finished(), "B waits for A's segment");
+    (b, reader)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_restarted_on_its_log_ships_what_it_held_before_anyone_reads_past_it() {
     let sg = sg().await;
@@ -344,13 +357,7 @@ async fn a_gateway_restarted_on_its_log_ships_what_it_held_before_anyone_reads_p
     drop(a);
     // B wants the first segment: the SG asks A, which does not answer; B waits (the default
     // policy never takes an exclusive token from a silent writer).
-    let b = Arc::new(gateway(&sg, Mode::Log).await);
-    let reader = {
-        let b = Arc::clone(&b);
-        tokio::spawn(async move { stamp_of(&b.read(1, 1).await.expect("B reads")) })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!reader.is_finished(), "B waits for A's segment");
+    let (b, reader) = b_waits_to_read_block_1(&sg).await;
     assert_eq!(sg.token_status().blocked.len(), 1);
     // A starts again on its log: the SG tells it what it holds, and it ships its writes under
     // those tokens before it gives the first segment up.
@@ -392,13 +399,7 @@ async fn a_broken_writer_s_writes_go_to_quarantine_and_never_over_newer_data() {
     a.write(1, block(11), true).await.expect("A writes");
     a.write(SEG + 1, block(12), true).await.expect("A writes");
     // B wants the first segment; A cannot ship it; an operator breaks A's token.
-    let b = Arc::new(gateway(&sg, Mode::Log).await);
-    let reader = {
-        let b = Arc::clone(&b);
-        tokio::spawn(async move { stamp_of(&b.read(1, 1).await.expect("B reads")) })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!reader.is_finished());
+    let (b, reader) = b_waits_to_read_block_1(&sg).await;
     let broke = sg.break_segment(0).await.expect("break");
     assert_eq!(broke.len(), 1, "{broke:?}");
     assert_eq!(tokio::time::timeout(Duration::from_secs(10), reader).await.unwrap().unwrap(), 0, "what the SG has");
@@ -455,13 +456,7 @@ async fn a_group_planned_before_a_break_never_lands_under_a_token_granted_after_
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // B wants the segment; A's surrender waits for that group; an operator breaks A's token.
-    let b = Arc::new(gateway(&sg, Mode::Log).await);
-    let reader = {
-        let b = Arc::clone(&b);
-        tokio::spawn(async move { stamp_of(&b.read(1, 1).await.expect("B reads")) })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!reader.is_finished(), "B waits for A's segment");
+    let (b, reader) = b_waits_to_read_block_1(&sg).await;
     assert_eq!(sg.break_segment(0).await.expect("break").len(), 1);
     assert_eq!(tokio::time::timeout(Duration::from_secs(2), reader).await.unwrap().unwrap(), 0);
     b.write(1, block(21), false).await.expect("B writes");
