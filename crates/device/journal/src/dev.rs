@@ -5,7 +5,7 @@
 //! to write their blocks. It hosts the lock server of the gateways that share the LUN, whose every
 //! change is a tokens record in the same ring, durable before what the change said is sent.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -110,6 +110,10 @@ struct Inner {
     /// again): the group behind it, waiting for it since before then, fails at once.
     failed: Mutex<std::collections::HashMap<[u8; 16], (u64, Instant)>>,
     stats: Mutex<JournalStatus>,
+    /// Blocks reads took from the medium and from groups not on it yet: counted on every read,
+    /// so kept apart from `stats` and its lock.
+    blocks_read_medium: AtomicU64,
+    blocks_read_journal: AtomicU64,
     /// When each unapplied group was committed, oldest first.
     pending_since: Mutex<std::collections::VecDeque<Instant>>,
     stopping: AtomicBool,
@@ -208,6 +212,8 @@ impl JournalDev {
         let tokens = tokens.with_max_segments((ring / 16 / SNAPSHOT_BYTES_PER_SEGMENT) as usize);
         let inner = Arc::new(Inner {
             stats: Mutex::new(JournalStatus { journal_bytes: sb.journal_bytes - RING_START, ..Default::default() }),
+            blocks_read_medium: AtomicU64::new(0),
+            blocks_read_journal: AtomicU64::new(0),
             pending_since: Mutex::new(std::iter::repeat_n(Instant::now(), core.unapplied()).collect()),
             core: Mutex::new(core),
             medium,
@@ -234,6 +240,8 @@ impl JournalDev {
     pub fn status(&self) -> JournalStatus {
         let c = lock(&self.inner.core);
         let mut s = lock(&self.inner.stats).clone();
+        s.blocks_read_medium = self.inner.blocks_read_medium.load(Ordering::Relaxed);
+        s.blocks_read_journal = self.inner.blocks_read_journal.load(Ordering::Relaxed);
         s.journal_used = c.fill().0;
         s.groups_unapplied = c.unapplied() as u64;
         s.apply_lag_secs = lock(&self.inner.pending_since).front().map_or(0.0, |t| t.elapsed().as_secs_f64());
@@ -750,13 +758,10 @@ impl BlockDev for JournalDev {
     async fn read(&self, lba: u64, blocks: u32) -> std::result::Result<Bytes, BlockError> {
         self.geometry().check_range(lba, u64::from(blocks))?;
         let pieces = lock(&self.inner.core).read(lba, u64::from(blocks));
-        {
-            let from_medium: u64 =
-                pieces.iter().map(|p| if let Piece::Medium { blocks, .. } = p { u64::from(*blocks) } else { 0 }).sum();
-            let mut s = lock(&self.inner.stats);
-            s.blocks_read_medium += from_medium;
-            s.blocks_read_journal += u64::from(blocks) - from_medium;
-        }
+        let from_medium: u64 =
+            pieces.iter().map(|p| if let Piece::Medium { blocks, .. } = p { u64::from(*blocks) } else { 0 }).sum();
+        self.inner.blocks_read_medium.fetch_add(from_medium, Ordering::Relaxed);
+        self.inner.blocks_read_journal.fetch_add(u64::from(blocks) - from_medium, Ordering::Relaxed);
         if let [Piece::Medium { lba, blocks }] = pieces.as_slice() {
             return self.inner.medium.read(*lba, *blocks).await;
         }
