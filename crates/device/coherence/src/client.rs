@@ -354,8 +354,7 @@ impl Client {
                 // waits for the holder (`quarantined`). A grant of it that is still on its way
                 // is void meanwhile.
                 if self.breaking.insert((seg, gen)) {
-                    let r = self.released.entry(seg).or_insert((gen, now));
-                    *r = (r.0.max(gen), now);
+                    self.note_released(seg, gen, now);
                     acts.push(Action::Broken { seg, gen });
                 }
                 self.ask_again(seg, &mut acts);
@@ -484,9 +483,14 @@ impl Client {
     }
 
     fn release(&mut self, seg: u64, gen: u64, keep: Option<Kind>, now: Instant, acts: &mut Vec<Action>) {
+        self.note_released(seg, gen, now);
+        acts.push(Action::Send(Msg::Release { seg, gen, keep }));
+    }
+
+    /// From `now` on, a grant of `gen` or older on `seg` that arrives is void.
+    fn note_released(&mut self, seg: u64, gen: u64, now: Instant) {
         let r = self.released.entry(seg).or_insert((gen, now));
         *r = (r.0.max(gen), now);
-        acts.push(Action::Send(Msg::Release { seg, gen, keep }));
     }
 
     fn ask_again(&mut self, seg: u64, acts: &mut Vec<Action>) {
