@@ -2,7 +2,7 @@
 //! against the real peers: it completes, every experiment writes its folder, and each table has
 //! the rows, columns and figures of the committed report, with measured numbers in them.
 //!
-//! It takes about forty minutes (ten of them `app`'s builds and databases), so the default test
+//! It takes about half an hour (five minutes of it `app`'s build and databases), so the default test
 //! run leaves it out and CI runs it after that: `cargo test -p stics --test bench_all -- --ignored`.
 //! The committed report is the expected shape: an experiment whose rows change needs the report
 //! regenerated.
@@ -233,7 +233,7 @@ fn promises(dir: &Path) {
 }
 
 #[test]
-#[ignore = "about forty minutes; CI runs it: cargo test -p stics --test bench_all -- --ignored"]
+#[ignore = "about half an hour; CI runs it: cargo test -p stics --test bench_all -- --ignored"]
 fn all_quick_completes_and_every_table_has_every_row() {
     let out = tempfile::tempdir().unwrap();
     // Progress goes to the test's stderr as it happens; the JSON reports to stdout.

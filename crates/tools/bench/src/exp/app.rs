@@ -31,8 +31,8 @@ pub struct Args {
     /// paper's Soft Updates FFS), sync (`-o sync`: every write reaches the device before it
     /// returns, in the role of its traditional FFS) or dirsync (`-o dirsync`: directory changes
     /// only, closer to what traditional FFS made synchronous). This experiment ignores
-    /// --ext4-default.
-    #[arg(long, value_delimiter = ',', default_value = "default,sync")]
+    /// --ext4-default. Default: default,sync (--quick: default).
+    #[arg(long, value_delimiter = ',')]
     pub mounts: Vec<Mount>,
     /// OpenSSH's source archive (openssh_*.orig.tar.gz). Default: the one in
     /// /var/cache/stics-bench, fetched there with `apt-get source --download-only openssh` when
@@ -63,6 +63,16 @@ pub struct Args {
 }
 
 impl Args {
+    /// The mounts to run: --mounts, or both of Table 2's file systems (--quick: the default mount
+    /// alone, since an OpenSSH build on -o sync is most of the quick run's time).
+    fn mounts(&self, b: &Bench) -> Vec<Mount> {
+        match (self.mounts.is_empty(), b.quick()) {
+            (false, _) => self.mounts.clone(),
+            (true, true) => vec![Mount::Default],
+            (true, false) => vec![Mount::Default, Mount::Sync],
+        }
+    }
+
     /// pgbench's scale factor and seconds, scaled down for `--quick`.
     fn pg_size(&self, b: &Bench) -> (u32, u32) {
         if b.quick() {
@@ -190,7 +200,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let spec = b.remote_medium(&lun);
     let places_per_delay = if a.no_gateway { 1 } else { 2 };
     let steps = (if b.quick() { 1 } else { 2 } + delays.len() * places_per_delay)
-        * a.mounts.len()
+        * a.mounts(b).len()
         * a.workloads.len()
         * b.reps();
     let run = Run {
@@ -206,7 +216,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
 
     // Local: the host opens the medium itself (through the same FUSE export as every row).
     let local = direct("local");
-    for &mount in &a.mounts {
+    for mount in a.mounts(b) {
         let mut cmd = b.stics_cmd();
         cmd.arg("mount").arg(&spec);
         cells.extend(run.on_ext4(cmd, &local, mount)?);
@@ -215,7 +225,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     if !b.quick() {
         let t = stics_target(b, "target", &[&spec])?;
         let place = direct("target");
-        for &mount in &a.mounts {
+        for mount in a.mounts(b) {
             let mut cmd = b.stics_cmd();
             cmd.args(["mount", &t.url]);
             cells.extend(run.on_ext4(cmd, &place, mount)?);
@@ -232,7 +242,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
                 continue;
             }
             let place = Place { row: row.clone(), gateway };
-            for &mount in &a.mounts {
+            for mount in a.mounts(b) {
                 let measure = |url: &str| run.on_ext4(exported_in_host(b, &wan, url), &place, mount);
                 if gateway {
                     let log = b.work().join("gateway-log.img");
@@ -515,7 +525,7 @@ fn report(b: &Bench, a: &Args, cells: &[Cell], fs_mib: u64) -> Result<Report> {
     }
     let mut curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     let mut paper_pts: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for &mount in &a.mounts {
+    for mount in a.mounts(b) {
         for &w in &a.workloads {
             let of = |c: &&Cell| c.mount == mount && c.workload == w;
             let local = cells.iter().filter(of).find(|c| c.place.row == "local").map_or(f64::NAN, |c| c.ops);
