@@ -24,9 +24,10 @@ pub const LINK_TOKENS: u8 = 0xc7;
 /// LINK POLL: data-in is a poll answer ([`crate::token::encode_answer`]) for the gateway whose
 /// source folds to `gateway` ([`crate::fence_of`]), as long as the command's transfer length
 /// allows: its messages from number `from` on, every earlier one acknowledged (the SG forgets
-/// them). The SG answers at once when it has such messages, else when one comes or `wait_ms`
-/// milliseconds have passed. An answer lost with a connection is asked for again with the same
-/// `from`.
+/// them). The SG answers at once when it has messages no poll of the gateway was answered with,
+/// else when one comes, or when `wait_ms` milliseconds have passed, then with what is unread:
+/// an answer lost with a connection is read again by a poll with the same `from`, at the end of
+/// its wait. A gateway may keep two polls waiting; news answers one of them.
 pub const LINK_POLL: u8 = 0xc8;
 
 /// A decoded link command.

@@ -1,7 +1,8 @@
 //! A gateway's token driver: the [`Client`] core behind a lock, over any device that takes the
 //! link's token commands ([`GroupSink::tokens`], [`GroupSink::token_poll`]). One task sends the
 //! gateway's messages as soon as there are some (and an empty exchange every quarter lease, which
-//! keeps the SG hearing from it); another polls for the SG's, numbered and acknowledged. What a
+//! keeps the SG hearing from it); two more poll for the SG's, numbered and acknowledged, so that
+//! one poll waits at the SG while the other's answer is read and the next one is on its way. What a
 //! token's holder must do when it gives one up (ship the segment's dirty blocks, drop its cached
 //! ones) or loses one is the [`Holder`]'s.
 
@@ -87,6 +88,10 @@ struct Shared {
     exchanged: Mutex<Option<(Instant, Instant)>>,
     /// The next exchange tells the SG that this gateway starts afresh.
     fresh: AtomicBool,
+    /// Where the polls stand in the SG's numbers; taken before `core`.
+    polls: Mutex<PollPos>,
+    /// A poll answer was read: the second poller may set out.
+    poll_news: Notify,
     holder: Arc<dyn Holder>,
     dev: Arc<dyn BlockDev>,
     source: [u8; 16],
@@ -122,6 +127,65 @@ pub struct TokenStats {
     pub lease_secs: f64,
 }
 
+/// Where a gateway's polls stand in the SG's numbers of its messages.
+#[derive(Debug, Default, Clone, Copy)]
+struct PollPos {
+    /// The number of the next message wanted; unknown until the first message comes, since the
+    /// SG numbers each gateway's messages from a point of its own.
+    next: Option<u32>,
+    /// Gaps seen so far: a poll that set out before the latest names numbers of before it.
+    gaps: u64,
+}
+
+/// What a poll answer beginning at `first` with `len` messages brings, for a gateway that wants
+/// `pos.next` now and sent the poll naming `sent` when it had seen `gaps` gaps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fit {
+    /// Messages were lost: start afresh, from this answer.
+    Gap,
+    /// Read the answer's messages from this index on (past its end: nothing new).
+    From(usize),
+}
+
+fn fit(pos: PollPos, sent: Option<u32>, gaps: u64, first: u32, len: usize) -> Fit {
+    let Some(next) = pos.next else { return Fit::From(0) };
+    let stale = gaps != pos.gaps;
+    match sent {
+        // The two polls overlap: an answer to the one that set out first begins somewhere
+        // between what that one named and what has been read since.
+        Some(sent) if !stale => {
+            if first.wrapping_sub(sent) > next.wrapping_sub(sent) {
+                Fit::Gap
+            } else {
+                Fit::From(next.wrapping_sub(first) as usize)
+            }
+        }
+        _ if first == next => Fit::From(0),
+        // Set out before the latest gap, in numbers that no longer count: the next poll says.
+        _ if stale => Fit::From(len),
+        _ => Fit::Gap,
+    }
+}
+
+impl PollPos {
+    /// Takes in an answer to a poll that named `sent` after `gaps` gaps: whether it shows a gap
+    /// (then the gateway starts afresh from it, even an empty one) and how many of its messages
+    /// were read before.
+    fn take(&mut self, sent: Option<u32>, gaps: u64, first: u32, len: usize) -> (bool, usize) {
+        let (gap, skip) = match fit(*self, sent, gaps, first, len) {
+            Fit::Gap => {
+                self.gaps += 1;
+                (true, 0)
+            }
+            Fit::From(k) => (false, k),
+        };
+        if gap || skip < len {
+            self.next = Some(first.wrapping_add(len as u32));
+        }
+        (gap, skip)
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -154,6 +218,8 @@ impl Shared {
                     if let Some(after) = after {
                         lock(&self.outbox).push_back(Msg::ReleaseAfter { seg, gen, keep, after, nonce: self.nonce });
                         self.send_news.notify_one();
+                        let acts = lock(&self.core).released_early(seg);
+                        self.dispatch(acts);
                     }
                     let me = Arc::clone(self);
                     tokio::spawn(async move {
@@ -233,18 +299,23 @@ impl Shared {
         }
     }
 
-    async fn poller(self: Arc<Self>) {
-        // The number of the next message wanted; unknown until the first message comes, since
-        // the SG numbers each gateway's messages from a point of its own.
-        let mut from: Option<u32> = None;
+    /// Polls for the SG's messages. The `standby` poller sets out only once the first message
+    /// has come and while the lease holds, so that the two never spin together.
+    async fn poller(self: Arc<Self>, standby: bool) {
         let fold = stics_link::fence_of(&self.source);
         loop {
             let started = Instant::now();
+            let valid = lock(&self.core).lease_valid(started);
+            let pos = *lock(&self.polls);
+            if standby && (pos.next.is_none() || !valid) {
+                let _ = tokio::time::timeout(self.cfg.poll_wait, self.poll_news.notified()).await;
+                continue;
+            }
             // Without a lease nothing may run: a poll that waits for news would hold it back by
             // as long as it waits, so it asks for what is there and comes back at once.
-            let wait = if lock(&self.core).lease_valid(started) { self.cfg.poll_wait } else { Duration::ZERO };
+            let wait = if valid { self.cfg.poll_wait } else { Duration::ZERO };
             let answer = match self.sink() {
-                Ok(s) => s.token_poll(fold, from.unwrap_or(0), wait, POLL_BYTES).await,
+                Ok(s) => s.token_poll(fold, pos.next.unwrap_or(0), wait, POLL_BYTES).await,
                 Err(e) => Err(e),
             };
             let (first, msgs) = match answer.and_then(|b| {
@@ -258,24 +329,24 @@ impl Shared {
                 }
             };
             let now = Instant::now();
-            if !msgs.is_empty() {
-                tracing::trace!(?msgs, "token messages from the SG");
-            }
             let mut acts = Vec::new();
             let idle = wait.is_zero() && msgs.is_empty();
-            let gap = from.is_some_and(|f| f != first);
-            {
+            let len = msgs.len();
+            let gap = {
+                let mut polls = lock(&self.polls);
+                let asked = polls.next;
+                let (gap, skip) = polls.take(pos.next, pos.gaps, first, len);
                 let mut core = lock(&self.core);
                 if gap {
                     // Messages were lost (the SG restarted, or gave up on us): start afresh.
-                    tracing::info!(asked = from, got = first, "token messages lost; asking again for what waits");
+                    tracing::info!(asked, got = first, "token messages lost; asking again for what waits");
                     self.fresh.store(true, Ordering::SeqCst);
                     acts.extend(core.reconnected());
                 }
-                if from.is_some() || !msgs.is_empty() {
-                    from = Some(first.wrapping_add(msgs.len() as u32));
+                if skip < len {
+                    tracing::trace!(msgs = ?&msgs[skip..], "token messages from the SG");
                 }
-                for m in msgs {
+                for m in msgs.into_iter().skip(skip) {
                     acts.extend(core.on_msg(m, now));
                 }
                 // Everything queued for us when the poll began has been taken: an exchange
@@ -285,7 +356,9 @@ impl Shared {
                         acts.extend(core.heard(sent, now));
                     }
                 }
-            }
+                gap
+            };
+            self.poll_news.notify_one();
             self.dispatch(acts);
             if gap {
                 self.send_news.notify_one();
@@ -357,6 +430,8 @@ impl Driver {
             send_news: Notify::new(),
             exchanged: Mutex::new(None),
             fresh: AtomicBool::new(true),
+            polls: Mutex::new(PollPos::default()),
+            poll_news: Notify::new(),
             holder,
             dev,
             source,
@@ -365,7 +440,11 @@ impl Driver {
             counts: Counts::default(),
         });
         shared.send_news.notify_one();
-        let tasks = vec![tokio::spawn(Arc::clone(&shared).sender()), tokio::spawn(Arc::clone(&shared).poller())];
+        let tasks = vec![
+            tokio::spawn(Arc::clone(&shared).sender()),
+            tokio::spawn(Arc::clone(&shared).poller(false)),
+            tokio::spawn(Arc::clone(&shared).poller(true)),
+        ];
         Driver { shared, tasks }
     }
 
@@ -433,5 +512,58 @@ impl Drop for Driver {
         for t in &self.tasks {
             t.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(next: u32, gaps: u64) -> PollPos {
+        PollPos { next: Some(next), gaps }
+    }
+
+    #[test]
+    fn a_poll_answer_is_read_from_what_is_new_and_a_gap_only_when_numbers_are_missing() {
+        // The first answer takes the numbers as they come.
+        assert_eq!(fit(PollPos::default(), None, 0, 7, 2), Fit::From(0));
+        // One poll: its answer begins where it asked.
+        assert_eq!(fit(at(10, 0), Some(10), 0, 10, 3), Fit::From(0));
+        assert_eq!(fit(at(10, 0), Some(10), 0, 12, 3), Fit::Gap);
+        assert_eq!(fit(at(10, 0), Some(10), 0, 9, 3), Fit::Gap);
+        // The standby poll set out naming 10; 10..14 were read since: its answer from 12 holds
+        // two known messages, from 14 none, from 10 four; past 14 numbers are missing.
+        assert_eq!(fit(at(14, 0), Some(10), 0, 12, 3), Fit::From(2));
+        assert_eq!(fit(at(14, 0), Some(10), 0, 10, 4), Fit::From(4));
+        assert_eq!(fit(at(14, 0), Some(10), 0, 14, 1), Fit::From(0));
+        assert_eq!(fit(at(14, 0), Some(10), 0, 15, 1), Fit::Gap);
+        assert_eq!(fit(at(14, 0), Some(10), 0, 9, 6), Fit::Gap);
+        // Across the wrap of the numbers.
+        assert_eq!(fit(at(2, 0), Some(u32::MAX - 1), 0, u32::MAX, 4), Fit::From(3));
+        // A poll that set out before a gap: only an answer where the new numbers stand counts.
+        assert_eq!(fit(at(500, 1), Some(10), 0, 500, 1), Fit::From(0));
+        assert_eq!(fit(at(500, 1), Some(10), 0, 10, 1), Fit::From(1));
+        assert_eq!(fit(at(500, 1), Some(10), 0, 12, 0), Fit::From(0));
+    }
+
+    #[test]
+    fn a_gap_moves_the_polls_on_even_when_its_answer_is_empty() {
+        let mut pos = at(10, 0);
+        // An empty answer from elsewhere in the numbers: start afresh from there.
+        assert_eq!(pos.take(Some(10), 0, 900, 0), (true, 0));
+        assert_eq!((pos.next, pos.gaps), (Some(900), 1));
+        // The standby poll's answer, from before the gap, in the old numbers: nothing.
+        assert_eq!(pos.take(Some(10), 0, 10, 2), (false, 2));
+        assert_eq!(pos.next, Some(900));
+        // Overlapping answers read each message once.
+        assert_eq!(pos.take(Some(900), 1, 900, 3), (false, 0));
+        assert_eq!(pos.take(Some(900), 1, 901, 4), (false, 2));
+        assert_eq!((pos.next, pos.gaps), (Some(905), 1));
+        // The first answer takes the numbers as they come, and an empty one leaves them unknown.
+        let mut new = PollPos::default();
+        assert_eq!(new.take(None, 0, 77, 0), (false, 0));
+        assert_eq!(new.next, None);
+        assert_eq!(new.take(None, 0, 77, 1), (false, 0));
+        assert_eq!(new.next, Some(78));
     }
 }

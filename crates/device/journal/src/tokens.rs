@@ -40,11 +40,13 @@ pub const MAX_GATEWAYS: usize = 256;
 /// grow the SG's memory.
 const MAX_QUEUED: usize = 4096;
 
-/// One gateway's messages not yet acknowledged, numbered from `base`.
+/// One gateway's messages not yet acknowledged, numbered from `base`; `handed` is one past the
+/// last one a poll was answered with.
 #[derive(Debug)]
 struct Queue {
     base: u32,
     msgs: VecDeque<Msg>,
+    handed: u32,
 }
 
 impl Queue {
@@ -52,7 +54,13 @@ impl Queue {
     /// before are not taken for this queue's (which would acknowledge messages it never read);
     /// it sees a gap instead, and starts afresh.
     fn start() -> Queue {
-        Queue { base: rand::random(), msgs: VecDeque::new() }
+        let base = rand::random();
+        Queue { base, msgs: VecDeque::new(), handed: base }
+    }
+
+    /// One past the newest message.
+    fn end(&self) -> u32 {
+        self.base.wrapping_add(self.msgs.len() as u32)
     }
 }
 
@@ -570,6 +578,14 @@ impl Tokens {
 
     /// The messages for a gateway from number `from` on (LINK POLL), every earlier one
     /// acknowledged, as a poll answer of at most `max` bytes.
+    ///
+    /// A gateway keeps a second poll waiting here while it reads the first's answer, so that
+    /// news never waits for a poll to arrive: a poll answers news no other poll of its gateway
+    /// was answered with (of two waiting, one answers and the other goes on waiting), and at
+    /// the end of its wait whatever is unread (an answer lost with its connection is read
+    /// again then). A poll that set out before the other's answer was read names numbers the
+    /// other's successor acknowledged since: that is no gap. The gateway drops what it reads
+    /// twice.
     pub async fn poll(&self, fold: u64, from: u32, wait: Duration, max: usize) -> Bytes {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
@@ -581,17 +597,30 @@ impl Tokens {
                 let gw = st.by_fold.get(&fold).copied();
                 if let Some(q) = gw.and_then(|gw| st.queued.get_mut(&gw)) {
                     let acked = from.wrapping_sub(q.base) as usize;
+                    let behind = from != q.base && q.base.wrapping_sub(from) as usize <= MAX_QUEUED;
                     // Numbers it was never sent mean that what it asks for is gone: the answer
                     // says from where on there are messages.
-                    let gap = acked > q.msgs.len();
-                    if !gap {
+                    let gap = !behind && acked > q.msgs.len();
+                    if !gap && !behind {
                         q.msgs.drain(..acked);
                         q.base = from;
                     }
-                    if gap || !q.msgs.is_empty() {
+                    // After a restart of the numbers (a gap), `handed` may lie anywhere.
+                    if q.handed.wrapping_sub(q.base) as usize > q.msgs.len() {
+                        q.handed = q.base;
+                    }
+                    // What another poll was answered with is not said again before the wait
+                    // is over (that answer may be lost with its connection, and then it is).
+                    let timed_out = tokio::time::Instant::now() >= deadline;
+                    let answer_now = q.handed != q.end() || (timed_out && !q.msgs.is_empty());
+                    if gap || answer_now {
                         let n = token::fitting(q.msgs.len(), max);
                         let msgs: Vec<Msg> = q.msgs.iter().take(n).copied().collect();
                         let answer = Bytes::from(token::encode_answer(q.base, &msgs));
+                        let sent_to = q.base.wrapping_add(n as u32);
+                        if sent_to.wrapping_sub(q.base) > q.handed.wrapping_sub(q.base) {
+                            q.handed = sent_to;
+                        }
                         if let Some(gw) = gw {
                             st.polled(gw, &msgs);
                         }
@@ -599,9 +628,11 @@ impl Tokens {
                     }
                 }
             }
-            if tokio::time::timeout_at(deadline, news).await.is_err() {
+            if tokio::time::Instant::now() >= deadline {
                 return Bytes::from(token::encode_answer(from, &[]));
             }
+            // At the deadline, one more look: what is unread goes out then.
+            let _ = tokio::time::timeout_at(deadline, news).await;
         }
     }
 
@@ -735,6 +766,7 @@ impl Tokens {
 #[expect(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use stics_coherence::Kind;
 
     /// A source whose halves differ, as a UUID's do.
@@ -793,6 +825,64 @@ mod tests {
         if let Some(step) = t.committed(&src(source), epoch, Instant::now()) {
             t.deliver(step.outs, false);
         }
+    }
+
+    /// A poll of gateway `source` naming `from` that may wait `ms`, in a task of its own.
+    fn poll_task(t: &Arc<Tokens>, source: u8, from: u32, ms: u64) -> tokio::task::JoinHandle<(u32, Vec<Msg>)> {
+        let t = Arc::clone(t);
+        tokio::spawn(async move {
+            let b = t.poll(stics_link::fence_of(&src(source)), from, Duration::from_millis(ms), 1 << 16).await;
+            token::decode_answer(&b, MAX_EXCHANGE).unwrap()
+        })
+    }
+
+    #[tokio::test]
+    async fn of_two_polls_waiting_one_answers_news_and_the_other_waits_on() {
+        let t = Arc::new(Tokens::new(Policy::default(), 64 << 10));
+        ex(&t, 1, &[Msg::Request { op: 1, seg: 4, kind: Kind::Exclusive }]);
+        let (base, grant) = poll(&t, 1).await.first().copied().map(|m| (from(1), m)).unwrap();
+        assert!(matches!(grant, Msg::Grant { seg: 4, .. }));
+        // Both of gateway 1's polls wait; gateway 2's request revokes segment 4.
+        let (mut a, mut b) = (poll_task(&t, 1, base, 5_000), poll_task(&t, 1, base, 5_000));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        ex(&t, 2, &[Msg::Request { op: 1, seg: 4, kind: Kind::Exclusive }]);
+        let ((first, msgs), other) = tokio::select! {
+            r = &mut a => (r.unwrap(), b),
+            r = &mut b => (r.unwrap(), a),
+        };
+        assert_eq!(first, base);
+        assert!(matches!(msgs[..], [Msg::Revoke { seg: 4, .. }]), "{msgs:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!other.is_finished(), "the other poll stays waiting for the next news");
+        // The gateway reads the revoke and polls again, acknowledging it: news for the standby
+        // poll, which set out naming the revoke's number, is no gap.
+        let next = base.wrapping_add(1);
+        let third = poll_task(&t, 1, next, 5_000);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        ex(&t, 1, &[Msg::Request { op: 2, seg: 5, kind: Kind::Exclusive }]);
+        let (first, msgs) = tokio::time::timeout(Duration::from_secs(2), other).await.unwrap().unwrap();
+        assert_eq!(first, next, "answered from what the later poll acknowledged");
+        assert!(matches!(msgs[..], [Msg::Grant { seg: 5, .. }]), "{msgs:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!third.is_finished(), "the grant went to one poll only");
+        third.abort();
+    }
+
+    #[tokio::test]
+    async fn what_another_poll_had_is_said_again_at_the_end_of_a_wait_and_at_once_to_one_that_cannot_wait() {
+        let t = Arc::new(Tokens::new(Policy::default(), 64 << 10));
+        ex(&t, 1, &[Msg::Request { op: 1, seg: 4, kind: Kind::Exclusive }]);
+        // The grant went to a poll whose answer was lost: the next poll reads it again, once
+        // its wait is over (the other answer may still be on its way)...
+        let (first, msgs) = poll_from(&t, 1, 0).await;
+        assert!(matches!(msgs[..], [Msg::Grant { seg: 4, .. }]));
+        let again = poll_task(&t, 1, first, 300);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(!again.is_finished(), "not said again at once");
+        assert_eq!(again.await.unwrap(), (first, msgs.clone()));
+        // ... and at once to a poll that may not wait (a gateway without a lease).
+        let b = t.poll(stics_link::fence_of(&src(1)), first, Duration::ZERO, 1 << 16).await;
+        assert_eq!(token::decode_answer(&b, MAX_EXCHANGE).unwrap(), (first, msgs));
     }
 
     #[tokio::test]
