@@ -188,8 +188,26 @@ fn run_postmark(b: &Bench, cfg: &Path) -> Result<crate::env::Output> {
 }
 
 /// Whether `e2fsck -fn` finds the ext4 on `lun` clean; a check that cannot run counts as not clean.
+/// `e2fsck -fn` on `lun` finds nothing to repair. When it does (or cannot run), what it said is
+/// logged, since the report's column keeps only the verdict.
 pub fn fsck_clean(lun: &Path) -> bool {
-    Command::new("e2fsck").arg("-fn").arg(lun).output().is_ok_and(|o| o.status.success())
+    match Command::new("e2fsck").arg("-fn").arg(lun).output() {
+        Ok(o) if o.status.success() => true,
+        Ok(o) => {
+            tracing::warn!(
+                lun = %lun.display(),
+                status = %o.status,
+                stdout = %String::from_utf8_lossy(&o.stdout),
+                stderr = %String::from_utf8_lossy(&o.stderr),
+                "e2fsck -fn found the file system unclean"
+            );
+            false
+        }
+        Err(e) => {
+            tracing::warn!(lun = %lun.display(), "e2fsck -fn could not run: {e}");
+            false
+        }
+    }
 }
 
 impl Drop for Export {
