@@ -183,6 +183,10 @@ fn promises(dir: &Path) {
         }
     }
 
+    for r in &rows("app", 1) {
+        assert_eq!(r["fsck"], "clean", "ext4 stayed consistent: {r}");
+    }
+
     for r in &rows("postmark", 1) {
         assert_eq!(r["fsck"], "clean", "{r}");
         positive(r, "plain");

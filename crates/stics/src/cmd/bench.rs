@@ -185,6 +185,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Cmd::Replay(r) = a.cmd {
         return run_replay(&r, format(c), c.plot.as_deref());
     }
+    // What the experiments warn of (an unclean e2fsck, a peer that misbehaved) reaches stderr.
+    super::logging::init("warn");
     let stics = std::env::current_exe().context("cannot find the stics binary itself")?;
     stics_bench::env::clean_up_on_interrupt().context("cannot catch SIGINT and SIGTERM")?;
     let bench = Bench::new(Options {
