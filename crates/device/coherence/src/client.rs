@@ -51,9 +51,6 @@ struct Held {
     /// The SG broke this token while it was being given up and a newer one waits in `next`:
     /// the entry stays only until the surrender ends.
     broken: bool,
-    /// Its release went out beside the surrender's group ([`Client::released_early`]):
-    /// operations that want the segment ask for it again at once.
-    early: bool,
 }
 
 /// A token granted while the one before it is still being given up, with any revoke of it that
@@ -219,16 +216,13 @@ impl Client {
         } else {
             for (&seg, &kind) in &o.need {
                 // A token being given up is asked for again once it is gone (`surrendered`):
-                // asked for now, the SG could grant it again before it takes the release; once
-                // its release is out (`released_early`), at once. One revoked and not given up
-                // yet is asked for at once (the SG puts the request behind the one it revoked
-                // for), and a grant of it that comes before the surrender ends waits for it
-                // (`Held::next`).
-                let (revoked, holding_back) = self
-                    .held
-                    .get(&seg)
-                    .map_or((false, false), |h| (h.revoke.is_some(), h.surrendering.is_some() && !h.early));
-                if !holding_back && (!self.usable(seg, kind) || revoked) {
+                // asked for now, the SG could grant it again before it takes the release. One
+                // revoked and not given up yet is asked for at once (the SG puts the request
+                // behind the one it revoked for), and a grant of it that comes before the
+                // surrender ends waits for it (`Held::next`).
+                let (revoked, surrendering) =
+                    self.held.get(&seg).map_or((false, false), |h| (h.revoke.is_some(), h.surrendering.is_some()));
+                if !surrendering && (!self.usable(seg, kind) || revoked) {
                     acts.push(Action::Send(Msg::Request { op, seg, kind }));
                     o.asked = true;
                 }
@@ -291,7 +285,6 @@ impl Client {
                     used: 0,
                     next: None,
                     broken: false,
-                    early: false,
                 });
                 if gen > h.gen && h.surrendering == Some(Keeping(None)) {
                     // The SG took the release (a conditional one, beside the surrender's group)
@@ -387,20 +380,6 @@ impl Client {
         acts
     }
 
-    /// `seg`'s release went out beside the group that ships its writes (a conditional release,
-    /// which the SG takes once the group is committed): operations waiting for the segment ask
-    /// for it again now rather than once the surrender is answered, a round trip sooner.
-    pub fn released_early(&mut self, seg: u64) -> Vec<Action> {
-        let mut acts = Vec::new();
-        let Some(h) = self.held.get_mut(&seg) else { return acts };
-        if h.surrendering != Some(Keeping(None)) {
-            return acts;
-        }
-        h.early = true;
-        self.ask_again(seg, &mut acts);
-        acts
-    }
-
     /// The driver shipped `seg`'s dirty blocks and dropped what the revoke said to drop: the
     /// release goes to the SG, and operations still waiting for the segment ask for it again.
     pub fn surrendered(&mut self, seg: u64, now: Instant) -> Vec<Action> {
@@ -426,7 +405,6 @@ impl Client {
                         used: h.used,
                         next: None,
                         broken: false,
-                        early: false,
                     };
                 }
                 None => {
@@ -767,41 +745,5 @@ mod tests {
         assert_eq!(c.end(op2), [Action::Surrender { seg: 4, gen: 11, keep: None }]);
         assert_eq!(c.surrendered(4, t), [Action::Send(Msg::Release { seg: 4, gen: 11, keep: None })]);
         assert_eq!(c.holds(4), None);
-    }
-
-    #[test]
-    fn once_a_release_is_out_beside_its_group_a_waiting_operation_asks_again_at_once() {
-        let t = Instant::now();
-        let mut c = Client::new(Duration::from_secs(30));
-        c.heard(t, t);
-        let (op, _) = c.begin(&[(4, Kind::Exclusive)], t);
-        c.on_msg(grant(op, 4, Kind::Exclusive, 9, 1), t);
-        c.end(op);
-        assert_eq!(
-            c.on_msg(Msg::Revoke { seg: 4, gen: 9, keep: None, ticket: 2 }, t),
-            [Action::Surrender { seg: 4, gen: 9, keep: None }]
-        );
-        // A write that comes while the surrender ships: the SG could grant it before taking the
-        // release, so it does not ask yet...
-        let (op2, acts) = c.begin(&[(4, Kind::Exclusive)], t);
-        assert!(acts.is_empty());
-        // ... until the release goes out beside the group, and one after that asks at once.
-        assert_eq!(c.released_early(4), [Action::Send(Msg::Request { op: op2, seg: 4, kind: Kind::Exclusive })]);
-        let (op3, acts) = c.begin(&[(4, Kind::Exclusive)], t);
-        assert_eq!(acts, [Action::Send(Msg::Request { op: op3, seg: 4, kind: Kind::Exclusive })]);
-        // A grant before the surrender ends waits for it.
-        assert!(c.on_msg(grant(op2, 4, Kind::Exclusive, 12, 3), t).is_empty());
-        let acts = c.surrendered(4, t);
-        assert_eq!(acts[0], Action::Send(Msg::Release { seg: 4, gen: 9, keep: None }));
-        assert!(acts.contains(&Action::Ready(op2)));
-        assert_eq!(c.holds(4), Some((Kind::Exclusive, 12)));
-        // A surrender that keeps a shared copy asks nothing early.
-        let mut d = Client::new(Duration::from_secs(30));
-        d.heard(t, t);
-        let (op, _) = d.begin(&[(5, Kind::Exclusive)], t);
-        d.on_msg(grant(op, 5, Kind::Exclusive, 3, 1), t);
-        d.end(op);
-        d.on_msg(Msg::Revoke { seg: 5, gen: 3, keep: Some(Kind::Shared), ticket: 2 }, t);
-        assert!(d.released_early(5).is_empty());
     }
 }

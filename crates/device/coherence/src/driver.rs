@@ -218,8 +218,6 @@ impl Shared {
                     if let Some(after) = after {
                         lock(&self.outbox).push_back(Msg::ReleaseAfter { seg, gen, keep, after, nonce: self.nonce });
                         self.send_news.notify_one();
-                        let acts = lock(&self.core).released_early(seg);
-                        self.dispatch(acts);
                     }
                     let me = Arc::clone(self);
                     tokio::spawn(async move {

@@ -263,8 +263,6 @@ impl World {
                 let Some(&(seg, gen, keep)) = self.gws[*g].surrenders.front() else { return };
                 self.ship(*g, seg, gen);
                 self.gws[*g].outbox.push_back(Msg::Release { seg, gen, keep });
-                let acts = self.clients[*g].released_early(seg);
-                self.act(*g, acts);
             }
             Step::Run(g) => {
                 let Some(op) = self.gws[*g].ready.pop_front() else { return };
