@@ -840,8 +840,8 @@ mod tests {
     async fn of_two_polls_waiting_one_answers_news_and_the_other_waits_on() {
         let t = Arc::new(Tokens::new(Policy::default(), 64 << 10));
         ex(&t, 1, &[Msg::Request { op: 1, seg: 4, kind: Kind::Exclusive }]);
-        let (base, grant) = poll(&t, 1).await.first().copied().map(|m| (from(1), m)).unwrap();
-        assert!(matches!(grant, Msg::Grant { seg: 4, .. }));
+        assert!(matches!(poll(&t, 1).await[..], [Msg::Grant { seg: 4, .. }]));
+        let base = from(1);
         // Both of gateway 1's polls wait; gateway 2's request revokes segment 4.
         let (mut a, mut b) = (poll_task(&t, 1, base, 5_000), poll_task(&t, 1, base, 5_000));
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -198,11 +198,10 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let lun = b.work().join("remote.img");
     std::fs::File::create(&lun)?.set_len((fs_mib + 64) << 20)?;
     let spec = b.remote_medium(&lun);
+    let mounts = a.mounts(b);
     let places_per_delay = if a.no_gateway { 1 } else { 2 };
-    let steps = (if b.quick() { 1 } else { 2 } + delays.len() * places_per_delay)
-        * a.mounts(b).len()
-        * a.workloads.len()
-        * b.reps();
+    let steps =
+        (if b.quick() { 1 } else { 2 } + delays.len() * places_per_delay) * mounts.len() * a.workloads.len() * b.reps();
     let run = Run {
         b,
         a,
@@ -216,7 +215,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
 
     // Local: the host opens the medium itself (through the same FUSE export as every row).
     let local = direct("local");
-    for mount in a.mounts(b) {
+    for &mount in &mounts {
         let mut cmd = b.stics_cmd();
         cmd.arg("mount").arg(&spec);
         cells.extend(run.on_ext4(cmd, &local, mount)?);
@@ -225,7 +224,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     if !b.quick() {
         let t = stics_target(b, "target", &[&spec])?;
         let place = direct("target");
-        for mount in a.mounts(b) {
+        for &mount in &mounts {
             let mut cmd = b.stics_cmd();
             cmd.args(["mount", &t.url]);
             cells.extend(run.on_ext4(cmd, &place, mount)?);
@@ -242,7 +241,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
                 continue;
             }
             let place = Place { row: row.clone(), gateway };
-            for mount in a.mounts(b) {
+            for &mount in &mounts {
                 let measure = |url: &str| run.on_ext4(exported_in_host(b, &wan, url), &place, mount);
                 if gateway {
                     let log = b.work().join("gateway-log.img");

@@ -188,8 +188,7 @@ fn run_postmark(b: &Bench, cfg: &Path) -> Result<crate::env::Output> {
 }
 
 /// Whether `e2fsck -fn` finds the ext4 on `lun` clean; a check that cannot run counts as not clean.
-/// `e2fsck -fn` on `lun` finds nothing to repair. When it does (or cannot run), what it said is
-/// logged, since the report's column keeps only the verdict.
+/// What an unclean check said is logged, since the report's column keeps only the verdict.
 pub fn fsck_clean(lun: &Path) -> bool {
     match Command::new("e2fsck").arg("-fn").arg(lun).output() {
         Ok(o) if o.status.success() => true,
