@@ -116,3 +116,34 @@ fn postmark_merges_the_committed_full_size_slices_into_one_table_and_figure() {
     assert!(!run.status.success());
     assert!(String::from_utf8_lossy(&run.stderr).contains("merge each slice once"));
 }
+
+/// A file system unmounted here while another mount namespace has it lives on in that one, its
+/// writes still coming: the bench waits for it to go and, while it stays, names who holds it,
+/// rather than letting e2fsck read a file system in use (which it once reported unclean).
+#[test]
+fn an_ext4_another_mount_namespace_still_has_is_named_not_checked() {
+    use std::time::Duration;
+    use stics_bench::exp::fs::released;
+    let dir = tempfile::tempdir().unwrap();
+    let (img, fs) = (dir.path().join("img"), dir.path().join("fs"));
+    std::fs::create_dir(&fs).unwrap();
+    let ok = |c: &mut Command| assert!(c.status().unwrap().success(), "{c:?}");
+    ok(Command::new("truncate").args(["-s", "64M"]).arg(&img));
+    ok(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
+    ok(Command::new("mount").args(["-o", "loop"]).arg(&img).arg(&fs));
+    std::fs::write(fs.join("a"), b"written while two namespaces have it").unwrap();
+    let mut holder = Command::new("unshare").args(["-m", "--propagation", "private", "sleep", "120"]).spawn().unwrap();
+    let ours = std::fs::read_link("/proc/self/ns/mnt").unwrap();
+    let theirs = || std::fs::read_link(format!("/proc/{}/ns/mnt", holder.id())).ok();
+    while theirs().is_none_or(|ns| ns == ours) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ok(Command::new("umount").arg(&fs));
+    let err = released(&img, Duration::from_secs(1)).expect_err("the file system lives on").to_string();
+    assert!(err.contains("still loop-mounted") && err.contains(&format!("{} (sleep)", holder.id())), "{err}");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    released(&img, Duration::from_secs(30)).expect("gone with the namespace that had it");
+    let fsck = Command::new("e2fsck").arg("-fn").arg(&img).output().unwrap();
+    assert!(fsck.status.success(), "{}", String::from_utf8_lossy(&fsck.stdout));
+}

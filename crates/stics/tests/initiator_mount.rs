@@ -106,6 +106,7 @@ fn ext4_on_stics_mount_of_tgt_runs_postmark_with_sync_and_fscks_clean() {
     // Write everything back while mounted, so that unmounting has nothing left to write.
     run_ok(Command::new("sync").arg("-f").arg(&fs_dir));
     run_ok(Command::new("umount").arg(&fs_dir));
+    stics_bench::exp::fs::released(&s.file, Duration::from_secs(60)).unwrap();
     s.m.fs_dir = None;
     let fsck = Command::new("e2fsck").args(["-fn"]).arg(&s.file).output().unwrap();
     s.m.signal(libc::SIGTERM);

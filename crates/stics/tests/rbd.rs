@@ -128,6 +128,7 @@ fn rbd_lun_carries_qemu_img_ext4_and_postmark_and_rbd_export_sees_what_was_writt
         .unwrap();
     let pm = Command::new("postmark").arg(&cfg).output().unwrap();
     run_ok(Command::new("umount").arg(&fs));
+    stics_bench::exp::fs::released(&file, Duration::from_secs(60)).unwrap();
     let fsck = Command::new("e2fsck").arg("-fn").arg(&file).output().unwrap();
     assert!(mount.signal(libc::SIGTERM));
     assert!(mount.wait_exit(Duration::from_secs(10)).is_some_and(|s| s.success()), "stics mount stopped cleanly");

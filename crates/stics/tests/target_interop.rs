@@ -115,6 +115,7 @@ fn ext4_over_a_fuse_export_runs_postmark_with_sync_mount_and_fscks_clean() {
     // Write everything back while mounted, so that unmounting has nothing left to write.
     run(Command::new("sync").arg("-f").arg(&mnt));
     run(Command::new("umount").arg(&mnt));
+    stics_bench::exp::fs::released(&file, Duration::from_secs(60)).unwrap();
     let fsck = Command::new("e2fsck").args(["-fn"]).arg(&file).output().unwrap();
     assert!(
         fsck.status.success(),

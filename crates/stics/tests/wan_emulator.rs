@@ -218,6 +218,12 @@ fn several_hosts_reach_the_storage_side_not_each_other_and_a_cut_host_is_silent(
         assert!(pings(&link, role, "10.201.2.2"), "{role} reaches the storage side");
     }
     assert!(!pings(&link, "host2", "10.201.4.2"), "host2 reaches host3");
+    // exec enters the network namespace alone: the command has the caller's mounts, not a copy
+    // that would keep a file system the caller unmounts alive for as long as the command runs.
+    let ns = |what: &str| std::fs::read_link(format!("/proc/self/ns/{what}")).unwrap().display().to_string();
+    let theirs = |what: &str| link.ok(&["exec", "host2", "--", "readlink", &format!("/proc/self/ns/{what}")]);
+    assert_eq!(theirs("mnt").trim(), ns("mnt"));
+    assert_ne!(theirs("net").trim(), ns("net"));
     let s = link.status();
     assert_eq!(s["params"]["hosts"], 3);
     assert_eq!(s["cut"], serde_json::json!([]));

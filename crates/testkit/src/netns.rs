@@ -60,11 +60,11 @@ impl Wan {
         Role::parse(role).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// A command that runs `program` in `role`'s namespace (as `ip netns exec` does, so its PID
-    /// is the program's own).
+    /// A command that runs `program` in `role`'s network namespace (`stics wan exec`: its PID is
+    /// the program's own, and it keeps this process's mounts rather than pinning a copy).
     pub fn exec(&self, role: &str, program: &Path) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.ns(role)]).arg(program);
+        let mut c = self.cmd(&["exec", role, "--"]);
+        c.arg(program);
         c
     }
 

@@ -65,7 +65,9 @@ enum Cmd {
         /// host (= host1), host2 … host8, or storage.
         role: String,
     },
-    /// Run a command inside a host's, the `storage` or the `wan` (router) namespace.
+    /// Run a command inside a host's, the `storage` or the `wan` (router) network namespace. It
+    /// keeps the caller's mounts (what it mounts is mounted for the caller too), and its PID is
+    /// the command's own.
     Exec {
         /// host (= host1), host2 … host8, storage or wan.
         role: String,
@@ -243,7 +245,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 inst.check_role(role)?;
                 bail!("namespace {ns} does not exist: run `stics wan up` first");
             }
-            let err = std::process::Command::new("ip").args(["netns", "exec", &ns]).args(&command).exec();
+            // The network namespace alone, not `ip netns exec`'s mount namespace too: a copy of
+            // the caller's mounts would keep every file system mounted at the time alive in it
+            // after its unmount, for as long as the command runs (an e2fsck after such an
+            // unmount reads a file system still in use).
+            stics_wan::sys::setns_net(&std::path::Path::new("/run/netns").join(&ns))
+                .with_context(|| format!("entering {ns}"))?;
+            let err = std::process::Command::new(&command[0]).args(&command[1..]).exec();
             Err(anyhow::Error::from(err).context(format!("running {command:?} in {ns}")))
         }
         Cmd::Daemon => {

@@ -226,19 +226,11 @@ impl Export {
         run_ok(Command::new("sync").arg("-f").arg(&self.fs));
         run_ok(Command::new("umount").arg(&self.fs));
         self.fs_mounted = false;
-        // The loop device lets go of the export's file only when its last opener (udev's probe,
-        // say) closes it; until then stopping the export would only detach it lazily.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let held = run_ok(Command::new("losetup").arg("-j").arg(&self.file));
-            let Some(dev) = held.split(':').next().filter(|d| !d.trim().is_empty()) else { return };
-            if Instant::now() > deadline {
-                let users = Command::new("fuser").arg("-v").arg(dev.trim()).output();
-                let users = users.map(|o| String::from_utf8_lossy(&[o.stdout, o.stderr].concat()).into_owned());
-                panic!("a loop device still holds {} 30 s after umount: {held}{users:?}", self.file.display());
-            }
-            let _ = Command::new("losetup").arg("-d").arg(dev.trim()).status();
-            std::thread::sleep(Duration::from_millis(100));
+        // The loop device lets go of the export's file only when the file system is gone, and
+        // its last opener (udev's probe, say) has closed it; until then stopping the export would
+        // only detach it lazily, and e2fsck would read a file system still in use.
+        if let Err(e) = stics_bench::exp::fs::released(&self.file, Duration::from_secs(30)) {
+            panic!("{e}");
         }
     }
 

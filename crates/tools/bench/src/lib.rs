@@ -41,6 +41,12 @@ pub enum Error {
     /// A program's output was not what the experiment expected.
     #[error("cannot read the output of {what}: {detail}")]
     Output { what: String, detail: String },
+    /// A file system was unmounted here but lives on: another mount namespace still has it.
+    #[error(
+        "{lun} is still loop-mounted {secs} s after its file system was unmounted ({holders}); a check of it now \
+         would read a file system in use"
+    )]
+    StillMounted { lun: String, secs: u64, holders: String },
     /// A parameter is out of range.
     #[error("{0}")]
     Invalid(String),

@@ -11,7 +11,7 @@ use stics_report::plot::{Figure, Series};
 use stics_report::{Column, Table};
 
 use super::curve;
-use super::fs::{fsck_clean, mount_ext4, postmark_in, Export, PoolArgs};
+use super::fs::{fsck_clean, mount_ext4, postmark_in, unmount, Export, PoolArgs};
 use crate::paper;
 use crate::peers::{stics_target, GatewayOptions, Wan};
 use crate::{Bench, Error, Report, Result, Stat};
@@ -187,7 +187,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     if let Some(dir) = &a.redraw {
         return report(b, a, &read_cells(dir)?, fs_mib);
     }
-    b.need(&["mkfs.ext4", "e2fsck", "nsenter", "setpriv", "tar", "make", "cc"])?;
+    b.need(&["mkfs.ext4", "e2fsck", "setpriv", "tar", "make", "cc"])?;
     // CI size: the local row against the smallest delay, plain and through the gateway (at 8 ms
     // one way, unpacking OpenSSH on -o sync alone took over five minutes).
     let delays: Vec<f64> =
@@ -263,11 +263,11 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     report(b, a, &cells, fs_mib)
 }
 
-/// `stics mount URL` in the host namespace of `wan`, exporting into this process's mount
-/// namespace (where ext4 is then mounted).
+/// `stics mount URL` in the host namespace of `wan` (its export mounted where this process sees
+/// it, ext4 then mounted on it).
 fn exported_in_host(b: &Bench, wan: &Wan, url: &str) -> Command {
-    let mut cmd = wan.exec("host", Path::new("nsenter"));
-    cmd.arg(format!("--mount=/proc/{}/ns/mnt", std::process::id())).arg("--").arg(b.stics()).args(["mount", url]);
+    let mut cmd = wan.exec("host", b.stics());
+    cmd.args(["mount", url]);
     cmd
 }
 
@@ -299,7 +299,7 @@ impl Run<'_> {
             }
             Ok(())
         })();
-        let unmounted = b.run(Command::new("umount").arg(&e.fs));
+        let unmounted = unmount(b, &e.fs, &e.lun);
         measured?;
         unmounted?;
         let fsck = fsck_clean(&e.lun);

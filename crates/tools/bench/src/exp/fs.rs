@@ -136,7 +136,7 @@ impl Export {
         self.mkfs(b, mib)?;
         mount_ext4(b, &self.lun, &self.fs, b.ext4_options())?;
         let run = postmark_in(b, &b.work().join("pm.cfg"), &self.fs, files, transactions);
-        b.run(Command::new("umount").arg(&self.fs))?;
+        unmount(b, &self.fs, &self.lun)?;
         Ok(run?.secs)
     }
 
@@ -185,6 +185,73 @@ fn run_postmark(b: &Bench, cfg: &Path) -> Result<crate::env::Output> {
     let mut postmark = Command::new("postmark");
     postmark.arg(cfg);
     b.run(&mut b.host(postmark))
+}
+
+/// Unmounts the file system at `fs`, loop-mounted from the file `lun`, and waits until it is gone
+/// (see [`released`]).
+pub(crate) fn unmount(b: &Bench, fs: &Path, lun: &Path) -> Result<()> {
+    b.run(Command::new("umount").arg(fs))?;
+    released(lun, Duration::from_secs(60))
+}
+
+/// Waits up to `limit` until no loop device is backed by the file `lun`.
+///
+/// `umount` ends a file system only where no other mount namespace has it too: one made while it
+/// was mounted (`unshare -m`, `ip netns exec`) holds a copy, and the file system, its journal
+/// unreplayed and its writes still coming, lives on in it until that namespace ends. Its loop
+/// device (which `mount` makes to clear itself) lets go of `lun` only once the file system is
+/// really gone, so that is what is waited for; an error names the processes still holding it.
+pub fn released(lun: &Path, limit: Duration) -> Result<()> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let Some(dev) = loop_of(lun) else { return Ok(()) };
+        if std::time::Instant::now() >= deadline {
+            return Err(Error::StillMounted {
+                lun: lun.display().to_string(),
+                secs: limit.as_secs(),
+                holders: holders(&dev),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The loop device (`/dev/loopN`) backed by the file `file`, if any.
+fn loop_of(file: &Path) -> Option<String> {
+    let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_owned());
+    let file = file.to_string_lossy();
+    std::fs::read_dir("/sys/block").ok()?.filter_map(std::result::Result::ok).find_map(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let backing = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
+        let backing = backing.trim_end();
+        (name.starts_with("loop") && backing.strip_suffix(" (deleted)").unwrap_or(backing) == file)
+            .then(|| format!("/dev/{name}"))
+    })
+}
+
+/// The processes whose mount namespace has `dev` mounted, one per namespace, as "PID (name)".
+fn holders(dev: &str) -> String {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut found = Vec::new();
+    let procs = std::fs::read_dir("/proc").into_iter().flatten().filter_map(std::result::Result::ok);
+    for pid in procs.filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok())) {
+        let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/mnt")) else { continue };
+        if seen.contains(&ns) {
+            continue;
+        }
+        let Ok(mounts) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else { continue };
+        // mountinfo: the mount source is the field after " - " and the file system type.
+        if mounts.lines().any(|l| l.split(" - ").nth(1).and_then(|t| t.split(' ').nth(1)) == Some(dev)) {
+            let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            found.push(format!("{pid} ({})", name.trim()));
+        }
+        seen.insert(ns);
+    }
+    if found.is_empty() {
+        format!("{dev} is open, but mounted in no mount namespace")
+    } else {
+        format!("{dev} is mounted in the mount namespace of {}", found.join(", "))
+    }
 }
 
 /// Whether `e2fsck -fn` finds the ext4 on `lun` clean; a check that cannot run counts as not clean.
@@ -248,15 +315,10 @@ pub fn postmark(
     pool: &Pool,
     gateway: Option<&Gateway>,
 ) -> Result<Run> {
-    b.need(&["postmark", "mkfs.ext4", "e2fsck", "nsenter", "findmnt"])?;
+    b.need(&["postmark", "mkfs.ext4", "e2fsck", "findmnt"])?;
     let lun = b.work().join("export");
-    // `stics wan exec` enters a mount namespace of its own; the export must be mounted in ours.
-    let mut cmd = wan.exec(role, Path::new("nsenter"));
-    cmd.arg(format!("--mount=/proc/{}/ns/mnt", std::process::id()))
-        .arg("--")
-        .arg(b.stics())
-        .args(["mount", url])
-        .arg(&lun);
+    let mut cmd = wan.exec(role, b.stics());
+    cmd.args(["mount", url]).arg(&lun);
     let m = Export::start(b, "export", &mut cmd, lun, b.work().join("fs"))?;
     m.mkfs(b, fs_mib)?;
     let (lun, fs) = (&m.lun, &m.fs);
@@ -281,7 +343,7 @@ pub fn postmark(
     let seconds = run_postmark(b, &cfg)?.secs;
     b.run(Command::new("sync").arg("-f").arg(fs))?;
     let host_bytes = written(b, fs)? - w0;
-    b.run(Command::new("umount").arg(fs))?;
+    unmount(b, fs, lun)?;
     if let Some(g) = gateway {
         wan.gateway_drain(b, g)?;
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use stics_report::{Column, Table};
 
-use super::fs::Export;
+use super::fs::{unmount, Export};
 use crate::paper;
 use crate::peers::stics_target;
 use crate::{Bench, Error, Result};
@@ -82,7 +82,8 @@ impl Counted {
 
     /// Unmounts ext4 (writing back everything) and drops every cache, so the next mount starts cold.
     fn unmount_cold(&self, b: &Bench) -> Result<()> {
-        b.run(Command::new("umount").arg(&self.export.fs))?;
+        // Gone for good before the next mount, which would otherwise be a second ext4 on the file.
+        unmount(b, &self.export.fs, &self.export.lun)?;
         std::fs::write("/proc/sys/vm/drop_caches", "3\n")?;
         Ok(())
     }

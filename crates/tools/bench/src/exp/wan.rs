@@ -197,8 +197,9 @@ impl VethPair {
     }
 
     fn exec(&self, side: &str, program: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", if side == "a" { &self.a } else { &self.b }, program]);
+        // The network namespace alone (see `stics wan exec`).
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", if side == "a" { &self.a } else { &self.b })).args(["--", program]);
         c
     }
 }
