@@ -27,7 +27,7 @@ const MATHIS_C: f64 = 0.93;
 const MSS: f64 = 1448.0;
 
 pub fn run(b: &Bench, a: &Args) -> Result<Report> {
-    b.need(&["ping", "iperf3", "ip", "timeout"])?;
+    b.need(&["ping", "iperf3", "ip", "nsenter", "timeout"])?;
     let pings = if b.quick() { a.pings.min(50) } else { a.pings };
     let secs = if b.quick() { 3 } else { 10 };
     let mathis_secs = if b.quick() { a.mathis_secs.min(5) } else { a.mathis_secs };
