@@ -1,6 +1,7 @@
-//! Fuzzes the link's decoders (a group, a link command, an SG status, a token batch): no panic,
-//! a group that parses decodes its data within the bound it was read with, and a token batch
-//! that parses encodes to the same bytes. Random bytes rarely pass a magic and two CRC32Cs, so
+//! Fuzzes the link's decoders (a group, a link command, an SG status, a token batch, a poll
+//! answer with the blocks of its grants): no panic, a group that parses decodes its data within
+//! the bound it was read with, and a token batch or poll answer that parses encodes to the same
+//! bytes. Random bytes rarely pass a magic and two CRC32Cs, so
 //! the first byte chooses to take the input as it is, or as a group (version 1, or version 2 with
 //! token generations) whose magic, version and checksums are made right, which sends the fuzzer
 //! into the table checks.
@@ -59,5 +60,8 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok((first, msgs)) = token::decode_answer(rest, 64) {
         assert_eq!(token::encode_answer(first, &msgs), rest);
+    }
+    if let Ok((first, msgs, data)) = token::decode_answer_data(rest, 64) {
+        assert_eq!(token::encode_answer_data(first, &msgs, &data), rest);
     }
 });

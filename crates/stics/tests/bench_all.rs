@@ -66,7 +66,8 @@ const KEYS: &[(&str, usize, &[&str])] = &[
     ("app", 1, &["at", "path", "workload", "mount"]),
     ("coherence", 1, &["delay", "path"]),
     ("coherence", 2, &["delay"]),
-    ("coherence", 3, &["delay", "share"]),
+    ("coherence", 3, &["delay", "reader"]),
+    ("coherence", 4, &["delay", "share"]),
 ];
 
 /// The columns that name the rows of table `table` of `exp` (none: matched by position only).
@@ -180,6 +181,17 @@ fn promises(dir: &Path) {
         if r["at"] == "8 ms" && r["device"] != "gateway" {
             // Blocking I/O cannot finish faster than the 16 ms round trip.
             assert!(response > 0.016, "{r}");
+        }
+    }
+
+    // A reader that asks for the blocks with its grants gets some of them so; one told not to, none.
+    for r in &rows("coherence", 3) {
+        positive(r, "iops");
+        let with = r["with_data"].as_f64().unwrap_or(f64::NAN);
+        if r["reader"].as_str().is_some_and(|s| s.contains("--no-grant-data")) {
+            assert_eq!(with, 0.0, "{r}");
+        } else {
+            assert!(with > 0.0, "{r}");
         }
     }
 

@@ -194,6 +194,7 @@ async fn three_gateways_share_four_segments_through_a_stics_sg() {
     };
     let run = stics_testkit::coherence::share(devs, 4, 100, cfg).await;
     assert!(run.groups > 0, "segments changed hands: {run:?}");
+    assert!(run.filled > 0, "shared grants came with their blocks: {run:?}");
     let st = tokio::task::spawn_blocking(move || status(metrics)).await.unwrap();
     assert_eq!(st["journals"][0]["tokens"]["breaks"], 0, "{st}");
     for l in luns {
@@ -425,6 +426,14 @@ fn readers_on_three_hosts_see_an_update_of_a_shared_image_once_it_completes_and_
         let data = read_in(r, 0, region as u32).unwrap();
         assert!(data.chunks(bs).all(|b| stamp_in(b) == 20), "every gateway reads the last update whole");
     }
+    // The readers' grants after each update brought the blocks they read (the SG sends them):
+    // no READ after the grant for those.
+    for g in 1..3 {
+        let tokens = &s.gateway_status(g)["tokens"];
+        assert!(tokens["grants_with_data"].as_u64().unwrap_or(0) > 0, "gateway {g}: {tokens}");
+    }
+    let sg = &s.sg_status()["journals"][0]["tokens"];
+    assert!(sg["grant_data_blocks"].as_u64().unwrap_or(0) > 0, "{sg}");
 }
 
 #[test]

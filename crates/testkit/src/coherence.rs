@@ -1,7 +1,7 @@
 //! Gateways sharing segments through an SG's lock server, for tests: each runs its own token
 //! driver (`stics_coherence::driver`) and random reads and writes over a few segments, caching
-//! what it reads and holding what it writes dirty until a revoke makes it ship the segment to the
-//! SG as a fenced group. Checked as they go: no two gateways run conflicting operations at once,
+//! what it reads (or what came with its shared grant) and holding what it writes dirty until a
+//! revoke makes it ship the segment to the SG as a fenced group. Checked as they go: no two gateways run conflicting operations at once,
 //! every read sees the newest write, every group lands under its token; and at the end every
 //! operation completed and every write is on the SG or dirty at the one gateway that holds it.
 
@@ -39,6 +39,8 @@ struct Gateway {
     /// one's number is learnt again from the SG's status.
     seq: tokio::sync::Mutex<u64>,
     shipped: AtomicU64,
+    /// Grants that came with the block their operation wanted.
+    filled: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -87,6 +89,14 @@ impl Holder for Gateway {
     async fn broken(&self, seg: u64, gen: u64) -> Result<(), BlockError> {
         panic!("no token is broken here (segment {seg}, generation {gen})");
     }
+
+    fn fill(&self, seg: u64, first: u32, data: Bytes) {
+        assert_eq!((first, data.len()), (0, 512), "segment {seg}: the block asked for");
+        let mut cache = lock(&self.cache);
+        assert!(!cache.contains_key(&seg), "segment {seg}: filled over a copy of its own");
+        cache.insert(seg, (value(&data), false));
+        self.filled.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 async fn run(gw: Arc<Gateway>, driver: Arc<Driver>, world: Arc<World>, me: usize, segs: u64, ops: usize) {
@@ -99,7 +109,10 @@ async fn run(gw: Arc<Gateway>, driver: Arc<Driver>, world: Arc<World>, me: usize
             *k = (*k).max(kind);
         }
         let list: Vec<(u64, Kind)> = need.iter().map(|(&s, &k)| (s, k)).collect();
-        let op = driver.begin(&list).await;
+        // A read wants its segment's first block with its grant.
+        let reads: Vec<(u64, u32, u32)> =
+            need.iter().filter(|(_, &k)| k == Kind::Shared).map(|(&s, _)| (s, 0, 1)).collect();
+        let op = driver.begin_reading(&list, &reads).await;
         assert!(op.valid(), "gateway {me}: an operation began that may not run");
         {
             let mut running = lock(&world.running);
@@ -152,9 +165,11 @@ async fn run(gw: Arc<Gateway>, driver: Arc<Driver>, world: Arc<World>, me: usize
 /// What a run did.
 #[derive(Debug, Clone, Copy)]
 pub struct Shared {
-    /// Operations run, and fenced groups shipped on revokes.
+    /// Operations run, fenced groups shipped on revokes, and shared grants that came with the
+    /// block their operation wanted.
     pub ops: usize,
     pub groups: u64,
+    pub filled: u64,
 }
 
 /// Runs one gateway per device in `sgs` (each its own way to the same SG LUN), `ops` random
@@ -173,6 +188,7 @@ pub async fn share(sgs: Vec<Arc<dyn BlockDev>>, segs: u64, ops: usize, cfg: Driv
             cache: Mutex::new(BTreeMap::new()),
             seq: tokio::sync::Mutex::new(1),
             shipped: AtomicU64::new(0),
+            filled: AtomicU64::new(0),
         });
         let driver = Arc::new(Driver::start(sg, source, Arc::clone(&gw) as Arc<dyn Holder>, cfg));
         runs.push(tokio::spawn(run(Arc::clone(&gw), Arc::clone(&driver), Arc::clone(&world), n, segs, ops)));
@@ -190,5 +206,9 @@ pub async fn share(sgs: Vec<Arc<dyn BlockDev>>, segs: u64, ops: usize, cfg: Driv
             gws.iter().filter_map(|(g, _)| lock(&g.cache).get(&seg).filter(|c| c.1).map(|c| c.0)).collect();
         assert!(on_sg == v || dirty == [v], "segment {seg}: the SG has {on_sg}, dirty copies {dirty:?}, newest {v}");
     }
-    Shared { ops: n * ops, groups: gws.iter().map(|(g, _)| g.shipped.load(Ordering::SeqCst)).sum() }
+    Shared {
+        ops: n * ops,
+        groups: gws.iter().map(|(g, _)| g.shipped.load(Ordering::SeqCst)).sum(),
+        filled: gws.iter().map(|(g, _)| g.filled.load(Ordering::SeqCst)).sum(),
+    }
 }

@@ -29,6 +29,11 @@ pub const FEATURE_COMMIT_WAITS: u64 = 2;
 /// [`GROUPS_IN_FLIGHT`] out at once without one overtaking another.
 pub const FEATURE_IN_ORDER: u64 = 4;
 
+/// A feature bit: the SG takes [`crate::token::Msg::Want`] and sends the blocks it names with
+/// the shared grant they wait for ([`crate::token::GrantData`]), a round trip less per read that
+/// follows another gateway's writes.
+pub const FEATURE_GRANT_DATA: u64 = 8;
+
 /// Groups a gateway has out at once on an SG with [`FEATURE_IN_ORDER`]: the next one leaves
 /// while the one before it is still on its way (a surrender of a token need not wait for the
 /// group in flight to be answered).

@@ -15,6 +15,11 @@
 //! ships the segment's writes and takes effect once the SG's journal holds the holder's epochs
 //! through the one it names; `Hello`, in a gateway's first exchange of each start, names the
 //! process, so that a late `ReleaseAfter` of a process that has since restarted is dropped.
+//!
+//! One more saves a reader a round trip, for an SG that announces it
+//! ([`crate::status::FEATURE_GRANT_DATA`]): `Want` names the blocks an operation that asks for a
+//! shared token will read, and the poll answer that carries the grant carries them too
+//! ([`GrantData`], after the batch), as the SG held them when it answered.
 
 use crate::{field, need, u32_at, u64_at, LinkError};
 
@@ -76,6 +81,9 @@ pub enum Msg {
     ReleaseAfter { seg: u64, gen: u64, keep: Option<Kind>, after: u64, nonce: u64 },
     /// Gateway → SG: this process is `nonce` (larger for each start); its first exchange says it.
     Hello { nonce: u64 },
+    /// Gateway → SG: operation `op`, which asks for a shared token on `seg` beside this, will
+    /// read `blocks` blocks of the segment from its block `first`: they may come with the grant.
+    Want { op: u64, seg: u64, first: u32, blocks: u32 },
     /// SG → gateway: operation `op` waits, and its place in line is `ticket`.
     Queued { op: u64, ticket: u64 },
     /// SG → gateway: `kind` on `seg` for operation `op`, under generation `gen`.
@@ -93,7 +101,12 @@ impl Msg {
     pub fn from_gateway(&self) -> bool {
         matches!(
             self,
-            Msg::Request { .. } | Msg::Release { .. } | Msg::Done { .. } | Msg::ReleaseAfter { .. } | Msg::Hello { .. }
+            Msg::Request { .. }
+                | Msg::Release { .. }
+                | Msg::Done { .. }
+                | Msg::ReleaseAfter { .. }
+                | Msg::Hello { .. }
+                | Msg::Want { .. }
         )
     }
 
@@ -105,7 +118,8 @@ impl Msg {
             | Msg::ReleaseAfter { seg, .. }
             | Msg::Grant { seg, .. }
             | Msg::Revoke { seg, .. }
-            | Msg::Broken { seg, .. } => Some(seg),
+            | Msg::Broken { seg, .. }
+            | Msg::Want { seg, .. } => Some(seg),
             Msg::Done { .. } | Msg::Queued { .. } | Msg::Hello { .. } => None,
         }
     }
@@ -128,6 +142,7 @@ const RELEASE: u8 = 2;
 const DONE: u8 = 3;
 const RELEASE_AFTER: u8 = 4;
 const HELLO: u8 = 5;
+const WANT: u8 = 6;
 const QUEUED: u8 = 16;
 const GRANT: u8 = 17;
 const REVOKE: u8 = 18;
@@ -146,6 +161,9 @@ fn raw(m: &Msg) -> Raw {
             Raw { code: RELEASE_AFTER, keep: keep_code(keep), op: after, seg, gen, ticket: nonce, ..Raw::default() }
         }
         Msg::Hello { nonce } => Raw { code: HELLO, ticket: nonce, ..Raw::default() },
+        Msg::Want { op, seg, first, blocks } => {
+            Raw { code: WANT, op, seg, gen: u64::from(first), ticket: u64::from(blocks), ..Raw::default() }
+        }
         Msg::Queued { op, ticket } => Raw { code: QUEUED, op, ticket, ..Raw::default() },
         Msg::Grant { op, seg, kind, gen, ticket } => {
             Raw { code: GRANT, kind: kind.code(), op, seg, gen, ticket, ..Raw::default() }
@@ -250,6 +268,15 @@ fn one(b: &[u8], at: usize) -> Result<Msg, LinkError> {
             unused([false, false, false, false, false, true])?;
             Msg::Hello { nonce: ticket }
         }
+        WANT => {
+            unused([false, false, true, true, true, true])?;
+            let first = u32::try_from(gen).map_err(|_| field("first", format!("{gen} is past any segment")))?;
+            let blocks = match u32::try_from(ticket) {
+                Ok(n) if n > 0 => n,
+                _ => return Err(field("blocks", format!("{ticket} is no count of blocks to read"))),
+            };
+            Msg::Want { op, seg, first, blocks }
+        }
         QUEUED => {
             unused([false, false, true, false, false, true])?;
             Msg::Queued { op, ticket }
@@ -315,6 +342,98 @@ pub fn decode_answer(b: &[u8], max: usize) -> Result<(u32, Vec<Msg>), LinkError>
     Ok((u32_at(first, 0)?, decode(rest, max)?))
 }
 
+/// Blocks that go with a shared grant in a poll answer: `data` is the segment `seg`'s blocks from
+/// its block `first` on, as the SG held them when it answered; `gen` is the grant's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantData {
+    pub seg: u64,
+    pub gen: u64,
+    pub first: u32,
+    pub data: Vec<u8>,
+}
+
+/// The magic of a poll answer's data, after its batch.
+pub const DATA_MAGIC: [u8; 4] = *b"STKD";
+/// Bytes of the data's header (magic, count, checksum of what follows).
+pub const DATA_HEADER_LEN: usize = 12;
+/// Bytes before each piece's blocks (segment, generation, first block, length).
+pub const DATA_ITEM_LEN: usize = 24;
+
+/// Bytes a poll answer of `msgs` messages takes before any data.
+pub fn answer_len(msgs: usize) -> usize {
+    ANSWER_LEN + HEADER_LEN + msgs * MSG_LEN
+}
+
+/// A poll answer with the blocks that go with its grants after the batch (none: the plain
+/// answer, which an SG that does not announce [`crate::status::FEATURE_GRANT_DATA`] sends).
+pub fn encode_answer_data(first: u32, msgs: &[Msg], data: &[GrantData]) -> Vec<u8> {
+    let mut b = encode_answer(first, msgs);
+    if data.is_empty() {
+        return b;
+    }
+    let mut body = Vec::with_capacity(data.iter().map(|d| DATA_ITEM_LEN + d.data.len()).sum());
+    for d in data {
+        body.extend_from_slice(&d.seg.to_be_bytes());
+        body.extend_from_slice(&d.gen.to_be_bytes());
+        body.extend_from_slice(&d.first.to_be_bytes());
+        body.extend_from_slice(&(d.data.len() as u32).to_be_bytes());
+        body.extend_from_slice(&d.data);
+    }
+    b.extend_from_slice(&DATA_MAGIC);
+    b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    b.extend_from_slice(&crc32c::crc32c(&body).to_be_bytes());
+    b.extend_from_slice(&body);
+    b
+}
+
+/// Reads a poll answer of at most `max` messages and as many pieces of data, with the data after
+/// its batch if there is any.
+pub fn decode_answer_data(b: &[u8], max: usize) -> Result<(u32, Vec<Msg>, Vec<GrantData>), LinkError> {
+    need(b, ANSWER_LEN + HEADER_LEN)?;
+    let count = u32_at(b, ANSWER_LEN + 8)? as usize;
+    if count > max {
+        return Err(field("count", format!("{count} messages, at most {max} taken")));
+    }
+    let end = answer_len(count);
+    need(b, end)?;
+    let (head, rest) = b.split_at(end);
+    let (first, msgs) = decode_answer(head, max)?;
+    if rest.is_empty() {
+        return Ok((first, msgs, Vec::new()));
+    }
+    need(rest, DATA_HEADER_LEN)?;
+    if rest.get(..4) != Some(&DATA_MAGIC[..]) {
+        return Err(field("data", "no data magic after the batch"));
+    }
+    let items = u32_at(rest, 4)? as usize;
+    if items == 0 || items > max {
+        return Err(field("data", format!("{items} pieces, 1 to {max} taken")));
+    }
+    let body = rest.get(DATA_HEADER_LEN..).unwrap_or_default();
+    let (stored, computed) = (u32_at(rest, 8)?, crc32c::crc32c(body));
+    if stored != computed {
+        return Err(LinkError::Checksum { what: "grant data", stored, computed });
+    }
+    let mut data = Vec::with_capacity(items);
+    let mut at = 0;
+    for _ in 0..items {
+        need(body, at + DATA_ITEM_LEN)?;
+        let (seg, gen, first) = (u64_at(body, at)?, u64_at(body, at + 8)?, u32_at(body, at + 16)?);
+        let len = u32_at(body, at + 20)? as usize;
+        if len == 0 {
+            return Err(field("data", "a piece of no blocks"));
+        }
+        at += DATA_ITEM_LEN;
+        let bytes = body.get(at..at + len).ok_or(LinkError::Truncated { need: at + len, got: body.len() })?;
+        data.push(GrantData { seg, gen, first, data: bytes.to_vec() });
+        at += len;
+    }
+    if at != body.len() {
+        return Err(field("data", format!("{} bytes after the last piece", body.len() - at)));
+    }
+    Ok((first, msgs, data))
+}
+
 #[cfg(test)]
 #[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
 mod tests {
@@ -333,6 +452,7 @@ mod tests {
             Msg::Grant { op: 8, seg: 9, kind: Kind::Shared, gen: 10, ticket: 11 },
             Msg::Revoke { seg: 12, gen: 13, keep: None, ticket: 14 },
             Msg::Broken { seg: 15, gen: u64::MAX },
+            Msg::Want { op: 16, seg: 17, first: 18, blocks: 19 },
         ]
     }
 
@@ -353,7 +473,7 @@ mod tests {
         let msgs = every_kind();
         assert_eq!(decode(&encode(&msgs), 64).unwrap(), msgs);
         let from: Vec<bool> = msgs.iter().map(Msg::from_gateway).collect();
-        assert_eq!(from, [true, true, true, true, true, true, false, false, false, false]);
+        assert_eq!(from, [true, true, true, true, true, true, false, false, false, false, true]);
         assert!(Kind::Exclusive.covers(Kind::Shared) && !Kind::Shared.covers(Kind::Exclusive));
     }
 
@@ -376,6 +496,99 @@ mod tests {
         let mut b = b;
         b[HEADER_LEN + 23] = 1;
         assert!(matches!(decode(&resealed(b), 1), Err(LinkError::Field { field: "message", .. })));
+    }
+
+    #[test]
+    fn a_want_has_its_fields_where_the_reader_looks_and_asks_for_some_blocks() {
+        let b = encode(&[Msg::Want { op: 3, seg: 4, first: 5, blocks: 6 }]);
+        let body: Vec<u8> = [
+            &[6u8, 0, 0, 0, 0, 0, 0, 0][..],
+            &3u64.to_be_bytes(),
+            &4u64.to_be_bytes(),
+            &5u64.to_be_bytes(),
+            &6u64.to_be_bytes(),
+        ]
+        .concat();
+        assert_eq!(&b[HEADER_LEN..], &body[..]);
+        // No blocks, or a count or a first block past 32 bits, is no want a writer makes.
+        for (at, v) in [(HEADER_LEN + 39, 0u8), (HEADER_LEN + 35, 1), (HEADER_LEN + 27, 1)] {
+            let mut b = b.clone();
+            b[at] = v;
+            assert!(matches!(decode(&resealed(b), 1), Err(LinkError::Field { .. })));
+        }
+    }
+
+    #[test]
+    fn a_poll_answer_carries_grant_data_after_its_batch() {
+        let msgs = [Msg::Grant { op: 1, seg: 2, kind: Kind::Shared, gen: 3, ticket: 4 }];
+        let data = [
+            GrantData { seg: 2, gen: 3, first: 7, data: vec![0xab; 5] },
+            GrantData { seg: 9, gen: 10, first: 0, data: vec![1] },
+        ];
+        let b = encode_answer_data(77, &msgs, &data);
+        let at = answer_len(1);
+        assert_eq!(&b[..at], &encode_answer(77, &msgs)[..]);
+        let body: Vec<u8> = [
+            &2u64.to_be_bytes()[..],
+            &3u64.to_be_bytes(),
+            &7u32.to_be_bytes(),
+            &5u32.to_be_bytes(),
+            &[0xab; 5],
+            &9u64.to_be_bytes(),
+            &10u64.to_be_bytes(),
+            &0u32.to_be_bytes(),
+            &1u32.to_be_bytes(),
+            &[1],
+        ]
+        .concat();
+        assert_eq!(&b[at..at + 8], b"STKD\x00\x00\x00\x02");
+        assert_eq!(&b[at + 8..at + 12], &crc32c::crc32c(&body).to_be_bytes());
+        assert_eq!(&b[at + DATA_HEADER_LEN..], &body[..]);
+        assert_eq!(decode_answer_data(&b, 8).unwrap(), (77, msgs.to_vec(), data.to_vec()));
+        // No data: the plain answer, which both readers take.
+        let plain = encode_answer_data(5, &msgs, &[]);
+        assert_eq!(plain, encode_answer(5, &msgs));
+        assert_eq!(decode_answer_data(&plain, 8).unwrap(), (5, msgs.to_vec(), vec![]));
+        // The plain reader takes no data.
+        assert!(decode_answer(&b, 8).is_err());
+    }
+
+    #[test]
+    fn corrupt_grant_data_is_refused_with_what_is_wrong() {
+        let msgs = [Msg::Done { op: 1 }];
+        let good = encode_answer_data(1, &msgs, &[GrantData { seg: 1, gen: 2, first: 3, data: vec![4; 8] }]);
+        let at = answer_len(1);
+        let reseal = |mut b: Vec<u8>| {
+            let crc = crc32c::crc32c(&b[at + DATA_HEADER_LEN..]);
+            b[at + 8..at + 12].copy_from_slice(&crc.to_be_bytes());
+            b
+        };
+        let mut b = good.clone();
+        b[at] = b'X';
+        assert!(matches!(decode_answer_data(&b, 8), Err(LinkError::Field { field: "data", .. })));
+        let mut b = good.clone();
+        b[at + DATA_HEADER_LEN + 30] ^= 1;
+        assert!(matches!(decode_answer_data(&b, 8), Err(LinkError::Checksum { .. })));
+        assert!(decode_answer_data(&good[..good.len() - 1], 8).is_err());
+        assert!(decode_answer_data(&good[..at + 5], 8).is_err());
+        let mut b = good.clone();
+        b.push(0);
+        assert!(decode_answer_data(&reseal(b), 8).is_err(), "bytes after the last piece");
+        let mut b = good.clone();
+        b[at + 7] = 9;
+        assert!(
+            matches!(decode_answer_data(&b, 8), Err(LinkError::Field { field: "data", .. })),
+            "more pieces than taken"
+        );
+        let mut b = good.clone();
+        b[at + 7] = 0;
+        assert!(matches!(decode_answer_data(&b, 8), Err(LinkError::Field { field: "data", .. })), "none");
+        let mut b = good.clone();
+        b[at + DATA_HEADER_LEN + 23] = 0;
+        assert!(decode_answer_data(&reseal(b), 8).is_err(), "a piece of no blocks");
+        let mut b = good;
+        b[at + DATA_HEADER_LEN + 23] = 200;
+        assert!(matches!(decode_answer_data(&reseal(b), 8), Err(LinkError::Truncated { .. })));
     }
 
     #[test]
@@ -472,7 +685,18 @@ mod tests {
             }),
             (n(), n(), any_keep(), n()).prop_map(|(seg, gen, keep, ticket)| Msg::Revoke { seg, gen, keep, ticket }),
             (n(), n()).prop_map(|(seg, gen)| Msg::Broken { seg, gen }),
+            (n(), n(), any::<u32>(), 1..=u32::MAX).prop_map(|(op, seg, first, blocks)| Msg::Want {
+                op,
+                seg,
+                first,
+                blocks
+            }),
         ]
+    }
+
+    fn any_data() -> impl Strategy<Value = GrantData> {
+        (any::<u64>(), any::<u64>(), any::<u32>(), proptest::collection::vec(any::<u8>(), 1..64))
+            .prop_map(|(seg, gen, first, data)| GrantData { seg, gen, first, data })
     }
 
     proptest! {
@@ -482,8 +706,19 @@ mod tests {
         }
 
         #[test]
+        fn any_answer_with_data_round_trips(
+            first in any::<u32>(),
+            msgs in proptest::collection::vec(any_msg(), 0..8),
+            data in proptest::collection::vec(any_data(), 0..8),
+        ) {
+            let b = encode_answer_data(first, &msgs, &data);
+            prop_assert_eq!(decode_answer_data(&b, 8).unwrap(), (first, msgs, data));
+        }
+
+        #[test]
         fn no_bytes_panic_the_decoder(b in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = decode(&b, 4);
+            let _ = decode_answer_data(&b, 4);
         }
     }
 }

@@ -291,6 +291,10 @@ pub struct CachedLunConfig {
     /// up (an exclusive one's writes shipped first). 65,536 if unset: 4 GiB of 64 KiB segments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
+    /// Whether a shared cache takes the blocks a read waits for with its shared grant, where the
+    /// SG sends them (true if unset); false reads them after the grant, a round trip later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant_data: Option<bool>,
 }
 
 impl CachedLunConfig {
@@ -311,6 +315,7 @@ impl CachedLunConfig {
             shared: false,
             lease_secs: None,
             max_tokens: None,
+            grant_data: None,
         }
     }
 
@@ -364,6 +369,9 @@ impl CachedLunConfig {
         if self.max_tokens.is_some() && !self.shared {
             return Err("max_tokens is for a shared LUN (shared = true)".into());
         }
+        if self.grant_data.is_some() && !self.shared {
+            return Err("grant_data is for a shared LUN (shared = true)".into());
+        }
         let shared = match (self.shared, self.lease_secs, self.max_tokens) {
             (false, ..) => None,
             (true, Some(n), _) if !(1..=3600).contains(&n) => {
@@ -380,6 +388,7 @@ impl CachedLunConfig {
                 if let Some(n) = max {
                     d.max_tokens = n as usize;
                 }
+                d.grant_data = self.grant_data.unwrap_or(true);
                 Some(d)
             }
         };
@@ -549,6 +558,12 @@ mod tests {
             let bad = CachedLunConfig { max_tokens: Some(max), ..lun(shared, None, "log") };
             assert!(bad.typed().unwrap_err().contains(says), "max_tokens = {max}");
         }
+        // Blocks with shared grants: on unless turned off, and only for a shared LUN.
+        assert_eq!(t.shared.map(|d| d.grant_data), Some(true));
+        let plain = CachedLunConfig { grant_data: Some(false), ..lun(true, None, "log") };
+        assert_eq!(plain.typed().unwrap().shared.map(|d| d.grant_data), Some(false));
+        let alone = CachedLunConfig { grant_data: Some(false), ..lun(false, None, "log") };
+        assert!(alone.typed().unwrap_err().contains("grant_data"));
         let text = toml::to_string(&lun(true, None, "log")).unwrap();
         assert!(text.contains("shared = true"), "{text}");
         assert!(!toml::to_string(&lun(false, None, "log")).unwrap().contains("shared"));

@@ -74,7 +74,7 @@ impl prometheus_client::collector::Collector for JournalCollector {
             gauge(&mut enc, &format!("stics_sg_{name}"), help, &rows)?;
         }
         let tokens: Vec<TokenStatus> = self.0.iter().map(|j| j.token_status()).collect();
-        let token_counters: [(&str, &str, TokenRead); 8] = [
+        let token_counters: [(&str, &str, TokenRead); 9] = [
             ("token_grants", "Coherence tokens granted to gateways", |t| t.grants),
             ("token_revokes", "Coherence tokens the SG asked a gateway to give up", |t| t.revokes),
             ("token_releases", "Coherence tokens gateways gave up", |t| t.releases),
@@ -91,6 +91,11 @@ impl prometheus_client::collector::Collector for JournalCollector {
                 |t| t.revokes_queued,
             ),
             ("token_revokes_polled", "Revokes a poll of their holder carried", |t| t.revokes_polled),
+            (
+                "token_grant_data_blocks",
+                "Blocks sent with shared grants to the gateways that wanted them (each a round trip saved)",
+                |t| t.grant_data_blocks,
+            ),
         ];
         let token_seconds: [TokenValue; 3] = [
             ("token_revoke_answer_seconds", "Seconds from revokes to the releases that answered them", |t| {
@@ -459,7 +464,7 @@ impl prometheus_client::collector::Collector for CacheCollector {
             .collect();
         let rows: Vec<(&Labels<'_>, f64)> = held.iter().map(|(l, n)| (&l[..], *n)).collect();
         gauge(&mut enc, "stics_cache_tokens_held", "Tokens of a shared LUN this gateway holds, by kind", &rows)?;
-        let series: [(&str, &str, TokenCount); 3] = [
+        let series: [(&str, &str, TokenCount); 4] = [
             ("stics_cache_token_waits", "Commands that waited for a token", |t| t.waits),
             (
                 "stics_cache_token_surrenders",
@@ -467,6 +472,11 @@ impl prometheus_client::collector::Collector for CacheCollector {
                 |t| t.surrenders,
             ),
             ("stics_cache_tokens_broken", "Tokens the SG took away from this gateway", |t| t.broken),
+            (
+                "stics_cache_token_grants_with_data",
+                "Shared grants that came with the blocks their read waited for (a round trip saved each)",
+                |t| t.grants_with_data,
+            ),
         ];
         for (name, help, read) in series {
             let rows: Vec<(&Labels<'_>, u64)> = tokens.iter().map(|(l, t)| (&l[..], read(t))).collect();

@@ -364,7 +364,8 @@ impl Client {
             | Msg::Release { .. }
             | Msg::Done { .. }
             | Msg::ReleaseAfter { .. }
-            | Msg::Hello { .. } => {}
+            | Msg::Hello { .. }
+            | Msg::Want { .. } => {}
         }
         acts
     }

@@ -4,7 +4,8 @@
 //! keeps the SG hearing from it); two more poll for the SG's, numbered and acknowledged, so that
 //! one poll waits at the SG while the other's answer is read and the next one is on its way. What a
 //! token's holder must do when it gives one up (ship the segment's dirty blocks, drop its cached
-//! ones) or loses one is the [`Holder`]'s.
+//! ones) or loses one is the [`Holder`]'s, and so is taking the blocks a shared grant brings
+//! (an operation that will read names them when it asks, [`Driver::begin_reading`]).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -41,6 +42,11 @@ pub trait Holder: Send + Sync + 'static {
     fn release_after(&self, _seg: u64) -> Option<u64> {
         None
     }
+
+    /// A shared token on `seg`, on which the gateway held nothing, was granted with `data`: the
+    /// segment's blocks from its block `first` on, as the SG held them. They are current until
+    /// the token goes (called before any operation runs under it).
+    fn fill(&self, _seg: u64, _first: u32, _data: Bytes) {}
 }
 
 /// Timings of the driver.
@@ -59,6 +65,9 @@ pub struct DriverConfig {
     /// The SG takes conditional releases (`Msg::ReleaseAfter`): a surrender's release goes out
     /// beside the group that ships the segment's writes, a round trip sooner.
     pub early_release: bool,
+    /// Ask for the blocks a reader wants with its shared grant (`Msg::Want`), where the SG
+    /// sends them ([`stics_link::status::FEATURE_GRANT_DATA`]).
+    pub grant_data: bool,
 }
 
 impl Default for DriverConfig {
@@ -70,6 +79,7 @@ impl Default for DriverConfig {
             // 4 GiB of 64 KiB segments.
             max_tokens: 1 << 16,
             early_release: false,
+            grant_data: true,
         }
     }
 }
@@ -108,6 +118,7 @@ struct Counts {
     wait_micros: AtomicU64,
     surrenders: AtomicU64,
     broken: AtomicU64,
+    filled: AtomicU64,
 }
 
 /// A gateway's tokens and what they cost it.
@@ -122,6 +133,8 @@ pub struct TokenStats {
     pub surrenders: u64,
     /// Tokens the SG took away from this gateway.
     pub broken: u64,
+    /// Grants that came with the blocks their operation wanted (a round trip saved each).
+    pub grants_with_data: u64,
     /// How long an answer of the SG keeps the tokens good (the configured lease, or the SG's
     /// when that is shorter).
     pub lease_secs: f64,
@@ -316,8 +329,8 @@ impl Shared {
                 Ok(s) => s.token_poll(fold, pos.next.unwrap_or(0), wait, POLL_BYTES).await,
                 Err(e) => Err(e),
             };
-            let (first, msgs) = match answer.and_then(|b| {
-                token::decode_answer(&b, POLL_BYTES).map_err(|e| BlockError::Rejected(format!("poll answer: {e}")))
+            let (first, msgs, mut data) = match answer.and_then(|b| {
+                token::decode_answer_data(&b, POLL_BYTES).map_err(|e| BlockError::Rejected(format!("poll answer: {e}")))
             }) {
                 Ok(a) => a,
                 Err(e) => {
@@ -345,7 +358,24 @@ impl Shared {
                     tracing::trace!(msgs = ?&msgs[skip..], "token messages from the SG");
                 }
                 for m in msgs.into_iter().skip(skip) {
+                    // Blocks that came with a shared grant are taken only when it is the token the
+                    // gateway now holds on a segment it held nothing of: then no clean or dirty
+                    // copy of its own is newer, and no operation runs under it before they are in.
+                    let with = match m {
+                        Msg::Grant { seg, gen, kind: Kind::Shared, .. } if core.holds(seg).is_none() => {
+                            data.iter().position(|d| d.seg == seg && d.gen == gen)
+                        }
+                        _ => None,
+                    };
                     acts.extend(core.on_msg(m, now));
+                    if let (Some(i), Msg::Grant { seg, gen, .. }) = (with, m) {
+                        if core.holds(seg) == Some((Kind::Shared, gen)) {
+                            if let Some(d) = data.get_mut(i) {
+                                self.holder.fill(seg, d.first, Bytes::from(std::mem::take(&mut d.data)));
+                                self.counts.filled.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
                 }
                 // Everything queued for us when the poll began has been taken: an exchange
                 // answered before then renews the lease from when it was sent.
@@ -450,9 +480,29 @@ impl Driver {
     /// tokens stay pinned until the returned [`Op`] is dropped (dropping it early, while it
     /// waits, gives its place up).
     pub async fn begin(&self, need: &[(u64, Kind)]) -> Op<'_> {
+        self.begin_reading(need, &[]).await
+    }
+
+    /// [`Driver::begin`] for an operation that will read `reads` (segment, first block in it,
+    /// blocks): an SG that sends data with its grants sends those with the shared tokens it
+    /// grants the operation, and the [`Holder`] takes them before the operation runs.
+    pub async fn begin_reading(&self, need: &[(u64, Kind)], reads: &[(u64, u32, u32)]) -> Op<'_> {
         let s = &self.shared;
         let started = Instant::now();
-        let (op, acts) = lock(&s.core).begin(need, started);
+        let (op, mut acts) = lock(&s.core).begin(need, started);
+        if s.cfg.grant_data && !reads.is_empty() {
+            // Each want goes just before its request, in the same exchange or an earlier one.
+            let mut with = Vec::with_capacity(acts.len() + reads.len());
+            for a in acts {
+                if let Action::Send(Msg::Request { op, seg, kind: Kind::Shared }) = a {
+                    if let Some(&(_, first, blocks)) = reads.iter().find(|r| r.0 == seg) {
+                        with.push(Action::Send(Msg::Want { op, seg, first, blocks }));
+                    }
+                }
+                with.push(a);
+            }
+            acts = with;
+        }
         let guard = Op { driver: self, op };
         s.dispatch(acts);
         let mut waited = false;
@@ -484,6 +534,7 @@ impl Driver {
             wait_secs: c.wait_micros.load(Ordering::Relaxed) as f64 / 1e6,
             surrenders: c.surrenders.load(Ordering::Relaxed),
             broken: c.broken.load(Ordering::Relaxed),
+            grants_with_data: c.filled.load(Ordering::Relaxed),
             lease_secs: self.shared.cfg.lease.as_secs_f64(),
         }
     }

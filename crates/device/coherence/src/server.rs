@@ -384,8 +384,9 @@ impl Server {
                 Msg::Queued { .. } | Msg::Grant { .. } | Msg::Revoke { .. } | Msg::Broken { .. } => {}
                 // What waits for the journal (a release after epochs it has not committed yet,
                 // and who the sender is) is the SG's driver's: it hands the release on as a
-                // `Release` when it may take effect.
-                Msg::ReleaseAfter { .. } | Msg::Hello { .. } => {}
+                // `Release` when it may take effect. The blocks a reader wants with its grant are
+                // the driver's too: the table has no part in them.
+                Msg::ReleaseAfter { .. } | Msg::Hello { .. } | Msg::Want { .. } => {}
             }
         }
         out

@@ -14,11 +14,12 @@ use bytes::{Bytes, BytesMut};
 use stics_block::{BlockDev, BlockError, Geometry, GroupSink};
 use stics_link::group::{self, ExtentKind};
 use stics_link::status::{SourceState, Status};
+use stics_link::token;
 use tokio::sync::Notify;
 
 use crate::core::{Core, Piece, Take};
 use crate::format::{RecordHeader, RecordKind, Superblock, TokenRecord, BLOCK, RING_START};
-use crate::tokens::{Step, TokenStatus, TokenTable, Tokens, SNAPSHOT_BYTES_PER_SEGMENT};
+use crate::tokens::{Step, TokenStatus, TokenTable, Tokens, Wanted, SNAPSHOT_BYTES_PER_SEGMENT};
 use crate::{JournalError, Result};
 
 /// How a journal runs.
@@ -686,7 +687,9 @@ impl GroupSink for JournalDev {
         max: usize,
     ) -> std::result::Result<Bytes, BlockError> {
         // Bounded so that a poll never outlasts an initiator's patience with one command.
-        Ok(self.inner.tokens.poll(gateway, from, wait.min(Duration::from_secs(5)), max).await)
+        let polled = self.inner.tokens.poll_wanted(gateway, from, wait.min(Duration::from_secs(5)), max).await;
+        let data = self.grant_data(&polled.wanted, max.saturating_sub(token::answer_len(polled.msgs.len()))).await;
+        Ok(Bytes::from(token::encode_answer_data(polled.first, &polled.msgs, &data)))
     }
 
     async fn link_status(&self, fence: u64) -> std::result::Result<Bytes, BlockError> {
@@ -719,9 +722,47 @@ impl GroupSink for JournalDev {
             // (stics-scsi) is what serves a journal; a commit waits for its predecessor here.
             features: stics_link::status::FEATURE_RELEASE_AFTER
                 | stics_link::status::FEATURE_COMMIT_WAITS
-                | stics_link::status::FEATURE_IN_ORDER,
+                | stics_link::status::FEATURE_IN_ORDER
+                | stics_link::status::FEATURE_GRANT_DATA,
         };
         Ok(Bytes::from(st.encode()))
+    }
+}
+
+/// Most bytes of blocks one poll answer carries with its grants (a gateway asks for 256 KiB).
+const MAX_GRANT_DATA: usize = 1 << 20;
+
+impl JournalDev {
+    /// The blocks readers want with their shared grants, as this SG holds them now, as many as
+    /// fit in `room` bytes; the rest read after their grants. Read after the grant was decided:
+    /// no gateway writes the segment while the reader's shared token stands, and none held it
+    /// exclusive when it was granted.
+    async fn grant_data(&self, wanted: &[Wanted], room: usize) -> Vec<token::GrantData> {
+        let Ok(seg_blocks) = stics_coherence::seg_blocks(self.inner.cfg.segment_bytes, self.geometry().block_size)
+        else {
+            return Vec::new();
+        };
+        let bs = self.geometry().block_size as usize;
+        // Whatever allocation a poll names, one answer's blocks stay within this bound.
+        let mut room = room.min(MAX_GRANT_DATA).saturating_sub(token::DATA_HEADER_LEN);
+        let mut out = Vec::new();
+        for w in wanted {
+            let len = w.blocks as usize * bs;
+            if u64::from(w.first) + u64::from(w.blocks) > seg_blocks || token::DATA_ITEM_LEN + len > room {
+                continue;
+            }
+            let lba = w.seg.saturating_mul(seg_blocks) + u64::from(w.first);
+            match self.read(lba, w.blocks).await {
+                Ok(data) => {
+                    room -= token::DATA_ITEM_LEN + len;
+                    out.push(token::GrantData { seg: w.seg, gen: w.gen, first: w.first, data: data.to_vec() });
+                }
+                // Its reader reads them after the grant, and meets the error there.
+                Err(e) => tracing::debug!(segment = w.seg, "blocks wanted with a grant not read: {e}"),
+            }
+        }
+        self.inner.tokens.sent_with_grants(out.iter().map(|d| (d.data.len() / bs) as u64).sum());
+        out
     }
 }
 

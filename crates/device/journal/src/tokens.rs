@@ -15,6 +15,10 @@
 //! has committed its gateway's groups through the epoch it names; it is taken only from the
 //! process that said `Hello` last (a newer one's hello drops an older one's), and a restarted SG
 //! has none: the plain release every gateway sends once its surrender is done follows anyway.
+//!
+//! A `Want` waits here too, by gateway, operation and segment, until a poll answer carries the
+//! shared grant it names ([`Tokens::poll_wanted`] says which blocks the answer's caller reads and
+//! sends with it) or the operation is done.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
@@ -68,6 +72,29 @@ impl Queue {
 /// release that follows it does its work.
 const MAX_PENDING: usize = 1 << 16;
 
+/// Most blocks readers wait for with their grants: past it, a `Want` is dropped, and its
+/// reader reads after the grant instead.
+const MAX_WANTS: usize = 1 << 16;
+
+/// Blocks that go with a shared grant in a poll answer: `blocks` of segment `seg` from its block
+/// `first` (`gen` is the grant's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wanted {
+    pub seg: u64,
+    pub gen: u64,
+    pub first: u32,
+    pub blocks: u32,
+}
+
+/// A poll answer before it is encoded: its first message's number, the messages, and the blocks
+/// that go with its shared grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Polled {
+    pub first: u32,
+    pub msgs: Vec<Msg>,
+    pub wanted: Vec<Wanted>,
+}
+
 /// A conditional release waiting for the journal to commit its gateway's epochs through
 /// `after`.
 #[derive(Debug, Clone, Copy)]
@@ -108,6 +135,11 @@ struct State {
     pending: BTreeMap<(Gw, u64), Pending>,
     /// Conditional releases handed on to the server.
     early: u64,
+    /// What readers want with their shared grants, by gateway, operation and segment: the first
+    /// block in the segment and how many.
+    wants: BTreeMap<(Gw, u64, u64), (u32, u32)>,
+    /// Blocks sent with grants.
+    grant_blocks: u64,
     /// When each revoke not yet answered went out, by holder and segment, and the revokes
     /// answered so far with the time they took in all: what a transfer costs as the SG sees it.
     revoked_at: BTreeMap<(Gw, u64), Instant>,
@@ -192,6 +224,10 @@ pub struct TokenStatus {
     /// waiting for their epochs now.
     pub early_releases: u64,
     pub pending_releases: usize,
+    /// Blocks sent with shared grants (each saving its reader a round trip), and the readers'
+    /// wants waiting for their grants now.
+    pub grant_data_blocks: u64,
+    pub wants: usize,
     /// Revokes a release answered, and the seconds from revoke to release they took in all.
     pub revokes_answered: u64,
     pub revoke_answer_secs: f64,
@@ -282,6 +318,8 @@ impl Tokens {
                 nonces: BTreeMap::new(),
                 pending: BTreeMap::new(),
                 early: 0,
+                wants: BTreeMap::new(),
+                grant_blocks: 0,
                 revoked_at: BTreeMap::new(),
                 answered: 0,
                 answer_secs: 0.0,
@@ -542,6 +580,7 @@ impl Tokens {
                 q.base = q.base.wrapping_add(q.msgs.len() as u32);
                 q.msgs.clear();
             }
+            st.wants.retain(|&(g, _, _), _| g != gw);
             outs.extend(st.server.reconnected(gw, now));
         }
         let mut plain = Vec::with_capacity(msgs.len());
@@ -566,6 +605,18 @@ impl Tokens {
                         st.pending.insert((gw, seg), Pending { gen, keep, after, nonce });
                     }
                 }
+                Msg::Want { op, seg, first, blocks } => {
+                    if st.wants.len() < MAX_WANTS {
+                        st.wants.insert((gw, op, seg), (first, blocks));
+                    }
+                }
+                Msg::Done { op } => {
+                    let ended: Vec<_> = st.wants.range((gw, op, 0)..=(gw, op, u64::MAX)).map(|(&k, _)| k).collect();
+                    for k in ended {
+                        st.wants.remove(&k);
+                    }
+                    plain.push(m);
+                }
                 m => plain.push(m),
             }
         }
@@ -587,13 +638,23 @@ impl Tokens {
     /// other's successor acknowledged since: that is no gap. The gateway drops what it reads
     /// twice.
     pub async fn poll(&self, fold: u64, from: u32, wait: Duration, max: usize) -> Bytes {
+        let p = self.poll_wanted(fold, from, wait, max).await;
+        Bytes::from(token::encode_answer(p.first, &p.msgs))
+    }
+
+    /// [`Tokens::poll`], before it is encoded, with the blocks its shared grants' readers want
+    /// (the caller reads them, and sends what fits in the answer beside it). A grant answered
+    /// again (its answer was lost) is wanted again: no other gateway can have written the
+    /// segment before the gateway that reads the grant gives it up.
+    pub async fn poll_wanted(&self, fold: u64, from: u32, wait: Duration, max: usize) -> Polled {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let news = self.news.notified();
             tokio::pin!(news);
             news.as_mut().enable();
             {
-                let mut st = lock(&self.state);
+                let mut guard = lock(&self.state);
+                let st = &mut *guard;
                 let gw = st.by_fold.get(&fold).copied();
                 if let Some(q) = gw.and_then(|gw| st.queued.get_mut(&gw)) {
                     let acked = from.wrapping_sub(q.base) as usize;
@@ -602,8 +663,16 @@ impl Tokens {
                     // says from where on there are messages.
                     let gap = !behind && acked > q.msgs.len();
                     if !gap && !behind {
-                        q.msgs.drain(..acked);
+                        let read: Vec<Msg> = q.msgs.drain(..acked).collect();
                         q.base = from;
+                        // A grant the gateway read is never answered again: what it wanted goes.
+                        if let Some(gw) = gw {
+                            for m in read {
+                                if let Msg::Grant { op, seg, .. } = m {
+                                    st.wants.remove(&(gw, op, seg));
+                                }
+                            }
+                        }
                     }
                     // After a restart of the numbers (a gap), `handed` may lie anywhere.
                     if q.handed.wrapping_sub(q.base) as usize > q.msgs.len() {
@@ -616,24 +685,37 @@ impl Tokens {
                     if gap || answer_now {
                         let n = token::fitting(q.msgs.len(), max);
                         let msgs: Vec<Msg> = q.msgs.iter().take(n).copied().collect();
-                        let answer = Bytes::from(token::encode_answer(q.base, &msgs));
+                        let first = q.base;
                         let sent_to = q.base.wrapping_add(n as u32);
                         if sent_to.wrapping_sub(q.base) > q.handed.wrapping_sub(q.base) {
                             q.handed = sent_to;
                         }
+                        let mut wanted = Vec::new();
                         if let Some(gw) = gw {
                             st.polled(gw, &msgs);
+                            for m in &msgs {
+                                if let Msg::Grant { op, seg, kind: stics_coherence::Kind::Shared, gen, .. } = *m {
+                                    if let Some(&(first, blocks)) = st.wants.get(&(gw, op, seg)) {
+                                        wanted.push(Wanted { seg, gen, first, blocks });
+                                    }
+                                }
+                            }
                         }
-                        return answer;
+                        return Polled { first, msgs, wanted };
                     }
                 }
             }
             if tokio::time::Instant::now() >= deadline {
-                return Bytes::from(token::encode_answer(from, &[]));
+                return Polled { first: from, msgs: Vec::new(), wanted: Vec::new() };
             }
             // At the deadline, one more look: what is unread goes out then.
             let _ = tokio::time::timeout_at(deadline, news).await;
         }
+    }
+
+    /// `blocks` blocks went with grants in a poll answer.
+    pub fn sent_with_grants(&self, blocks: u64) {
+        lock(&self.state).grant_blocks += blocks;
     }
 
     /// Lets the server break what its policy allows (called about once a second).
@@ -691,6 +773,8 @@ impl Tokens {
             releases,
             breaks,
             early_releases: st.early,
+            grant_data_blocks: st.grant_blocks,
+            wants: st.wants.len(),
             pending_releases: st.pending.len(),
             revokes_answered: st.answered,
             revoke_answer_secs: st.answer_secs,
@@ -883,6 +967,42 @@ mod tests {
         // ... and at once to a poll that may not wait (a gateway without a lease).
         let b = t.poll(stics_link::fence_of(&src(1)), first, Duration::ZERO, 1 << 16).await;
         assert_eq!(token::decode_answer(&b, MAX_EXCHANGE).unwrap(), (first, msgs));
+    }
+
+    #[tokio::test]
+    async fn what_a_reader_wants_goes_with_its_shared_grant_until_it_read_it() {
+        let t = Tokens::new(Policy::default(), 64 << 10);
+        let fold = stics_link::fence_of(&src(1));
+        let wanted = |first, blocks, gen| vec![Wanted { seg: 4, gen, first, blocks }];
+        ex(
+            &t,
+            1,
+            &[Msg::Want { op: 1, seg: 4, first: 3, blocks: 2 }, Msg::Request { op: 1, seg: 4, kind: Kind::Shared }],
+        );
+        let p = t.poll_wanted(fold, 0, Duration::ZERO, 1 << 16).await;
+        let [Msg::Grant { gen, kind: Kind::Shared, .. }] = p.msgs[..] else { panic!("{p:?}") };
+        assert_eq!(p.wanted, wanted(3, 2, gen));
+        // The answer was lost: the grant goes again, and so does what it was wanted with.
+        let again = t.poll_wanted(fold, p.first, Duration::ZERO, 1 << 16).await;
+        assert_eq!((again.msgs.clone(), again.wanted.clone()), (p.msgs.clone(), p.wanted.clone()));
+        assert_eq!(t.status(Instant::now()).wants, 1);
+        // Read and acknowledged: nothing more is wanted.
+        let next = t.poll_wanted(fold, p.first.wrapping_add(1), Duration::ZERO, 1 << 16).await;
+        assert!(next.msgs.is_empty() && next.wanted.is_empty());
+        assert_eq!(t.status(Instant::now()).wants, 0);
+        // An exclusive grant, or one nobody wanted anything with, carries nothing; an operation
+        // that is done wants nothing more; nor does a gateway that starts afresh.
+        ex(
+            &t,
+            2,
+            &[Msg::Want { op: 1, seg: 5, first: 0, blocks: 1 }, Msg::Request { op: 1, seg: 5, kind: Kind::Exclusive }],
+        );
+        ex(&t, 2, &[Msg::Want { op: 2, seg: 6, first: 0, blocks: 1 }, Msg::Done { op: 2 }]);
+        let p = t.poll_wanted(stics_link::fence_of(&src(2)), 0, Duration::ZERO, 1 << 16).await;
+        assert!(matches!(p.msgs[..], [Msg::Grant { kind: Kind::Exclusive, .. }]) && p.wanted.is_empty(), "{p:?}");
+        assert_eq!(t.status(Instant::now()).wants, 1);
+        exch(&t, &token::encode_exchange(&src(2), &[]), true).unwrap();
+        assert_eq!(t.status(Instant::now()).wants, 0);
     }
 
     #[tokio::test]

@@ -25,6 +25,7 @@ async fn three_gateways_share_four_segments_through_an_sg() {
     };
     let run = share(vec![Arc::clone(&sg), Arc::clone(&sg), Arc::clone(&sg)], 4, 300, cfg).await;
     assert!(run.groups > 0, "segments changed hands: {run:?}");
+    assert!(run.filled > 0, "shared grants came with their blocks: {run:?}");
 }
 
 /// An SG whose answers are lost now and then: an exchange lost on the way or after the SG took it
@@ -148,6 +149,7 @@ async fn lost_answers_and_exchanges_sent_twice_lose_nothing() {
     };
     let run = share(devs, 4, 200, cfg).await;
     assert!(run.groups > 0, "segments changed hands: {run:?}");
+    assert!(run.filled > 0, "shared grants came with their blocks: {run:?}");
 }
 
 /// What a gateway with nothing cached does when a token goes: nothing.

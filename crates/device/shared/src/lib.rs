@@ -200,6 +200,20 @@ impl Holder for Keeper {
         Ok(())
     }
 
+    fn fill(&self, seg: u64, first: u32, data: Bytes) {
+        let Some(link) = self.0.upgrade() else { return };
+        let Some(cache) = link.cache.get() else { return };
+        let (lba, blocks) = link.blocks_of(seg);
+        let bs = u64::from(link.block_size);
+        // Only whole blocks inside the segment: anything else is no answer to what was asked.
+        let n = data.len() as u64 / bs;
+        if !(data.len() as u64).is_multiple_of(bs) || u64::from(first) + n > blocks {
+            tracing::warn!(segment = seg, first, bytes = data.len(), "data with a grant that fits no segment: ignored");
+            return;
+        }
+        cache.fill(lba + u64::from(first), &data);
+    }
+
     fn release_after(&self, seg: u64) -> Option<u64> {
         let link = self.0.upgrade()?;
         let (lba, blocks) = link.blocks_of(seg);
@@ -272,6 +286,7 @@ impl SharedCache {
             tokens.lease = sg_lease;
         }
         tokens.early_release = status.features & stics_link::status::FEATURE_RELEASE_AFTER != 0;
+        tokens.grant_data &= status.features & stics_link::status::FEATURE_GRANT_DATA != 0;
         let geometry = remote.geometry();
         let seg_blocks = stics_coherence::seg_blocks(status.segment_bytes, geometry.block_size)?;
         let link = Arc::new(Link {
@@ -298,7 +313,8 @@ impl SharedCache {
         self.link.cache.get().map(AsRef::as_ref).ok_or(BlockError::Unsupported("the shared cache is not open"))
     }
 
-    /// Runs `run` on the cache holding `kind` on every segment of `lba..lba + blocks`.
+    /// Runs `run` on the cache holding `kind` on every segment of `lba..lba + blocks`; a read
+    /// asks for its blocks with the shared tokens it waits for.
     async fn under<T, F>(&self, lba: u64, blocks: u64, kind: Kind, run: F) -> Result<T, BlockError>
     where
         F: std::future::Future<Output = Result<T, BlockError>>,
@@ -308,7 +324,20 @@ impl SharedCache {
         let need: Vec<(u64, Kind)> =
             stics_coherence::segments(lba, blocks, self.link.seg_blocks).map(|s| (s, kind)).collect();
         self.link.quarantine_done(need.iter().map(|&(s, _)| s)).await;
-        let op = driver.begin(&need).await;
+        let reads: Vec<(u64, u32, u32)> = if kind == Kind::Shared {
+            let seg_blocks = self.link.seg_blocks;
+            let end = lba + blocks;
+            need.iter()
+                .filter_map(|&(s, _)| {
+                    let start = s * seg_blocks;
+                    let (from, to) = (lba.max(start), end.min(start + seg_blocks));
+                    Some((s, u32::try_from(from - start).ok()?, u32::try_from(to - from).ok()?))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let op = driver.begin_reading(&need, &reads).await;
         if !op.valid() {
             return Err(BlockError::Busy(
                 "this gateway's tokens lapsed (the SG has not answered within the lease): try again".into(),

@@ -56,7 +56,11 @@ async fn sg() -> Arc<JournalDev> {
 
 async fn gateway(sg: &Arc<JournalDev>, mode: Mode) -> SharedCache {
     let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(BS, 2048 * 8));
-    let remote: Arc<dyn BlockDev> = Arc::clone(sg) as Arc<dyn BlockDev>;
+    open_on(log, Arc::clone(sg) as Arc<dyn BlockDev>, mode).await
+}
+
+/// A gateway on `log` that reaches the SG through `remote`.
+async fn open_on(log: Arc<dyn BlockDev>, remote: Arc<dyn BlockDev>, mode: Mode) -> SharedCache {
     SharedCache::open(log, remote, b"sg-lun", cache_cfg(mode), tokens(), quarantine_dir()).await.expect("gateway opens")
 }
 
@@ -219,6 +223,50 @@ async fn a_volume_written_through_one_gateway_is_read_whole_through_another_with
     b.close().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_after_another_gateway_s_writes_gets_its_blocks_with_its_grant() {
+    let sg = sg().await;
+    let a = gateway(&sg, Mode::Log).await;
+    let path = Arc::new(Path::to(&sg));
+    let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(BS, 2048 * 8));
+    let b = open_on(log, Arc::clone(&path) as Arc<dyn BlockDev>, Mode::Log).await;
+    for round in 1..=5u64 {
+        // A writes blocks 3..7 of segment 2, then B reads 2..8: A gives its token up (its writes
+        // reach the SG first) and B's shared grant brings the blocks, so B sends no READ.
+        for blk in 2 * SEG + 3..2 * SEG + 7 {
+            a.write(blk, block(round * 100 + blk), false).await.expect("A writes");
+        }
+        let before = path.reads.load(SeqCst);
+        let got = b.read(2 * SEG + 2, 6).await.expect("B reads");
+        let stamps: Vec<u64> = got.chunks(BS as usize).map(stamp_of).collect();
+        let old = |blk: u64| if round == 1 { 0 } else { blk };
+        let want: Vec<u64> = (2 * SEG + 2..2 * SEG + 8)
+            .map(|blk| if (2 * SEG + 3..2 * SEG + 7).contains(&blk) { round * 100 + blk } else { old(blk) })
+            .collect();
+        assert_eq!(stamps, want, "round {round}");
+        assert_eq!(path.reads.load(SeqCst), before, "round {round}: B's blocks came with its grant");
+        // B writes the blocks around A's, which A reads with its grant in turn.
+        b.write(2 * SEG + 2, block(2 * SEG + 2), false).await.expect("B writes");
+        b.write(2 * SEG + 7, block(2 * SEG + 7), false).await.expect("B writes");
+        let got = a.read(2 * SEG + 2, 6).await.expect("A reads");
+        assert_eq!(
+            got.chunks(BS as usize).map(stamp_of).collect::<Vec<_>>()[..],
+            [
+                2 * SEG + 2,
+                round * 100 + 2 * SEG + 3,
+                round * 100 + 2 * SEG + 4,
+                round * 100 + 2 * SEG + 5,
+                round * 100 + 2 * SEG + 6,
+                2 * SEG + 7
+            ]
+        );
+    }
+    assert!(b.token_stats().grants_with_data >= 5, "{:?}", b.token_stats());
+    assert!(sg.token_status().grant_data_blocks >= 5 * 6, "{:?}", sg.token_status());
+    a.close().await;
+    b.close().await;
+}
+
 #[tokio::test]
 async fn what_a_shared_lun_cannot_take_is_refused() {
     let sg = sg().await;
@@ -257,6 +305,19 @@ struct Path {
     sg: Arc<JournalDev>,
     commits: std::sync::atomic::AtomicBool,
     alive: std::sync::atomic::AtomicBool,
+    /// READ commands that went to the SG.
+    reads: AtomicU64,
+}
+
+impl Path {
+    fn to(sg: &Arc<JournalDev>) -> Path {
+        Path {
+            sg: Arc::clone(sg),
+            commits: std::sync::atomic::AtomicBool::new(true),
+            alive: std::sync::atomic::AtomicBool::new(true),
+            reads: AtomicU64::new(0),
+        }
+    }
 }
 
 impl Path {
@@ -308,6 +369,7 @@ impl BlockDev for Path {
     }
     async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, stics_block::BlockError> {
         self.check(false)?;
+        self.reads.fetch_add(1, SeqCst);
         self.sg.read(lba, blocks).await
     }
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), stics_block::BlockError> {
@@ -336,16 +398,9 @@ async fn b_waits_to_read_block_1(sg: &Arc<JournalDev>) -> (Arc<SharedCache>, tok
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_restarted_on_its_log_ships_what_it_held_before_anyone_reads_past_it() {
     let sg = sg().await;
-    let path = Arc::new(Path {
-        sg: Arc::clone(&sg),
-        commits: std::sync::atomic::AtomicBool::new(false),
-        alive: std::sync::atomic::AtomicBool::new(true),
-    });
+    let path = Arc::new(Path { commits: std::sync::atomic::AtomicBool::new(false), ..Path::to(&sg) });
     let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(BS, 2048 * 8));
-    let a =
-        SharedCache::open(Arc::clone(&log), path.clone(), b"sg-lun", cache_cfg(Mode::Log), tokens(), quarantine_dir())
-            .await
-            .expect("A opens");
+    let a = open_on(Arc::clone(&log), path.clone(), Mode::Log).await;
     // A writes three segments; its groups cannot reach the SG: the writes are in its log only.
     for blk in [1, SEG + 1, 2 * SEG + 1] {
         a.write(blk, block(blk + 100), true).await.expect("A writes");
@@ -361,16 +416,7 @@ async fn a_gateway_restarted_on_its_log_ships_what_it_held_before_anyone_reads_p
     assert_eq!(sg.token_status().blocked.len(), 1);
     // A starts again on its log: the SG tells it what it holds, and it ships its writes under
     // those tokens before it gives the first segment up.
-    let a = SharedCache::open(
-        log,
-        Arc::clone(&sg) as Arc<dyn BlockDev>,
-        b"sg-lun",
-        cache_cfg(Mode::Log),
-        tokens(),
-        quarantine_dir(),
-    )
-    .await
-    .expect("A reopens");
+    let a = open_on(log, Arc::clone(&sg) as Arc<dyn BlockDev>, Mode::Log).await;
     let got = tokio::time::timeout(Duration::from_secs(20), reader).await.expect("B reads on").expect("reader");
     assert_eq!(got, 101, "B reads A's acknowledged write, not what the SG had before");
     for blk in [SEG + 1, 2 * SEG + 1] {
@@ -384,11 +430,7 @@ async fn a_gateway_restarted_on_its_log_ships_what_it_held_before_anyone_reads_p
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_writer_s_writes_go_to_quarantine_and_never_over_newer_data() {
     let sg = sg().await;
-    let path = Arc::new(Path {
-        sg: Arc::clone(&sg),
-        commits: std::sync::atomic::AtomicBool::new(false),
-        alive: std::sync::atomic::AtomicBool::new(true),
-    });
+    let path = Arc::new(Path { commits: std::sync::atomic::AtomicBool::new(false), ..Path::to(&sg) });
     let qdir = tempfile::tempdir().unwrap();
     let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(BS, 2048 * 8));
     let open_a = |remote: Arc<dyn BlockDev>, log: Arc<dyn BlockDev>| {

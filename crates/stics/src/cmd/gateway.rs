@@ -13,7 +13,7 @@ use stics_stack::OpenContext;
 use stics_target::{Server, ServerConfig, Target};
 
 /// The flags that describe the one cached LUN of a gateway started without --config.
-const LUN_FLAGS: [&str; 14] = [
+const LUN_FLAGS: [&str; 15] = [
     "iqn",
     "remote",
     "log",
@@ -28,6 +28,7 @@ const LUN_FLAGS: [&str; 14] = [
     "shared",
     "lease",
     "max_tokens",
+    "no_grant_data",
 ];
 
 /// Serve remote LUNs through the STICS cache (seed 004): writes are acknowledged from a local
@@ -128,6 +129,11 @@ pub struct Args {
     #[arg(long, value_name = "N", requires = "shared")]
     pub max_tokens: Option<u64>,
 
+    /// With --shared: read what a read waits for after its shared grant, a round trip later,
+    /// instead of taking it with the grant from an SG that sends it (for comparison).
+    #[arg(long, requires = "shared")]
+    pub no_grant_data: bool,
+
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (every series labelled with its
     /// target and LUN), JSON at /status; POST /drain destages everything and answers when the
     /// remotes hold it all.
@@ -223,6 +229,7 @@ fn build_config(args: &Args, remote: &str) -> anyhow::Result<(Config, Option<Emb
                 shared: args.shared,
                 lease_secs: args.lease,
                 max_tokens: args.max_tokens,
+                grant_data: args.no_grant_data.then_some(false),
                 ..CachedLunConfig::new(args.remote.as_deref().unwrap_or(remote), log)
             };
             let iqn = args.iqn.clone().unwrap_or_else(|| "iqn.2024-01.org.stics:gateway0".into());

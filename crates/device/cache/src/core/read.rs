@@ -225,6 +225,18 @@ impl Core {
         self.read.done(generation);
     }
 
+    /// `data`, blocks from `lba` on that the remote holds now (they came with a token), goes into
+    /// the read cache, but for blocks dirty here (newer).
+    pub fn fill(&mut self, lba: u64, data: &[u8]) {
+        let bs = self.layout.block_size as usize;
+        for (i, chunk) in data.chunks_exact(bs).enumerate() {
+            let b = lba + i as u64;
+            if b < self.layout.num_blocks && self.newest.get(b).is_none() {
+                self.read.cache.insert(b, Bytes::copy_from_slice(chunk));
+            }
+        }
+    }
+
     /// Remote data for blocks `start..end` read before now may be stale: it never enters the
     /// read cache, and the read cache forgets them.
     pub(crate) fn invalidate(&mut self, start: u64, end: u64) {

@@ -497,6 +497,12 @@ impl Cache {
         lock(&self.inner.core).log_uuid
     }
 
+    /// Takes `data`, the remote's blocks from `lba` on as it holds them now, into the read cache
+    /// (a shared token came with them), but for blocks dirty here.
+    pub fn fill(&self, lba: u64, data: &[u8]) {
+        lock(&self.inner.core).fill(lba, data);
+    }
+
     /// Forgets clean copies of blocks `lba..lba + blocks` (the read cache's, and remote data of
     /// reads still under way): another gateway may write them now.
     pub fn forget(&self, lba: u64, blocks: u64) {

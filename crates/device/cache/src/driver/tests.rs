@@ -44,6 +44,31 @@ async fn writes_read_back_and_drain_to_the_remote() {
 }
 
 #[tokio::test]
+async fn blocks_filled_in_are_read_from_the_read_cache_but_never_over_a_dirty_block() {
+    let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 32 << 11));
+    // Its writes fail: what is written stays dirty.
+    let remote = Arc::new(FaultDev::new(512, 4096, 1));
+    remote.add_rule(Rule::fail(Op::Write));
+    let cache = Cache::open(log, remote.clone(), b"mem-remote", opts(Mode::Log)).await.expect("opens");
+    // The remote holds zeros: what is read is what was filled in.
+    cache.fill(100, &stamp_run(100, 4, 5, 512));
+    assert_eq!(cache.read(100, 4).await.expect("read"), stamp_run(100, 4, 5, 512));
+    // A dirty block is newer than anything filled over it; its neighbours are filled.
+    cache.write(201, stamp_run(201, 1, 9, 512), false).await.expect("write");
+    cache.fill(200, &stamp_run(200, 3, 6, 512));
+    let got = cache.read(200, 3).await.expect("read");
+    let want = [stamp_run(200, 1, 6, 512), stamp_run(201, 1, 9, 512), stamp_run(202, 1, 6, 512)].concat();
+    assert_eq!(got, want);
+    // Forgotten, the filled blocks are read from the remote again.
+    cache.forget(100, 4);
+    assert_eq!(cache.read(100, 4).await.expect("read"), remote.read(100, 4).await.expect("remote"));
+    // Blocks past the LUN are not taken.
+    cache.fill(4094, &stamp_run(4094, 4, 7, 512));
+    assert_eq!(cache.read(4094, 2).await.expect("read"), stamp_run(4094, 2, 7, 512));
+    cache.close().await;
+}
+
+#[tokio::test]
 async fn a_second_log_is_refused_while_the_first_holds_the_remote_in_every_mode() {
     for mode in [Mode::Log, Mode::Immediate, Mode::WriteThrough] {
         let remote = Arc::new(FaultDev::new(512, 4096, 1));

@@ -365,6 +365,50 @@ async fn a_group_lands_only_under_the_tokens_it_was_written_under() {
     dev.close().await;
 }
 
+#[tokio::test]
+async fn a_reader_s_grant_brings_the_blocks_it_wants_as_the_last_writer_left_them() {
+    use stics_coherence::{Kind, Msg};
+    use stics_link::token;
+    let medium = Arc::new(MemDev::new(512, BLOCKS));
+    let dev =
+        JournalDev::open(Arc::new(MemDev::new(512, 2048 * 16)), medium, JournalConfig::default()).await.expect("opens");
+    let st = Status::decode(&dev.link_status(0).await.unwrap()).unwrap();
+    assert_ne!(st.features & stics_link::status::FEATURE_GRANT_DATA, 0, "the SG says it sends data with grants");
+    let (a, b) =
+        ([1u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9], [2u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9]);
+    let poll = |src: [u8; 16], from: u32, max: usize| {
+        let dev = &dev;
+        async move {
+            let b = dev.token_poll(stics_link::fence_of(&src), from, Duration::ZERO, max).await.unwrap();
+            token::decode_answer_data(&b, 64).unwrap()
+        }
+    };
+    // A writes blocks 130..138 of segment 1 under its exclusive token, and gives it up.
+    let ask = token::encode_exchange(&a, &[Msg::Request { op: 1, seg: 1, kind: Kind::Exclusive }]);
+    dev.tokens(Bytes::from(ask), true).await.unwrap();
+    let (_, got, data) = poll(a, 0, 4096).await;
+    let [Msg::Grant { gen, .. }] = got[..] else { panic!("{got:?}") };
+    assert!(data.is_empty(), "nobody wanted anything with an exclusive grant");
+    dev.commit(fenced_group(a, 1, 130, 8, 7, Some(vec![(1, gen)]))).await.unwrap();
+    let release = token::encode_exchange(&a, &[Msg::Release { seg: 1, gen, keep: None }]);
+    dev.tokens(Bytes::from(release), false).await.unwrap();
+    // B will read blocks 129..139 (the segment's blocks 1..11): they come with its grant.
+    let want = [Msg::Want { op: 1, seg: 1, first: 1, blocks: 10 }, Msg::Request { op: 1, seg: 1, kind: Kind::Shared }];
+    dev.tokens(Bytes::from(token::encode_exchange(&b, &want)), true).await.unwrap();
+    let (first, got, data) = poll(b, 0, 64 << 10).await;
+    let [Msg::Grant { kind: Kind::Shared, gen: shared, .. }] = got[..] else { panic!("{got:?}") };
+    let [token::GrantData { seg: 1, gen: g, first: 1, data: ref blocks }] = data[..] else { panic!("{data:?}") };
+    assert_eq!(g, shared);
+    assert_eq!(blocks.len(), 10 * 512);
+    assert!(blocks[..512].iter().all(|&x| x == 0) && blocks[512..9 * 512].iter().all(|&x| x == 7));
+    assert!(blocks[9 * 512..].iter().all(|&x| x == 0));
+    // Asked again with room for the grant but not its blocks, it comes alone: B reads after it.
+    let (_, again, data) = poll(b, first, token::answer_len(1) + 100).await;
+    assert_eq!((again, data), (got, vec![]));
+    assert_eq!(dev.token_status().grant_data_blocks, 10);
+    dev.close().await;
+}
+
 mod tokens_kept {
     use super::*;
     use stics_coherence::{Kind, Msg};

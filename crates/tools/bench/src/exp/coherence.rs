@@ -1,7 +1,8 @@
 //! `stics bench coherence`: gateways that share one SG LUN (seed 004 §3.4) across `stics wan`:
 //! what a token costs to get and what the single-owner fast path costs against a gateway that
-//! shares nothing, what one segment written alternately by two gateways costs per transfer, and
-//! how three gateways' writes go as their spans overlap more.
+//! shares nothing, what one segment written alternately by two gateways costs per transfer, what
+//! a read of a segment another gateway writes costs with the blocks sent with its grant and
+//! without, and how three gateways' writes go as their spans overlap more.
 
 use std::time::Duration;
 
@@ -53,10 +54,14 @@ fn options(b: &Bench, name: &str, shared: bool) -> GatewayOptions {
     o
 }
 
-/// `stics bench load --json` from the host namespace through `g`.
+/// `stics bench load --json` from the host namespace through `g` (writes, unless `args` say
+/// `--op`).
 fn load(b: &Bench, wan: &Wan, g: &Gateway, args: &[String]) -> Result<Outcome> {
     let mut cmd = wan.exec("host", b.stics());
-    cmd.args(["bench", "load", &g.url, "--op", "write", "--json"]).args(args);
+    cmd.args(["bench", "load", &g.url, "--json"]).args(args);
+    if !args.iter().any(|a| a == "--op") {
+        cmd.args(["--op", "write"]);
+    }
     Outcome::from_json(&b.run(&mut cmd)?.stdout)
 }
 
@@ -87,13 +92,26 @@ fn ms(delay: &str) -> f64 {
     stics_units::parse_duration(delay).map_or(f64::NAN, |d| d * 1e3)
 }
 
+/// One line per named series of `(one-way delay [ms], y)` points.
+fn delay_figure(title: &str, y_label: &str, curves: std::collections::BTreeMap<&str, Vec<(f64, f64)>>) -> Figure {
+    Figure {
+        title: title.into(),
+        x_label: "one-way delay [ms]".into(),
+        y_label: y_label.into(),
+        log_x: false,
+        log_y: false,
+        categories: Vec::new(),
+        series: curves.into_iter().map(|(name, points)| Series::line(name, points)).collect(),
+    }
+}
+
 pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     b.need(&["curl"])?;
     let secs = if b.quick() { a.seconds.min(3) } else { a.seconds };
     let writes = super::scaled(b, a.writes, a.writes.min(64));
     let mut r = Report::new(
         "coherence",
-        "Gateways that share one SG LUN: token acquisition, the fast path, a segment written alternately, overlap",
+        "Gateways that share one SG LUN: token acquisition, the fast path, a segment written alternately, a read after the other's writes, overlap",
     );
     let mut acquire = Table::new(vec![
         Column::new("delay", "one way", "", 1.0),
@@ -116,6 +134,18 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         Column::new("early", "early releases", "", 1.0),
         Column::new("overlapped", "groups sent behind another", "", 1.0),
     ])?;
+    let mut reads = Table::new(vec![
+        Column::new("delay", "one way", "", 1.0),
+        Column::new("reader", "reader", "", 1.0),
+        Column::new("iops", "reads/s", "", 1.0),
+        Column::new("mean", "a read's mean", "ms", 1e3),
+        Column::new("waited", "reads that waited for a token", "", 1.0),
+        Column::new("with_data", "grants with the blocks", "", 1.0),
+        Column::new("writes", "the writer's writes/s", "", 1.0),
+    ])?;
+    let mut read_notes = Vec::new();
+    let mut acquire_curves: std::collections::BTreeMap<&str, Vec<(f64, f64)>> = std::collections::BTreeMap::new();
+    let mut read_curves: std::collections::BTreeMap<&str, Vec<(f64, f64)>> = std::collections::BTreeMap::new();
     let mut overlap = Table::new(vec![
         Column::new("delay", "one way", "", 1.0),
         Column::new("share", "overlap", "", 1.0),
@@ -169,6 +199,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
             ("shared, tokens held (fast path)", &held),
         ] {
             acquire.push(vec![delay.as_str().into(), path.into(), o.iops.into(), o.mean.into(), o.p99.into()])?;
+            acquire_curves.entry(path).or_default().push((ms(delay), o.mean * 1e3));
         }
         notes.push(format!(
             "At {delay} one way ({rtt:.0} ms round trip): a token took {:.1} ms to get (first touch's mean less the \
@@ -240,7 +271,58 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
             done / transfers.max(1.0)
         ));
 
-        // 3. Three gateways, their spans overlapping more and more.
+        // 3. One gateway writes a segment while another reads it: the reader's token comes with
+        //    the blocks it waits for, or (a reader started with --no-grant-data) without them.
+        let mut plain_o = options(b, "g3", true);
+        plain_o.extra.push("--no-grant-data".into());
+        let g3 = wan.gateway_n(b, "g3", "host", 4, &sg.url, &plain_o)?;
+        let span_of = |k: u64| format!("--from={}", (2u64 << 30) + (k + 1) * SEGMENT);
+        let mut means = Vec::new();
+        for (k, (reader, name)) in
+            [(&g1, "blocks with the grant"), (&g3, "blocks after the grant (--no-grant-data)")].into_iter().enumerate()
+        {
+            let base = strings(&["--size", "4KiB", "--depth", "1", "--span", "64KiB"])
+                .into_iter()
+                .chain([format!("--seconds={secs}s"), span_of(k as u64)])
+                .collect::<Vec<_>>();
+            let read_args: Vec<String> = base.iter().cloned().chain(strings(&["--op", "read"])).collect();
+            let stat = |key: &str| tokens(b, &wan, reader, key);
+            let (waits, filled) = (stat("waits")?, stat("grants_with_data")?);
+            let outs = loads(b, &wan, &[(&g0, base), (reader, read_args)])?;
+            let (waited, with) = (stat("waits")? - waits, stat("grants_with_data")? - filled);
+            let (w, r) = (&outs[0], &outs[1]);
+            reads.push(vec![
+                delay.as_str().into(),
+                name.into(),
+                r.iops.into(),
+                r.mean.into(),
+                waited.into(),
+                with.into(),
+                w.iops.into(),
+            ])?;
+            means.push((r.mean, waited / (r.requests as f64).max(1.0), r.iops));
+            read_curves.entry(name).or_default().push((ms(delay), r.mean * 1e3));
+        }
+        if let [with, without] = means[..] {
+            read_notes.push(format!(
+                "At {delay} one way ({rtt:.0} ms round trip): a read took {:.2} ms on average with the blocks sent \
+                 with its grant and {:.2} ms without ({:.2} round trips less; {:.0} % and {:.0} % of reads waited for \
+                 a token), {:.2}× the reads/s",
+                with.0 * 1e3,
+                without.0 * 1e3,
+                (without.0 - with.0) * 1e3 / rtt,
+                with.1 * 100.0,
+                without.1 * 100.0,
+                with.2 / without.2.max(1e-9)
+            ));
+        }
+        {
+            let mut g3 = g3;
+            g3.proc.stop(libc::SIGTERM, Duration::from_secs(60));
+            let _ = std::fs::remove_file(b.work().join("g3-log.img"));
+        }
+
+        // 4. Three gateways, their spans overlapping more and more.
         let g2 = wan.gateway_n(b, "g2", "host", 3, &sg.url, &options(b, "g2", true))?;
         let gws = [&g0, &g1, &g2];
         let mut points = Vec::new();
@@ -301,7 +383,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
              segments, the second time once the first pass is on the SG), through a shared one on segments it does not hold yet, and through it again on the same segments once those are on the SG"
         ),
         acquire,
-        None,
+        Some(delay_figure("A write's mean against the delay, by gateway", "a write's mean [ms]", acquire_curves)),
     );
     for n in notes {
         r.note(n);
@@ -335,6 +417,28 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         pp_notes.join(", "),
         cc = a.cc
     ));
+    r.section(
+        format!(
+            "A segment one gateway writes while another reads it: random 4 KiB at depth 1 within one 64 KiB \
+             segment from each, for {secs} s; the reader takes the blocks it waits for with its shared grant \
+             (an SG that sends them, and a gateway that asks), or reads them after it"
+        ),
+        reads,
+        Some(delay_figure(
+            "A read's mean against the delay, with its blocks sent with its grant and after it",
+            "a read's mean [ms]",
+            read_curves,
+        )),
+    );
+    for n in read_notes {
+        r.note(n);
+    }
+    r.note(
+        "A read of a segment the other gateway holds exclusive waits for its token: the writer ships its \
+         writes and gives the token up (downgraded, so it keeps its clean copy), then the grant comes. Sent with \
+         the grant, the blocks the read waits for save it the round trip of a READ after it (seed 004 §3.4: the \
+         SG passes the current data with the grant).",
+    );
     r.section(
         format!(
             "Three shared gateways writing random 4 KiB at depth 4 for {secs} s, each over a span of {} MiB that \
