@@ -687,7 +687,7 @@ impl GroupSink for JournalDev {
         max: usize,
     ) -> std::result::Result<Bytes, BlockError> {
         // Bounded so that a poll never outlasts an initiator's patience with one command.
-        let polled = self.inner.tokens.poll_wanted(gateway, from, wait.min(Duration::from_secs(5)), max).await;
+        let polled = self.inner.tokens.poll(gateway, from, wait.min(Duration::from_secs(5)), max).await;
         let data = self.grant_data(&polled.wanted, max.saturating_sub(token::answer_len(polled.msgs.len()))).await;
         Ok(Bytes::from(token::encode_answer_data(polled.first, &polled.msgs, &data)))
     }

@@ -17,14 +17,13 @@
 //! has none: the plain release every gateway sends once its surrender is done follows anyway.
 //!
 //! A `Want` waits here too, by gateway, operation and segment, until a poll answer carries the
-//! shared grant it names ([`Tokens::poll_wanted`] says which blocks the answer's caller reads and
+//! shared grant it names ([`Tokens::poll`] says which blocks the answer's caller reads and
 //! sends with it) or the operation is done.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use stics_block::BlockError;
 use stics_coherence::server::{Blocked, Counts, Entry, Out};
 use stics_coherence::{Gw, Msg, Policy, Server};
@@ -628,7 +627,10 @@ impl Tokens {
     }
 
     /// The messages for a gateway from number `from` on (LINK POLL), every earlier one
-    /// acknowledged, as a poll answer of at most `max` bytes.
+    /// acknowledged, for a poll answer of at most `max` bytes, with the blocks its shared grants'
+    /// readers want (the caller reads them, and sends what fits in the answer beside it). A grant
+    /// answered again (its answer was lost) is wanted again: no other gateway can have written the
+    /// segment before the gateway that reads the grant gives it up.
     ///
     /// A gateway keeps a second poll waiting here while it reads the first's answer, so that
     /// news never waits for a poll to arrive: a poll answers news no other poll of its gateway
@@ -637,16 +639,7 @@ impl Tokens {
     /// again then). A poll that set out before the other's answer was read names numbers the
     /// other's successor acknowledged since: that is no gap. The gateway drops what it reads
     /// twice.
-    pub async fn poll(&self, fold: u64, from: u32, wait: Duration, max: usize) -> Bytes {
-        let p = self.poll_wanted(fold, from, wait, max).await;
-        Bytes::from(token::encode_answer(p.first, &p.msgs))
-    }
-
-    /// [`Tokens::poll`], before it is encoded, with the blocks its shared grants' readers want
-    /// (the caller reads them, and sends what fits in the answer beside it). A grant answered
-    /// again (its answer was lost) is wanted again: no other gateway can have written the
-    /// segment before the gateway that reads the grant gives it up.
-    pub async fn poll_wanted(&self, fold: u64, from: u32, wait: Duration, max: usize) -> Polled {
+    pub async fn poll(&self, fold: u64, from: u32, wait: Duration, max: usize) -> Polled {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let news = self.news.notified();
@@ -894,8 +887,8 @@ mod tests {
     }
 
     async fn poll_from(t: &Tokens, source: u8, from: u32) -> (u32, Vec<Msg>) {
-        let b = t.poll(stics_link::fence_of(&src(source)), from, Duration::from_millis(50), 1 << 16).await;
-        token::decode_answer(&b, MAX_EXCHANGE).unwrap()
+        let p = t.poll(stics_link::fence_of(&src(source)), from, Duration::from_millis(50), 1 << 16).await;
+        (p.first, p.msgs)
     }
 
     /// An exchange at a journal that committed `epoch` of every source.
@@ -915,8 +908,8 @@ mod tests {
     fn poll_task(t: &Arc<Tokens>, source: u8, from: u32, ms: u64) -> tokio::task::JoinHandle<(u32, Vec<Msg>)> {
         let t = Arc::clone(t);
         tokio::spawn(async move {
-            let b = t.poll(stics_link::fence_of(&src(source)), from, Duration::from_millis(ms), 1 << 16).await;
-            token::decode_answer(&b, MAX_EXCHANGE).unwrap()
+            let p = t.poll(stics_link::fence_of(&src(source)), from, Duration::from_millis(ms), 1 << 16).await;
+            (p.first, p.msgs)
         })
     }
 
@@ -965,8 +958,8 @@ mod tests {
         assert!(!again.is_finished(), "not said again at once");
         assert_eq!(again.await.unwrap(), (first, msgs.clone()));
         // ... and at once to a poll that may not wait (a gateway without a lease).
-        let b = t.poll(stics_link::fence_of(&src(1)), first, Duration::ZERO, 1 << 16).await;
-        assert_eq!(token::decode_answer(&b, MAX_EXCHANGE).unwrap(), (first, msgs));
+        let p = t.poll(stics_link::fence_of(&src(1)), first, Duration::ZERO, 1 << 16).await;
+        assert_eq!((p.first, p.msgs), (first, msgs));
     }
 
     #[tokio::test]
@@ -979,15 +972,15 @@ mod tests {
             1,
             &[Msg::Want { op: 1, seg: 4, first: 3, blocks: 2 }, Msg::Request { op: 1, seg: 4, kind: Kind::Shared }],
         );
-        let p = t.poll_wanted(fold, 0, Duration::ZERO, 1 << 16).await;
+        let p = t.poll(fold, 0, Duration::ZERO, 1 << 16).await;
         let [Msg::Grant { gen, kind: Kind::Shared, .. }] = p.msgs[..] else { panic!("{p:?}") };
         assert_eq!(p.wanted, wanted(3, 2, gen));
         // The answer was lost: the grant goes again, and so does what it was wanted with.
-        let again = t.poll_wanted(fold, p.first, Duration::ZERO, 1 << 16).await;
+        let again = t.poll(fold, p.first, Duration::ZERO, 1 << 16).await;
         assert_eq!((again.msgs.clone(), again.wanted.clone()), (p.msgs.clone(), p.wanted.clone()));
         assert_eq!(t.status(Instant::now()).wants, 1);
         // Read and acknowledged: nothing more is wanted.
-        let next = t.poll_wanted(fold, p.first.wrapping_add(1), Duration::ZERO, 1 << 16).await;
+        let next = t.poll(fold, p.first.wrapping_add(1), Duration::ZERO, 1 << 16).await;
         assert!(next.msgs.is_empty() && next.wanted.is_empty());
         assert_eq!(t.status(Instant::now()).wants, 0);
         // An exclusive grant, or one nobody wanted anything with, carries nothing; an operation
@@ -998,7 +991,7 @@ mod tests {
             &[Msg::Want { op: 1, seg: 5, first: 0, blocks: 1 }, Msg::Request { op: 1, seg: 5, kind: Kind::Exclusive }],
         );
         ex(&t, 2, &[Msg::Want { op: 2, seg: 6, first: 0, blocks: 1 }, Msg::Done { op: 2 }]);
-        let p = t.poll_wanted(stics_link::fence_of(&src(2)), 0, Duration::ZERO, 1 << 16).await;
+        let p = t.poll(stics_link::fence_of(&src(2)), 0, Duration::ZERO, 1 << 16).await;
         assert!(matches!(p.msgs[..], [Msg::Grant { kind: Kind::Exclusive, .. }]) && p.wanted.is_empty(), "{p:?}");
         assert_eq!(t.status(Instant::now()).wants, 1);
         exch(&t, &token::encode_exchange(&src(2), &[]), true).unwrap();

@@ -325,11 +325,10 @@ impl SharedCache {
             stics_coherence::segments(lba, blocks, self.link.seg_blocks).map(|s| (s, kind)).collect();
         self.link.quarantine_done(need.iter().map(|&(s, _)| s)).await;
         let reads: Vec<(u64, u32, u32)> = if kind == Kind::Shared {
-            let seg_blocks = self.link.seg_blocks;
             let end = lba + blocks;
             need.iter()
                 .filter_map(|&(s, _)| {
-                    let start = s * seg_blocks;
+                    let (start, seg_blocks) = self.link.blocks_of(s);
                     let (from, to) = (lba.max(start), end.min(start + seg_blocks));
                     Some((s, u32::try_from(from - start).ok()?, u32::try_from(to - from).ok()?))
                 })

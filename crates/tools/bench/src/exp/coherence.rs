@@ -54,6 +54,12 @@ fn options(b: &Bench, name: &str, shared: bool) -> GatewayOptions {
     o
 }
 
+/// Stops the shared gateway `name` and removes its log.
+fn stop(b: &Bench, mut g: Gateway, name: &str) {
+    g.proc.stop(libc::SIGTERM, Duration::from_secs(60));
+    let _ = std::fs::remove_file(b.work().join(format!("{name}-log.img")));
+}
+
 /// `stics bench load --json` from the host namespace through `g` (writes, unless `args` say
 /// `--op`).
 fn load(b: &Bench, wan: &Wan, g: &Gateway, args: &[String]) -> Result<Outcome> {
@@ -316,11 +322,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
                 with.2 / without.2.max(1e-9)
             ));
         }
-        {
-            let mut g3 = g3;
-            g3.proc.stop(libc::SIGTERM, Duration::from_secs(60));
-            let _ = std::fs::remove_file(b.work().join("g3-log.img"));
-        }
+        stop(b, g3, "g3");
 
         // 4. Three gateways, their spans overlapping more and more.
         let g2 = wan.gateway_n(b, "g2", "host", 3, &sg.url, &options(b, "g2", true))?;
@@ -367,9 +369,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         }
         curves.push(Series::line(format!("{delay} one way"), points));
         for (g, name) in [(g0, "g0"), (g1, "g1"), (g2, "g2")] {
-            let mut g = g;
-            g.proc.stop(libc::SIGTERM, Duration::from_secs(60));
-            let _ = std::fs::remove_file(b.work().join(format!("{name}-log.img")));
+            stop(b, g, name);
         }
         drop(sg);
         drop(wan);
