@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that stics' tests and benchmarks use (the real peers: libiscsi's
-# tools, tgt, qemu, PostMark, Ceph; FUSE and network tools). Needs root; does nothing when all
+# tools, tgt, qemu, PostMark, Ceph, nfs-ganesha; FUSE and network tools). Needs root; does nothing when all
 # are there.
 set -euo pipefail
 
@@ -15,6 +15,8 @@ PACKAGES=(
     ceph-mon ceph-mgr ceph-osd ceph-common librbd-dev librados-dev tgt-rbd
     # `stics bench app` (seed 000 Table 2): OpenSSH's build and PostgreSQL's pgbench.
     gcc make libc6-dev zlib1g-dev libssl-dev postgresql
+    # `stics bench nfs` (seed 002): NFS's server, exporting a file system with its VFS back end.
+    nfs-ganesha nfs-ganesha-vfs rpcbind
     # libFuzzer, which the fuzz targets build (CI checks that they compile).
     g++
 )

@@ -25,6 +25,8 @@ enum Command {
     Ls(cmd::ls::Args),
     /// Expose a remote LUN as a regular file through FUSE.
     Mount(cmd::mount::Args),
+    /// Mount an NFSv3 export through FUSE with a client that caches as Linux's does, counting its RPCs.
+    NfsMount(cmd::nfs_mount::Args),
     /// Break the persistent reservation a writer gone for good (a gateway whose log was lost) holds on a LUN.
     Release(cmd::release::Args),
     /// Show or apply the writes a gateway of a shared LUN kept under a token its SG broke.
@@ -44,6 +46,7 @@ fn main() -> std::process::ExitCode {
         Command::Gateway(a) => cmd::gateway::run(a),
         Command::Ls(a) => cmd::ls::run(a),
         Command::Mount(a) => cmd::mount::run(a),
+        Command::NfsMount(a) => cmd::nfs_mount::run(a),
         Command::Release(a) => cmd::release::run(a),
         Command::Quarantine(a) => cmd::quarantine::run(a),
         Command::Model(a) => cmd::model::run(a),

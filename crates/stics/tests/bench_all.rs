@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use serde_json::Value;
 
 /// What `stics bench all` runs, in its order.
-const EXPERIMENTS: [&str; 18] = [
+const EXPERIMENTS: [&str; 19] = [
     "wan",
     "conformance",
     "interop",
@@ -33,6 +33,7 @@ const EXPERIMENTS: [&str; 18] = [
     "gateway",
     "app",
     "coherence",
+    "nfs",
 ];
 
 /// The columns that name a row (the rest are measured), per experiment and table (1-based);
@@ -68,6 +69,11 @@ const KEYS: &[(&str, usize, &[&str])] = &[
     ("coherence", 2, &["delay"]),
     ("coherence", 3, &["delay", "reader"]),
     ("coherence", 4, &["delay", "share"]),
+    ("nfs", 1, &["workload", "client"]),
+    ("nfs", 2, &["workload", "client"]),
+    ("nfs", 3, &["workload", "client"]),
+    ("nfs", 4, &["workload", "client", "rtt"]),
+    ("nfs", 5, &["op"]),
 ];
 
 /// The columns that name the rows of table `table` of `exp` (none: matched by position only).
@@ -244,6 +250,28 @@ fn promises(dir: &Path) {
             // compress, so a group's chunks go raw and only its tables add to the bytes.
             positive(r, "groups");
             assert!(positive(r, "shipped") < 1.01, "{r}");
+        }
+    }
+    // Every workload sent messages, and crossed the wire unless the gateway's cache held it; what
+    // changes the file system costs NFS at least one RPC each time, its caches warm or not.
+    for t in [1, 2, 3] {
+        for r in &rows("nfs", t) {
+            positive(r, "messages");
+            if r["client"] != "iSCSI + gateway (log)" {
+                positive(r, "bytes");
+            }
+        }
+    }
+    for r in &rows("nfs", 4) {
+        positive(r, "secs");
+    }
+    for r in &rows("nfs", 5) {
+        if ["mkdir", "symlink", "unlink", "rmdir", "creat", "link", "rename", "trunc", "chmod", "chown", "utime"]
+            .contains(&r["op"].as_str().unwrap_or_default())
+        {
+            for k in ["nfs_cold_0", "nfs_cold_3", "nfs_warm_0", "nfs_warm_3"] {
+                positive(r, k);
+            }
         }
     }
 }

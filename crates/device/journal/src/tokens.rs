@@ -75,6 +75,10 @@ const MAX_PENDING: usize = 1 << 16;
 /// reader reads after the grant instead.
 const MAX_WANTS: usize = 1 << 16;
 
+/// Most of those one gateway may hold, so that one gateway's flood of reads never takes the
+/// others' place.
+const MAX_WANTS_PER_GATEWAY: usize = 1 << 12;
+
 /// Blocks that go with a shared grant in a poll answer: `blocks` of segment `seg` from its block
 /// `first` (`gen` is the grant's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -605,8 +609,11 @@ impl Tokens {
                     }
                 }
                 Msg::Want { op, seg, first, blocks } => {
-                    if st.wants.len() < MAX_WANTS {
-                        st.wants.insert((gw, op, seg), (first, blocks));
+                    let key = (gw, op, seg);
+                    let mine =
+                        || st.wants.range((gw, 0, 0)..=(gw, u64::MAX, u64::MAX)).take(MAX_WANTS_PER_GATEWAY).count();
+                    if st.wants.contains_key(&key) || (st.wants.len() < MAX_WANTS && mine() < MAX_WANTS_PER_GATEWAY) {
+                        st.wants.insert(key, (first, blocks));
                     }
                 }
                 Msg::Done { op } => {
@@ -996,6 +1003,21 @@ mod tests {
         assert_eq!(t.status(Instant::now()).wants, 1);
         exch(&t, &token::encode_exchange(&src(2), &[]), true).unwrap();
         assert_eq!(t.status(Instant::now()).wants, 0);
+    }
+
+    #[tokio::test]
+    async fn one_gateway_s_wants_are_capped_and_leave_room_for_the_others() {
+        let t = Tokens::new(Policy::default(), 64 << 10);
+        let flood: Vec<Msg> =
+            (0..MAX_WANTS_PER_GATEWAY as u64 + 100).map(|op| Msg::Want { op, seg: op, first: 0, blocks: 1 }).collect();
+        for chunk in flood.chunks(512) {
+            ex(&t, 1, chunk);
+        }
+        assert_eq!(t.status(Instant::now()).wants, MAX_WANTS_PER_GATEWAY);
+        // A want already kept is replaced, not refused; another gateway's is kept.
+        ex(&t, 1, &[Msg::Want { op: 0, seg: 0, first: 5, blocks: 2 }]);
+        ex(&t, 2, &[Msg::Want { op: 1, seg: 9, first: 0, blocks: 1 }]);
+        assert_eq!(t.status(Instant::now()).wants, MAX_WANTS_PER_GATEWAY + 1);
     }
 
     #[tokio::test]

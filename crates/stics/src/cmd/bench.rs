@@ -8,8 +8,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use stics_bench::exp::{
-    app, cache_location, coherence, conformance, congestion, delay, disk, gateway, initiator, interop, micro, packets,
-    postmark, rbd, target, tls, trace, wan, write_model,
+    app, cache_location, coherence, conformance, congestion, delay, disk, gateway, initiator, interop, micro, nfs,
+    packets, postmark, rbd, target, tls, trace, wan, write_model,
 };
 use stics_bench::load::{self, Op, Pattern};
 use stics_bench::machine::Machine;
@@ -107,6 +107,8 @@ enum Cmd {
     Gateway(gateway::Args),
     /// Gateways that share one SG LUN (seed 004 §3.4) across stics wan at 2 and 8 ms one way: token acquisition against the fast path and a gateway that shares nothing, one segment written alternately by two gateways, three gateways as their spans overlap.
     Coherence(coherence::Args),
+    /// Seed 002: NFS v3 (nfs-ganesha, stics nfs-mount) against iSCSI (stics target, ext4) plain and through the gateway across stics wan: 128 MB sequential and random reads and writes, a source tree unpacked, listed and removed, and RPCs per file-system call, counted by the clients and on the wire.
+    Nfs(nfs::Args),
     /// stics target (and tgt) with libiscsi's tools, qemu-img convert both ways, and ext4 + PostMark over qemu-storage-daemon's FUSE export, checked with e2fsck.
     Interop(interop::Args),
     /// The stics initiator against libiscsi on one tgt LUN: ext4 + PostMark over stics mount and over qemu-storage-daemon's FUSE export, write + fsync latency at depth 1 (fio), and 4 KiB random reads through the initiator at depths 1 and 32 against tgt, stics target and stics target across stics wan.
@@ -221,6 +223,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Cmd::Initiator(x) => vec![with_commands(b, || initiator::run(b, x))?],
         Cmd::Gateway(x) => vec![with_commands(b, || gateway::run(b, x))?],
         Cmd::Coherence(x) => vec![with_commands(b, || coherence::run(b, x))?],
+        Cmd::Nfs(x) => vec![with_commands(b, || nfs::run(b, x))?],
         Cmd::Rbd(x) => vec![with_commands(b, || rbd::run(b, x))?],
         Cmd::All => run_all(b, &mut errors),
         Cmd::Load(_) | Cmd::Replay(_) => unreachable!("handled above"),
@@ -294,6 +297,7 @@ fn run_all(b: &Bench, errors: &mut Vec<String>) -> Vec<Report> {
         ("gateway", Box::new(|| with_commands(b, || gateway::run(b, &defaults()?)))),
         ("app", Box::new(|| with_commands(b, || app::run(b, &defaults()?)))),
         ("coherence", Box::new(|| with_commands(b, || coherence::run(b, &defaults()?)))),
+        ("nfs", Box::new(|| with_commands(b, || nfs::run(b, &defaults()?)))),
     ];
     let mut out = Vec::new();
     let all = std::time::Instant::now();

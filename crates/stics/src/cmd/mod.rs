@@ -6,6 +6,7 @@ pub mod logging;
 pub mod ls;
 pub mod model;
 pub mod mount;
+pub mod nfs_mount;
 pub mod quarantine;
 pub mod release;
 pub mod target;

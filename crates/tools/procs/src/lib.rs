@@ -1,12 +1,13 @@
 //! What the test kit and the benchmarks both start and stop: child processes ended by PID
 //! ([`Guard`]), free loopback ports and waiting for a listener ([`port`]), and a throwaway Ceph
-//! cluster from `scripts/ceph-cluster.sh` ([`ceph`]).
+//! cluster from `scripts/ceph-cluster.sh` ([`ceph`]), and an nfs-ganesha server ([`ganesha`]).
 //!
 //! A library's manners: failures are returned, never panics; the test kit turns them into failed
 //! tests, the benchmarks into errors of a run.
 
 pub mod ceph;
 pub mod child;
+pub mod ganesha;
 pub mod port;
 
 use std::time::{Duration, Instant};

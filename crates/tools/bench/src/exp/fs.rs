@@ -286,7 +286,7 @@ impl Drop for Export {
     }
 }
 
-fn mounted(path: &Path) -> bool {
+pub(crate) fn mounted(path: &Path) -> bool {
     let needle = format!(" {} ", path.display());
     std::fs::read_to_string("/proc/mounts").is_ok_and(|m| m.contains(&needle))
 }

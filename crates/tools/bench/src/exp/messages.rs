@@ -22,7 +22,7 @@ pub const OPS: [&str; 17] = [
 
 /// The call `op` on names under `dir`, as a Python statement; `v` tells runs apart (each run
 /// works on names of its own, made beforehand when the call needs them to exist).
-fn call(op: &str, dir: &str, v: &str) -> String {
+pub(crate) fn call(op: &str, dir: &str, v: &str) -> String {
     let p = |name: &str| format!("'{dir}/{name}_{v}'");
     match op {
         "mkdir" => format!("os.mkdir({})", p("new")),
@@ -46,7 +46,7 @@ fn call(op: &str, dir: &str, v: &str) -> String {
 }
 
 /// What each run of each call needs in place: a 4 KiB file `f`, a directory `d` and a symlink `l`.
-fn fixture(dir: &Path, v: &str) -> Result<()> {
+pub(crate) fn fixture(dir: &Path, v: &str) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join(format!("f_{v}")), vec![7u8; 4096])?;
     std::fs::create_dir_all(dir.join(format!("d_{v}")))?;
@@ -66,14 +66,7 @@ struct Counted {
 impl Counted {
     /// The initiator's command count now.
     fn commands(&mut self) -> Result<u64> {
-        let _ = std::fs::remove_file(&self.counters);
-        self.export.proc.signal(libc::SIGUSR1);
-        let path = self.counters.clone();
-        self.export.proc.wait_until(Duration::from_secs(10), || path.exists())?;
-        let text = std::fs::read_to_string(&self.counters)?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| Error::Output { what: "stics mount --counters".into(), detail: e.to_string() })?;
-        v["commands"].as_u64().ok_or_else(|| Error::Output { what: "stics mount --counters".into(), detail: text })
+        commands(&mut self.export.proc, &self.counters)
     }
 
     fn mount(&self, b: &Bench) -> Result<()> {
@@ -87,6 +80,19 @@ impl Counted {
         std::fs::write("/proc/sys/vm/drop_caches", "3\n")?;
         Ok(())
     }
+}
+
+/// The command count of the initiator of `stics mount --counters FILE` running as `proc`, now:
+/// SIGUSR1 makes it write FILE.
+pub(crate) fn commands(proc: &mut crate::env::Proc, counters: &Path) -> Result<u64> {
+    let _ = std::fs::remove_file(counters);
+    proc.signal(libc::SIGUSR1);
+    let path = counters.to_owned();
+    proc.wait_until(Duration::from_secs(10), || path.exists())?;
+    let text = std::fs::read_to_string(counters)?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Output { what: "stics mount --counters".into(), detail: e.to_string() })?;
+    v["commands"].as_u64().ok_or_else(|| Error::Output { what: "stics mount --counters".into(), detail: text })
 }
 
 /// Runs one call and returns the commands it cost until it returned and until `sync` after it.

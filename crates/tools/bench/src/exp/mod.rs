@@ -14,6 +14,7 @@ pub mod initiator;
 pub mod interop;
 pub mod messages;
 pub mod micro;
+pub mod nfs;
 pub mod packets;
 pub mod postmark;
 pub mod rbd;
