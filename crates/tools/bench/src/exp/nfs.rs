@@ -795,8 +795,8 @@ fn readings(results: &[(Path3, Vec<(String, Cost)>)], sweeps: &[(Path3, Vec<Poin
         out.push(format!(
             "Data, NFS v3 against iSCSI (seed 002: reads comparable; writes 4–9× slower on NFS, whose Linux client \
              of 2004 wrote through once its few pending writes were out, with 29× the messages): {}. Both clients \
-             here move 1 MiB per READ or WRITE where the paper's NFS moved 4.7 KB: the messages of sequential work \
-             are the request size's, not the protocol's.",
+             here send large requests (NFS: WRITEs of up to 1 MiB, READs of read-ahead's 128 KiB window) where the \
+             paper's NFS moved 4.7 KB: the messages of sequential work are the request size's, not the protocol's.",
             data.join("; ")
         ));
     }
