@@ -54,7 +54,7 @@ impl Server {
     pub fn restart(&mut self, wan: &Wan) {
         self.guard.kill();
         let image = self.image.clone();
-        let gone = stics_procs::wait_for(Duration::from_secs(60), || !loop_backed(&image));
+        let gone = stics_procs::wait_for(Duration::from_secs(60), || stics_procs::loop_of(&image).is_none());
         assert!(gone, "the export's file system outlived its server");
         self.guard = Self::run(wan, &self.setup, &self.dir);
     }
@@ -143,15 +143,6 @@ impl Drop for Client {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// True while a loop device is backed by `file`.
-fn loop_backed(file: &Path) -> bool {
-    let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_owned());
-    std::fs::read_dir("/sys/block").into_iter().flatten().filter_map(Result::ok).any(|e| {
-        std::fs::read_to_string(e.path().join("loop/backing_file"))
-            .is_ok_and(|b| Path::new(b.trim_end().trim_end_matches(" (deleted)")) == file)
-    })
 }
 
 /// True while `dir` is a mount point.

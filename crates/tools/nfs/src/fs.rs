@@ -11,9 +11,9 @@ use std::time::{Duration, Instant, SystemTime};
 use fuser::{Errno, FileAttr, FileType, INodeNo};
 use nfs3_client::nfs3_types::nfs3::{
     createhow3, createverf3, devicedata3, diropargs3, fattr3, filename3, ftype3, mknoddata3, nfs_fh3, nfspath3,
-    nfstime3, post_op_attr, post_op_fh3, sattr3, set_atime, set_gid3, set_mode3, set_mtime, set_size3, set_uid3,
-    specdata3, stable_how, symlinkdata3, wcc_data, writeverf3, COMMIT3args, CREATE3args, GETATTR3args, LINK3args,
-    LOOKUP3args, MKDIR3args, MKNOD3args, Nfs3Option, Nfs3Result, READ3args, READDIRPLUS3args, READLINK3args,
+    nfsstat3, nfstime3, post_op_attr, post_op_fh3, sattr3, set_atime, set_gid3, set_mode3, set_mtime, set_size3,
+    set_uid3, specdata3, stable_how, symlinkdata3, wcc_data, writeverf3, COMMIT3args, CREATE3args, GETATTR3args,
+    LINK3args, LOOKUP3args, MKDIR3args, MKNOD3args, Nfs3Option, Nfs3Result, READ3args, READDIRPLUS3args, READLINK3args,
     REMOVE3args, RENAME3args, RMDIR3args, SETATTR3args, SYMLINK3args, WRITE3args,
 };
 use nfs3_client::nfs3_types::xdr_codec::Opaque;
@@ -506,7 +506,7 @@ impl Shared {
             Nfs3Result::Err((s, fail)) => {
                 let mut st = self.st();
                 st.apply_opt(&self.t, parent, &fail.dir_attributes, now);
-                if s == nfs3_client::nfs3_types::nfs3::nfsstat3::NFS3ERR_NOENT {
+                if s == nfsstat3::NFS3ERR_NOENT {
                     st.node_mut(parent)?.dentries.insert(name.as_bytes().to_vec(), None);
                 }
                 Err(errno(s))
@@ -528,6 +528,28 @@ impl Shared {
 
     /// A new object from CREATE/MKDIR/SYMLINK/MKNOD/LINK: into the inode table and its
     /// parent's lookup cache, with a LOOKUP when the reply did not say what it is.
+    /// What the reply to a CREATE, MKNOD, MKDIR or SYMLINK in `parent` means: the directory's
+    /// change either way, then, when it worked, the new entry (its handle and attributes, or
+    /// a LOOKUP when the server sent neither).
+    async fn made(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        reply: Result<(post_op_fh3, post_op_attr, wcc_data), (nfsstat3, wcc_data)>,
+    ) -> R<FileAttr> {
+        let now = Instant::now();
+        match reply {
+            Ok((fh, attr, wcc)) => {
+                self.st().apply_wcc(&self.t, parent, &wcc, now);
+                self.created(parent, name, fh, attr).await
+            }
+            Err((s, wcc)) => {
+                self.st().apply_wcc(&self.t, parent, &wcc, now);
+                Err(errno(s))
+            }
+        }
+    }
+
     async fn created(&self, parent: u64, name: &OsStr, fh: post_op_fh3, attr: post_op_attr) -> R<FileAttr> {
         let fh = match fh {
             Nfs3Option::Some(fh) => fh,
@@ -557,17 +579,11 @@ impl Shared {
             createhow3::UNCHECKED(sattr_mode(mode))
         };
         let res = call!(self.pool, Create, c => c.create(&CREATE3args { where_: dirop(&dir, name), how }))?;
-        let now = Instant::now();
-        let attr = match res {
-            Nfs3Result::Ok(ok) => {
-                self.st().apply_wcc(&self.t, parent, &ok.dir_wcc, now);
-                self.created(parent, name, ok.obj, ok.obj_attributes).await?
-            }
-            Nfs3Result::Err((s, fail)) => {
-                self.st().apply_wcc(&self.t, parent, &fail.dir_wcc, now);
-                return Err(errno(s));
-            }
+        let made = match res {
+            Nfs3Result::Ok(ok) => Ok((ok.obj, ok.obj_attributes, ok.dir_wcc)),
+            Nfs3Result::Err((s, fail)) => Err((s, fail.dir_wcc)),
         };
+        let attr = self.made(parent, name, made).await?;
         if let Some(n) = self.st().nodes.get_mut(&attr.ino.0) {
             n.writers += 1;
         }
@@ -598,34 +614,22 @@ impl Shared {
             _ => return Err(Errno::EINVAL),
         };
         let res = call!(self.pool, Mknod, c => c.mknod(&MKNOD3args { where_: dirop(&dir, name), what }))?;
-        let now = Instant::now();
-        match res {
-            Nfs3Result::Ok(ok) => {
-                self.st().apply_wcc(&self.t, parent, &ok.dir_wcc, now);
-                self.created(parent, name, ok.obj, ok.obj_attributes).await
-            }
-            Nfs3Result::Err((s, fail)) => {
-                self.st().apply_wcc(&self.t, parent, &fail.dir_wcc, now);
-                Err(errno(s))
-            }
-        }
+        let made = match res {
+            Nfs3Result::Ok(ok) => Ok((ok.obj, ok.obj_attributes, ok.dir_wcc)),
+            Nfs3Result::Err((s, fail)) => Err((s, fail.dir_wcc)),
+        };
+        self.made(parent, name, made).await
     }
 
     pub async fn mkdir(&self, parent: u64, name: &OsStr, mode: u32) -> R<FileAttr> {
         let dir = self.fh(parent)?;
         let args = MKDIR3args { where_: dirop(&dir, name), attributes: sattr_mode(mode) };
         let res = call!(self.pool, Mkdir, c => c.mkdir(&args))?;
-        let now = Instant::now();
-        match res {
-            Nfs3Result::Ok(ok) => {
-                self.st().apply_wcc(&self.t, parent, &ok.dir_wcc, now);
-                self.created(parent, name, ok.obj, ok.obj_attributes).await
-            }
-            Nfs3Result::Err((s, fail)) => {
-                self.st().apply_wcc(&self.t, parent, &fail.dir_wcc, now);
-                Err(errno(s))
-            }
-        }
+        let made = match res {
+            Nfs3Result::Ok(ok) => Ok((ok.obj, ok.obj_attributes, ok.dir_wcc)),
+            Nfs3Result::Err((s, fail)) => Err((s, fail.dir_wcc)),
+        };
+        self.made(parent, name, made).await
     }
 
     pub async fn symlink(&self, parent: u64, name: &OsStr, target: &[u8]) -> R<FileAttr> {
@@ -638,17 +642,11 @@ impl Shared {
             },
         };
         let res = call!(self.pool, Symlink, c => c.symlink(&args))?;
-        let now = Instant::now();
-        match res {
-            Nfs3Result::Ok(ok) => {
-                self.st().apply_wcc(&self.t, parent, &ok.dir_wcc, now);
-                self.created(parent, name, ok.obj, ok.obj_attributes).await
-            }
-            Nfs3Result::Err((s, fail)) => {
-                self.st().apply_wcc(&self.t, parent, &fail.dir_wcc, now);
-                Err(errno(s))
-            }
-        }
+        let made = match res {
+            Nfs3Result::Ok(ok) => Ok((ok.obj, ok.obj_attributes, ok.dir_wcc)),
+            Nfs3Result::Err((s, fail)) => Err((s, fail.dir_wcc)),
+        };
+        self.made(parent, name, made).await
     }
 
     pub async fn link(&self, ino: u64, parent: u64, name: &OsStr) -> R<FileAttr> {

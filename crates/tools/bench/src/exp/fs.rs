@@ -204,7 +204,7 @@ pub(crate) fn unmount(b: &Bench, fs: &Path, lun: &Path) -> Result<()> {
 pub fn released(lun: &Path, limit: Duration) -> Result<()> {
     let deadline = std::time::Instant::now() + limit;
     loop {
-        let Some(dev) = loop_of(lun) else { return Ok(()) };
+        let Some(dev) = stics_procs::loop_of(lun) else { return Ok(()) };
         if std::time::Instant::now() >= deadline {
             return Err(Error::StillMounted {
                 lun: lun.display().to_string(),
@@ -214,19 +214,6 @@ pub fn released(lun: &Path, limit: Duration) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-/// The loop device (`/dev/loopN`) backed by the file `file`, if any.
-fn loop_of(file: &Path) -> Option<String> {
-    let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_owned());
-    let file = file.to_string_lossy();
-    std::fs::read_dir("/sys/block").ok()?.filter_map(std::result::Result::ok).find_map(|e| {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let backing = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
-        let backing = backing.trim_end();
-        (name.starts_with("loop") && backing.strip_suffix(" (deleted)").unwrap_or(backing) == file)
-            .then(|| format!("/dev/{name}"))
-    })
 }
 
 /// The processes whose mount namespace has `dev` mounted, one per namespace, as "PID (name)".

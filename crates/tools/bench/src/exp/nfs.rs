@@ -269,10 +269,10 @@ struct Cost {
 }
 
 /// Runs `cmd` as the host does and counts what it cost.
-fn cost(b: &Bench, wan: &Wan, side: &mut Side<'_>, server_cpu: &dyn Fn() -> f64, cmd: &mut Command) -> Result<Cost> {
+fn cost(b: &Bench, wan: &Wan, side: &mut Side<'_>, server_cpu: &dyn Fn() -> f64, cmd: Command) -> Result<Cost> {
     side.settle(b, wan)?;
     let (m0, w0, c0) = (side.messages()?, wan.counts(b)?, server_cpu());
-    let out = b.run(&mut b.host(std::mem::replace(cmd, Command::new("true"))))?;
+    let out = b.run(&mut b.host(cmd))?;
     // The gateway's destage of this workload is part of its cost on the wire, not of its time.
     side.settle(b, wan)?;
     let (m1, w1, c1) = (side.messages()?, wan.counts(b)?, server_cpu());
@@ -391,14 +391,14 @@ fn workloads(
     for kind in ["sequential writes", "random writes", "sequential reads", "random reads"] {
         // Reads start cold, from a file written before; writes on a new file.
         side.cold(b)?;
-        out.push((kind.to_owned(), cost(b, wan, side, server_cpu, &mut bulk(kind, &file, blocks))?));
+        out.push((kind.to_owned(), cost(b, wan, side, server_cpu, bulk(kind, &file, blocks))?));
     }
     std::fs::remove_file(&file)?;
     let dir = side.root().join("tree");
     std::fs::create_dir_all(&dir)?;
     side.cold(b)?;
-    for (row, mut cmd) in tree_steps(tarball, &dir) {
-        out.push((row.to_owned(), cost(b, wan, side, server_cpu, &mut cmd)?));
+    for (row, cmd) in tree_steps(tarball, &dir) {
+        out.push((row.to_owned(), cost(b, wan, side, server_cpu, cmd)?));
         if row == "tar -xzf" {
             // `ls -lR` and `rm -rf` start cold, as after a remount.
             side.cold(b)?;
@@ -418,7 +418,7 @@ fn workloads(
         )?;
         let mut pm = Command::new("postmark");
         pm.arg(&cfg);
-        out.push((pool_row(files), cost(b, wan, side, server_cpu, &mut pm)?));
+        out.push((pool_row(files), cost(b, wan, side, server_cpu, pm)?));
         // PostMark removes its files at the end: an empty folder is the sign that every create,
         // append and delete went through.
         let left = std::fs::read_dir(&dir)?.count();
@@ -458,7 +458,7 @@ fn rtt_sweep(
         wan.set(b, &["--delay", one_way])?;
         for kind in ["sequential writes", "random writes", "sequential reads", "random reads"] {
             side.cold(b)?;
-            let c = cost(b, wan, side, &none, &mut bulk(kind, &file, blocks))?;
+            let c = cost(b, wan, side, &none, bulk(kind, &file, blocks))?;
             out.push((kind, *ms, c.secs));
         }
     }
