@@ -18,6 +18,7 @@ pub mod nfs;
 pub mod packets;
 pub mod postmark;
 pub mod rbd;
+pub mod surge;
 pub mod target;
 pub mod tls;
 pub mod trace;
