@@ -239,7 +239,9 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     // one way, unpacking OpenSSH on -o sync alone took over five minutes).
     let delays: Vec<f64> =
         if b.quick() { a.delays.iter().copied().reduce(f64::min).into_iter().collect() } else { a.delays.clone() };
-    let fs_mib = if b.quick() { a.fs_mib.min(1024) } else { a.fs_mib };
+    if a.workloads.contains(&Workload::Surge) {
+        surge::check(a.surge_size(b), fs_mib)?;
+    }
     // postgres runs as its own user and must reach its data folder under the scratch space.
     set_mode(b.work(), 0o711)?;
     let lun = b.work().join("remote.img");

@@ -190,12 +190,32 @@ pub struct Size {
     pub think: f64,
 }
 
+/// Fails, before anything runs, on a size that cannot run: nothing to serve, nobody to ask, no
+/// time to measure, or a document set larger than 90 % of an ext4 of `fs_mib`.
+pub fn check(size: Size, fs_mib: u64) -> Result<()> {
+    if size.files == 0 || size.users == 0 || size.seconds == 0 {
+        return Err(Error::Invalid("--surge-files, --surge-users and --surge-seconds must be at least 1".into()));
+    }
+    let bytes = Docs::draw(&Model::new(), size.files, SEED).bytes();
+    if bytes > (fs_mib << 20) / 10 * 9 {
+        return Err(Error::Invalid(format!(
+            "Surge's {} files take {} MiB, more than 90 % of the {fs_mib} MiB ext4 (--fs-mib)",
+            size.files,
+            bytes >> 20
+        )));
+    }
+    Ok(())
+}
+
+/// The document set's seed: every run serves the same files.
+const SEED: u64 = 2000;
+
 /// Seed 000's Surge in `dir`: the document set written and made cold, the server started (as
 /// the host runs it), `size.users` users warming it for a sixth of the time and then measured.
 pub fn run(b: &Bench, size: Size, dir: &Path) -> Result<Measured> {
     b.need(&["python3"])?;
     let model = Model::new().thinking(size.think);
-    let docs = Docs::draw(&model, size.files, 2000);
+    let docs = Docs::draw(&model, size.files, SEED);
     let root = dir.join("htdocs");
     write_docs(&docs, &root)?;
     let port = {
@@ -317,7 +337,7 @@ mod tests {
 
     #[test]
     fn twenty_thousand_files_are_about_seed_000_s_gigabyte() {
-        let docs = Docs::draw(&Model::new(), 20_000, 2000);
+        let docs = Docs::draw(&Model::new(), 20_000, SEED);
         let gb = docs.bytes() as f64 / 1e9;
         assert!((0.8..1.4).contains(&gb), "{gb} GB");
         // Near the body's lognormal median, e^9.357 = 11.6 kB, moved up a little by the tail's 7 %.
@@ -355,6 +375,17 @@ mod tests {
         assert!((0..n).all(|_| (1..=64).contains(&m.embedded(&mut rng))));
         let eager = m.thinking(0.0);
         assert!((0..100).all(|_| eager.inactive_off(&mut rng).is_zero() && eager.active_off(&mut rng).is_zero()));
+    }
+
+    #[test]
+    fn sizes_that_cannot_run_are_refused_before_the_run() {
+        let size = Size { files: 20_000, users: 400, seconds: 60, think: 1.0 };
+        assert!(check(size, 2048).is_ok());
+        let e = check(size, 1024).unwrap_err().to_string();
+        assert!(e.contains("--fs-mib"), "{e}");
+        for bad in [Size { files: 0, ..size }, Size { users: 0, ..size }, Size { seconds: 0, ..size }] {
+            assert!(check(bad, 2048).unwrap_err().to_string().contains("at least 1"));
+        }
     }
 
     #[test]
