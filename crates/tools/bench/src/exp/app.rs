@@ -1,7 +1,8 @@
 //! `stics bench app`: seed 000 Table 2 — applications on ext4 over remote storage: OpenSSH's
 //! unpack, configure and build (the paper's SSH), PostgreSQL's pgbench in TPC-C's role, PostMark
-//! and Surge (a web server under Surge's users), on a local disk, on the target with no network, through `stics wan` at 0–8 ms one
-//! way and through the gateway, each normalised to the local row as the paper prints it.
+//! and Surge (a web server under Surge's users), on a local disk, on the target with no network,
+//! through `stics wan` at 0–8 ms one way and through the gateway, each normalised to the local row
+//! as the paper prints it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

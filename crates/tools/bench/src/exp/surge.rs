@@ -3,7 +3,7 @@
 //! server serving it with an access log beside it, and Surge's user equivalents requesting it.
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -228,15 +228,13 @@ pub fn run(b: &Bench, size: Size, root: &Path, dir: &Path) -> Result<Measured> {
     let model = Model::new().thinking(size.think);
     let docs = Docs::draw(&model, size.files, SEED);
     drop_cached(&docs, root)?;
-    let port = {
-        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-        l.local_addr()?.port()
-    };
+    // Below the ephemeral range, where the users' own connections take their ports.
+    let port = stics_procs::free_port()?;
     let mut server = Command::new("python3");
     server.arg("-c").arg(SERVER).arg(root).arg(port.to_string()).arg(dir.join("access.log"));
     let mut server = b.spawn("surge-server", &mut b.host(server))?;
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    server.wait_until(Duration::from_secs(30), || TcpStream::connect(addr).is_ok())?;
+    server.wait_until(Duration::from_secs(30), || stics_procs::accepts(addr))?;
     let warm = Duration::from_secs(size.seconds.div_ceil(6));
     let measured = users(&model, &docs, addr, size.users, warm, Duration::from_secs(size.seconds));
     server.check()?;
@@ -341,6 +339,7 @@ fn get(addr: SocketAddr, i: usize, size: u64) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::TcpListener;
 
     #[test]
     fn twenty_thousand_files_are_about_seed_000_s_gigabyte() {
