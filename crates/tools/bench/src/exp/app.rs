@@ -355,7 +355,7 @@ impl Run<'_> {
                         Workload::Ssh => ssh(b, self.ssh_source.as_deref().unwrap_or(none), &dir)?,
                         Workload::Pgbench => pgbench(b, a, self.pg_bin.as_deref().unwrap_or(none), &dir)?,
                         Workload::Postmark => postmark(b, a, &dir)?,
-                        Workload::Surge => 1.0 / surge::run(b, a.surge_size(b), &docs, &dir)?.ops,
+                        Workload::Surge => 1.0 / surge::run(b, a.surge_size(b), &docs, &dir)?,
                     };
                     samples[i].push(1.0 / secs_per_op);
                     self.bar.inc(1);

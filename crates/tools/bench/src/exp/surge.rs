@@ -126,7 +126,7 @@ fn pattern(i: usize, at: u64) -> u8 {
     ((i as u64).wrapping_mul(131).wrapping_add(at) % 251) as u8
 }
 
-/// Writes the document set under `root` and puts it on the medium.
+/// Writes the document set under `root`.
 fn write_docs(docs: &Docs, root: &Path) -> Result<()> {
     let mut buf = Vec::new();
     for (i, &size) in docs.sizes.iter().enumerate() {
@@ -137,12 +137,6 @@ fn write_docs(docs: &Docs, root: &Path) -> Result<()> {
         buf.clear();
         buf.extend((0..size).map(|at| pattern(i, at)));
         std::fs::write(&path, &buf)?;
-    }
-    let mut sync = Command::new("sync");
-    sync.arg("-f").arg(root);
-    let st = sync.status()?;
-    if !st.success() {
-        return Err(Error::Command { command: "sync -f".into(), status: st.to_string(), stderr: String::new() });
     }
     Ok(())
 }
@@ -176,15 +170,6 @@ class Server(http.server.ThreadingHTTPServer):
 Server(("127.0.0.1", port), functools.partial(Handler, directory=root)).serve_forever()
 "#;
 
-/// What a Surge run measured.
-#[derive(Debug, Clone, Copy)]
-pub struct Measured {
-    /// Files served in full and checked, per second of the measured time.
-    pub ops: f64,
-    /// Bytes served per second.
-    pub bytes: f64,
-}
-
 /// The size of one Surge run.
 #[derive(Debug, Clone, Copy)]
 pub struct Size {
@@ -216,15 +201,15 @@ pub fn check(size: Size, fs_mib: u64) -> Result<()> {
 /// The document set's seed: every run serves the same files.
 const SEED: u64 = 2000;
 
-/// Writes Surge's document set of `size` under `root`, on the medium when this returns.
+/// Writes Surge's document set of `size` under `root`; the caller's unmount puts it on the medium.
 pub fn prepare(size: Size, root: &Path) -> Result<()> {
     write_docs(&Docs::draw(&Model::new(), size.files, SEED), root)
 }
 
 /// Seed 000's Surge on the document set [`prepare`] wrote under `root`: the set made cold, the
 /// server started (as the host runs it) with its access log in `dir`, `size.users` users warming
-/// it for a sixth of the time and then measured.
-pub fn run(b: &Bench, size: Size, root: &Path, dir: &Path) -> Result<Measured> {
+/// it for a sixth of the time and then measured: files served in full and checked, per second.
+pub fn run(b: &Bench, size: Size, root: &Path, dir: &Path) -> Result<f64> {
     let model = Model::new().thinking(size.think);
     let docs = Docs::draw(&model, size.files, SEED);
     drop_cached(&docs, root)?;
@@ -243,11 +228,11 @@ pub fn run(b: &Bench, size: Size, root: &Path, dir: &Path) -> Result<Measured> {
 }
 
 /// `n` users against the server at `addr`; counts what completes between `warm` and `warm + span`.
-fn users(model: &Model, docs: &Docs, addr: SocketAddr, n: usize, warm: Duration, span: Duration) -> Result<Measured> {
+fn users(model: &Model, docs: &Docs, addr: SocketAddr, n: usize, warm: Duration, span: Duration) -> Result<f64> {
     let start = Instant::now();
     let (from, to) = (start + warm, start + warm + span);
     let failed = AtomicBool::new(false);
-    let totals = std::thread::scope(|s| {
+    let total = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|u| {
                 let failed = &failed;
@@ -256,25 +241,24 @@ fn users(model: &Model, docs: &Docs, addr: SocketAddr, n: usize, warm: Duration,
                     .spawn_scoped(s, move || user(model, docs, addr, u as u64, (from, to), failed))
             })
             .collect();
-        let mut totals = Ok((0u64, 0u64));
+        let mut total = Ok(0u64);
         for h in handles {
             let r = match h {
                 Ok(h) => h.join().unwrap_or_else(|_| Err(Error::Invalid("a Surge user panicked".into()))),
                 Err(e) => Err(e.into()),
             };
-            totals = match (totals, r) {
-                (Ok((o, b)), Ok((o2, b2))) => Ok((o + o2, b + b2)),
+            total = match (total, r) {
+                (Ok(t), Ok(n)) => Ok(t + n),
                 (Err(e), _) | (_, Err(e)) => Err(e),
             };
         }
-        totals
+        total
     })?;
-    let secs = span.as_secs_f64();
-    Ok(Measured { ops: totals.0 as f64 / secs, bytes: totals.1 as f64 / secs })
+    Ok(total as f64 / span.as_secs_f64())
 }
 
 /// One user equivalent: pages of Zipf-chosen files with their embedded files, think times between
-/// them, until `window.1`; the files and bytes it completed inside `window`. Every reply is
+/// them, until `window.1`; the files it completed inside `window`. Every reply is
 /// checked byte for byte.
 fn user(
     model: &Model,
@@ -283,12 +267,12 @@ fn user(
     seed: u64,
     window: (Instant, Instant),
     failed: &AtomicBool,
-) -> Result<(u64, u64)> {
+) -> Result<u64> {
     let mut rng = StdRng::seed_from_u64(seed);
     let zipf = Zipf::new(docs.sizes.len() as u64, 1.0).map_err(|e| Error::Invalid(format!("Surge's Zipf: {e}")))?;
     // Users start spread over one think time, not all at once.
     let mut next = Instant::now() + model.inactive_off(&mut rng);
-    let (mut ops, mut bytes) = (0u64, 0u64);
+    let mut ops = 0u64;
     let pick = |rng: &mut StdRng| docs.by_rank[(zipf.sample(rng) as usize).clamp(1, docs.sizes.len()) - 1];
     loop {
         let files = 1 + model.embedded(&mut rng);
@@ -298,14 +282,13 @@ fn user(
                 std::thread::sleep((next - now).min(window.1.saturating_duration_since(now)));
             }
             if Instant::now() >= window.1 || failed.load(Ordering::Relaxed) {
-                return Ok((ops, bytes));
+                return Ok(ops);
             }
             let i = pick(&mut rng);
-            let got = get(addr, i, docs.sizes[i]).inspect_err(|_| failed.store(true, Ordering::Relaxed))?;
+            get(addr, i, docs.sizes[i]).inspect_err(|_| failed.store(true, Ordering::Relaxed))?;
             let done = Instant::now();
             if done >= window.0 && done < window.1 {
                 ops += 1;
-                bytes += got;
             }
             next = done + if k + 1 < files { model.active_off(&mut rng) } else { model.inactive_off(&mut rng) };
         }
@@ -313,7 +296,7 @@ fn user(
 }
 
 /// GET of file `i`: its status, its length and every byte checked.
-fn get(addr: SocketAddr, i: usize, size: u64) -> Result<u64> {
+fn get(addr: SocketAddr, i: usize, size: u64) -> Result<()> {
     let bad =
         |detail: String| Error::Output { what: format!("the Surge server's reply for {}", Docs::path(i)), detail };
     let mut s = TcpStream::connect(addr)?;
@@ -333,7 +316,7 @@ fn get(addr: SocketAddr, i: usize, size: u64) -> Result<u64> {
     if let Some(at) = body.iter().enumerate().position(|(at, &v)| v != pattern(i, at as u64)) {
         return Err(bad(format!("byte {at} differs from what was written")));
     }
-    Ok(size)
+    Ok(())
 }
 
 #[cfg(test)]
