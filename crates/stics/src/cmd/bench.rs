@@ -73,6 +73,13 @@ struct Common {
     /// 004 ran PostMark) instead of `-o sync`, which makes every write reach the device.
     #[arg(long, global = true)]
     ext4_default: bool,
+    /// Put the loop device under the host's ext4 on direct I/O (`losetup --direct-io=on`). By
+    /// default it is buffered, as `mount -o loop` leaves it: a buffered loop device serves its
+    /// file one request at a time, which caps a remote LUN a few milliseconds away (the committed
+    /// readings ran buffered). qemu-storage-daemon 7.2's FUSE export (`stics bench initiator`'s
+    /// peer) does not survive it: e2fsck finds its ext4 corrupt after PostMark.
+    #[arg(long, global = true)]
+    loop_direct_io: bool,
 }
 
 #[derive(Subcommand)]
@@ -201,6 +208,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         remote_disk: c.remote_disk,
         log_disk: c.log_disk,
         ext4_default: c.ext4_default,
+        loop_direct_io: c.loop_direct_io,
     })?;
     let b = &bench;
     let mut errors = Vec::new();

@@ -36,6 +36,8 @@ pub struct Options {
     pub log_disk: Option<stics_disk::Preset>,
     /// Mount the benchmarks' ext4 with its default options instead of `-o sync`.
     pub ext4_default: bool,
+    /// Put the loop device under the host's ext4 on direct I/O (see [`crate::exp::fs::mount_ext4`]).
+    pub loop_direct_io: bool,
 }
 
 /// The run's context, shared by the experiments.
@@ -149,6 +151,11 @@ impl Bench {
         } else {
             "loop,sync"
         }
+    }
+
+    /// Whether the loop device under the host's ext4 is put on direct I/O.
+    pub fn loop_direct_io(&self) -> bool {
+        self.opts.loop_direct_io
     }
 
     /// How captions name that mount.

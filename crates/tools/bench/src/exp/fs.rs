@@ -155,10 +155,27 @@ impl Export {
 
 /// Mounts the ext4 on `lun` (a file: through a loop device) at `fs` as the host does, with
 /// `options` (the run's are [`Bench::ext4_options`]).
+///
+/// With [`Bench::loop_direct_io`], the loop device `mount -o loop` makes is then put on direct
+/// I/O. A buffered loop device reads and writes its file from one worker, one request at a time,
+/// and keeps a second copy of every block in the file's page cache, outside the host's memory
+/// limit: once the remote is a few milliseconds away that worker, not the network, sets the pace
+/// (59 random reads/s at 8 ms one way where the export itself serves 461/s, 459/s on direct I/O).
 pub(crate) fn mount_ext4(b: &Bench, lun: &Path, fs: &Path, options: &str) -> Result<()> {
     let mut mount = Command::new("mount");
     mount.args(["-o", options]).arg(lun).arg(fs);
-    b.run(&mut b.host(mount)).map(|_| ())
+    b.run(&mut b.host(mount))?;
+    if !b.loop_direct_io() {
+        return Ok(());
+    }
+    let Some(dev) = stics_procs::loop_of(lun) else {
+        return Err(Error::Invalid(format!(
+            "{} is mounted but no loop device is backed by {}",
+            fs.display(),
+            lun.display()
+        )));
+    };
+    b.run(Command::new("losetup").args(["--direct-io=on", &dev])).map(|_| ())
 }
 
 /// PostMark with its default sizes and seed 42, `files` files and `transactions` transactions in
@@ -467,6 +484,9 @@ pub fn setup(b: &Bench) -> String {
     if let Some(m) = b.host_memory() {
         s += &format!("; the host's memory bounded to {} MiB by a memory cgroup", m >> 20);
     }
+    if b.loop_direct_io() {
+        s += "; the loop device under the host's ext4 on direct I/O";
+    }
     s
 }
 
@@ -510,5 +530,37 @@ pub fn postmark_via(b: &Bench, wan: &Wan, remote: &str, via: &Via, fs_mib: u64, 
             wan.gateway_stop(b, g, &remote_of_gateway, &path)?;
             run
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Mounts a fresh 64 MiB ext4 image as the benchmarks do; whether its loop device is on
+    /// direct I/O, and the commands run.
+    fn mounted_dio(loop_direct_io: bool) -> (String, Vec<String>) {
+        let opts = crate::Options { quick: true, reps: 1, loop_direct_io, ..crate::Options::default() };
+        let b = Bench::new(opts).unwrap();
+        let (img, fs) = (b.work().join("ext4.img"), b.work().join("fs"));
+        std::fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
+        std::fs::create_dir(&fs).unwrap();
+        b.run(Command::new("mkfs.ext4").args(["-F", "-q"]).arg(&img)).unwrap();
+        mount_ext4(&b, &img, &fs, "loop").unwrap();
+        let dev = stics_procs::loop_of(&img).unwrap();
+        let dio = std::fs::read_to_string(format!("/sys/block/{}/loop/dio", dev.trim_start_matches("/dev/")));
+        unmount(&b, &fs, &img).unwrap();
+        (dio.unwrap().trim().to_owned(), b.commands())
+    }
+
+    /// A buffered loop device serves one request at a time; `--loop-direct-io` lifts that.
+    #[test]
+    fn the_host_s_loop_device_is_on_direct_io_when_asked_and_buffered_otherwise() {
+        let (dio, commands) = mounted_dio(true);
+        assert_eq!(dio, "1", "{commands:?}");
+        assert!(commands.iter().any(|c| c.contains("losetup --direct-io=on")), "{commands:?}");
+        let (dio, commands) = mounted_dio(false);
+        assert_eq!(dio, "0", "{commands:?}");
+        assert!(!commands.iter().any(|c| c.contains("losetup")), "{commands:?}");
     }
 }

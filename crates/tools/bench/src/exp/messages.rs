@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use stics_report::{Column, Table};
 
-use super::fs::{unmount, Export};
+use super::fs::{mount_ext4, unmount, Export};
 use crate::paper;
 use crate::peers::stics_target;
 use crate::{Bench, Error, Result};
@@ -70,7 +70,7 @@ impl Counted {
     }
 
     fn mount(&self, b: &Bench) -> Result<()> {
-        b.run(Command::new("mount").args(["-o", "loop"]).arg(&self.export.lun).arg(&self.export.fs)).map(|_| ())
+        mount_ext4(b, &self.export.lun, &self.export.fs, "loop")
     }
 
     /// Unmounts ext4 (writing back everything) and drops every cache, so the next mount starts cold.
