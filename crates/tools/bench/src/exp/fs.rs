@@ -168,14 +168,20 @@ pub(crate) fn mount_ext4(b: &Bench, lun: &Path, fs: &Path, options: &str) -> Res
     if !b.loop_direct_io() {
         return Ok(());
     }
-    let Some(dev) = stics_procs::loop_of(lun) else {
-        return Err(Error::Invalid(format!(
+    let switched = match stics_procs::loop_of(lun) {
+        Some(dev) => b.run(Command::new("losetup").args(["--direct-io=on", &dev])).map(|_| ()),
+        None => Err(Error::Invalid(format!(
             "{} is mounted but no loop device is backed by {}",
             fs.display(),
             lun.display()
-        )));
+        ))),
     };
-    b.run(Command::new("losetup").args(["--direct-io=on", &dev])).map(|_| ())
+    if switched.is_err() {
+        // The run stops on this error; the ext4 just mounted must not outlive it. The error
+        // reported is the one above, whatever the unmount says.
+        let _ = unmount(b, fs, lun);
+    }
+    switched
 }
 
 /// PostMark with its default sizes and seed 42, `files` files and `transactions` transactions in
