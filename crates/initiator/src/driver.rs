@@ -288,7 +288,8 @@ impl Driver {
             let msg = match conn::open(&portal, lcfg, counters, timeout, tls.as_ref()).await {
                 Ok(pair) => Event::LoginOk(gen, Box::new(pair)),
                 Err(e) => {
-                    let permanent = e.is_permanent();
+                    // Every login here reinstates a session the target accepted before.
+                    let permanent = e.is_permanent_on_reinstatement();
                     Event::LoginFailed(gen, e.to_string(), permanent)
                 }
             };

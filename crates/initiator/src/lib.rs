@@ -104,4 +104,13 @@ impl Error {
             _ => false,
         }
     }
+
+    /// True when reinstating a session that was logged in before cannot succeed by trying
+    /// again ([`login::LoginError::is_permanent_on_reinstatement`]).
+    pub fn is_permanent_on_reinstatement(&self) -> bool {
+        match self {
+            Error::Login(e) => e.is_permanent_on_reinstatement(),
+            e => e.is_permanent(),
+        }
+    }
 }

@@ -108,6 +108,18 @@ impl LoginError {
             LoginError::Refused { class, detail, .. } => *class == 2 && *detail != 0x04,
         }
     }
+
+    /// True when reinstating a session the target accepted before cannot succeed by trying
+    /// again. A target that restarts opens its portal before it has made its targets and their
+    /// access lists again (tgtd, then `tgtadm` or `tgt-admin`), so "target not found" and
+    /// "authorization failure" from it are retried within the recovery window; bad credentials
+    /// and broken logins still end the recovery at once.
+    pub fn is_permanent_on_reinstatement(&self) -> bool {
+        match self {
+            LoginError::Refused { class: 2, detail: 0x02 | 0x03, .. } => false,
+            e => e.is_permanent(),
+        }
+    }
 }
 
 fn status_reason(class: u8, detail: u8) -> &'static str {
@@ -608,6 +620,19 @@ mod tests {
         assert!(matches!(e, LoginError::Auth(_)) && e.is_permanent());
         let unavailable = LoginError::Refused { class: 3, detail: 1, reason: "" };
         assert!(!unavailable.is_permanent());
+        assert!(e.is_permanent_on_reinstatement(), "bad credentials stay bad");
+    }
+
+    #[test]
+    fn an_unknown_target_is_permanent_at_first_and_retried_while_reinstating() {
+        for detail in [0x02, 0x03] {
+            let e = LoginError::Refused { class: 2, detail, reason: status_reason(2, detail) };
+            assert!(e.is_permanent(), "{e}");
+            assert!(!e.is_permanent_on_reinstatement(), "{e}");
+        }
+        let version = LoginError::Refused { class: 2, detail: 0x05, reason: status_reason(2, 0x05) };
+        assert!(version.is_permanent_on_reinstatement());
+        assert!(LoginError::Protocol("bad".into()).is_permanent_on_reinstatement());
     }
 
     #[test]

@@ -208,6 +208,32 @@ async fn one_writer_claims_the_lun_with_a_persistent_reservation() {
     stics_testkit::workload::one_writer_claim(&url, || tgt.restart()).await;
 }
 
+/// A restarting tgt opens its portal before its target lets initiators in, and refuses logins
+/// meanwhile with "target not found". That refusal ends a first login, but a session the target
+/// accepted before keeps trying within its recovery window: a write issued across the restart
+/// waits and succeeds once the target is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_reinstated_when_a_restarted_tgt_lets_initiators_in_late() {
+    let mut tgt = Tgt::start(16);
+    let url = IscsiUrl::parse(&tgt.url()).unwrap();
+    let lun = Arc::new(Lun::open(&url, &LunOptions::default()).await.unwrap());
+    lun.write(0, noise(1, 4096), false).await.unwrap();
+    tgt.restart_unbound();
+    let e = Lun::open(&url, &LunOptions::default()).await.unwrap_err();
+    assert!(e.is_permanent() && e.to_string().contains("target not found"), "a first login gives up: {e}");
+    let write = tokio::spawn({
+        let lun = Arc::clone(&lun);
+        async move { lun.write(8, noise(2, 4096), false).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!write.is_finished(), "the write waits for the target");
+    tgt.finish_restart();
+    write.await.unwrap().unwrap();
+    assert_eq!(lun.read(8, 8).await.unwrap(), noise(2, 4096));
+    assert!(lun.sessions().iter().any(|s| s.logins() > 1), "the session was reinstated");
+    Arc::into_inner(lun).unwrap().close().await;
+}
+
 /// tgt ties registrations to the session: after a cut connection the reinstated session is
 /// refused writes and SYNCHRONIZE CACHE with RESERVATION CONFLICT. A write on the wire when the
 /// connection was cut (reissued, refused, claimed again, sent again) and a flush after another cut

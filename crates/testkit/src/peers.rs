@@ -83,6 +83,12 @@ impl Tgt {
     }
 
     fn spawn(&mut self) {
+        self.spawn_with(true);
+    }
+
+    /// Starts tgtd with the target and its LUN; `bind` also lets initiators in, without it
+    /// tgtd's portal is open and every login is refused with "target not found".
+    fn spawn_with(&mut self, bind: bool) {
         let mut cmd = Command::new("tgtd");
         cmd.args(["-f", "-C", &self.control.to_string(), "--iscsi", &format!("portal=127.0.0.1:{}", self.port)]);
         self.proc = spawn(&mut cmd, None);
@@ -102,6 +108,19 @@ impl Tgt {
             assert!(out.status.success(), "tgtadm {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         };
         run(&["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "-b", &file]);
+        if !bind {
+            assert!(wait_port(self.port, Duration::from_secs(10)), "tgtd portal never opened");
+            return;
+        }
+        self.bind();
+    }
+
+    /// Lets every initiator in (`--op bind -I ALL`) and applies the settings and accounts.
+    fn bind(&self) {
+        let run = |args: &[&str]| {
+            let out = tgtadm(self.control, args).unwrap();
+            assert!(out.status.success(), "tgtadm {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
         run(&["--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL"]);
         for (n, v) in &self.options.params {
             run(&["--op", "update", "--mode", "target", "--tid", "1", "--name", n, "--value", v]);
@@ -134,6 +153,19 @@ impl Tgt {
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
+    }
+
+    /// [`Tgt::restart`] stopped halfway, as a tgt whose configuration is still loading: the
+    /// portal is open and the target exists, but every login is refused with "target not found"
+    /// until [`Tgt::finish_restart`].
+    pub fn restart_unbound(&mut self) {
+        self.kill();
+        self.spawn_with(false);
+    }
+
+    /// Lets initiators in after [`Tgt::restart_unbound`].
+    pub fn finish_restart(&mut self) {
+        self.bind();
     }
 
     pub fn url(&self) -> String {
