@@ -337,9 +337,9 @@ fn the_log_thrown_away_leaves_an_sg_whose_ext4_replays_and_fscks_clean() {
     sg.kill();
     sg.restart();
     let what = "the SG alone, after a SIGKILL of both and without the gateway's log";
-    let (whole, empty) = survivor_files(&sg.url(0), dir.path(), "sg", what);
+    let left = survivor_files(&sg.url(0), dir.path(), "sg", what);
     eprintln!(
-        "at the kill {} bytes dirty, groups {}; on the SG alone {whole} of 610 files whole, {empty} empty",
+        "at the kill {} bytes dirty, groups {}; on the SG alone, of 610 files: {left}",
         at_kill["dirty_bytes"], at_kill["groups"]
     );
 }
