@@ -103,38 +103,34 @@ impl Tgt {
             std::thread::sleep(Duration::from_millis(50));
         }
         let file = self.file.to_str().unwrap().to_owned();
-        let run = |args: &[&str]| {
-            let out = tgtadm(self.control, args).unwrap();
-            assert!(out.status.success(), "tgtadm {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        };
-        run(&["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "-b", &file]);
-        if !bind {
-            assert!(wait_port(self.port, Duration::from_secs(10)), "tgtd portal never opened");
-            return;
+        self.tgtadm_ok(&["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "-b", &file]);
+        if bind {
+            self.bind();
         }
-        self.bind();
+        // The portal listens once the target exists; wait until it accepts.
+        assert!(wait_port(self.port, Duration::from_secs(10)), "tgtd portal never opened");
+    }
+
+    /// Runs `tgtadm` on this tgtd's control socket; fails the test if it fails.
+    fn tgtadm_ok(&self, args: &[&str]) {
+        let out = tgtadm(self.control, args).unwrap();
+        assert!(out.status.success(), "tgtadm {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
 
     /// Lets every initiator in (`--op bind -I ALL`) and applies the settings and accounts.
     fn bind(&self) {
-        let run = |args: &[&str]| {
-            let out = tgtadm(self.control, args).unwrap();
-            assert!(out.status.success(), "tgtadm {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        };
-        run(&["--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL"]);
+        self.tgtadm_ok(&["--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL"]);
         for (n, v) in &self.options.params {
-            run(&["--op", "update", "--mode", "target", "--tid", "1", "--name", n, "--value", v]);
+            self.tgtadm_ok(&["--op", "update", "--mode", "target", "--tid", "1", "--name", n, "--value", v]);
         }
         if let Some((u, p)) = &self.options.incoming {
-            run(&["--op", "new", "--mode", "account", "--user", u, "--password", p]);
-            run(&["--op", "bind", "--mode", "account", "--tid", "1", "--user", u]);
+            self.tgtadm_ok(&["--op", "new", "--mode", "account", "--user", u, "--password", p]);
+            self.tgtadm_ok(&["--op", "bind", "--mode", "account", "--tid", "1", "--user", u]);
         }
         if let Some((u, p)) = &self.options.outgoing {
-            run(&["--op", "new", "--mode", "account", "--user", u, "--password", p]);
-            run(&["--op", "bind", "--mode", "account", "--tid", "1", "--user", u, "--outgoing"]);
+            self.tgtadm_ok(&["--op", "new", "--mode", "account", "--user", u, "--password", p]);
+            self.tgtadm_ok(&["--op", "bind", "--mode", "account", "--tid", "1", "--user", u, "--outgoing"]);
         }
-        // The portal listens once the target exists; wait until it accepts.
-        assert!(wait_port(self.port, Duration::from_secs(10)), "tgtd portal never opened");
     }
 
     pub fn pid(&self) -> u32 {
