@@ -158,9 +158,11 @@ impl Export {
 ///
 /// With [`Bench::loop_direct_io`], the loop device `mount -o loop` makes is then put on direct
 /// I/O. A buffered loop device reads and writes its file from one worker, one request at a time,
-/// and keeps a second copy of every block in the file's page cache, outside the host's memory
-/// limit: once the remote is a few milliseconds away that worker, not the network, sets the pace
-/// (59 random reads/s at 8 ms one way where the export itself serves 461/s, 459/s on direct I/O).
+/// so a read waits behind every write queued before it; over a file that is page-cached it also
+/// keeps a second copy of every block, outside the host's memory limit (`stics mount` opens its
+/// file in direct-I/O mode, so there only the one worker applies). Once the remote is a few
+/// milliseconds away that worker, not the network, sets the pace (59 random reads/s at 8 ms one
+/// way where the export itself serves 461/s, 459/s on direct I/O).
 pub(crate) fn mount_ext4(b: &Bench, lun: &Path, fs: &Path, options: &str) -> Result<()> {
     let mut mount = Command::new("mount");
     mount.args(["-o", options]).arg(lun).arg(fs);

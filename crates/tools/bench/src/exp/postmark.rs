@@ -32,34 +32,110 @@ pub struct Args {
     pub fs_mib: u64,
     /// Measure nothing: draw one table and figure from earlier runs' report folders (each an
     /// `--out DIR` or its `postmark/` folder), for a sweep too long to run in one go. Rows are
-    /// ordered by --rates, --pools and block size; give the setup options the runs had
+    /// ordered by --rates, --pools and block size; a slice in several folders takes each path
+    /// from the last folder that has it (see --paths). Give the setup options the runs had
     /// (--remote-disk, --host-memory, --ext4-default): the caption names them.
     #[arg(long, value_delimiter = ',', value_name = "DIR,...")]
     pub merge: Vec<std::path::PathBuf>,
+    /// The paths to run, comma-separated (default: all four, in this order). A path run again
+    /// alone (on a quieter machine, say) joins the run that has the others with --merge.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub paths: Vec<Path>,
 }
 
-/// One row of the table: a slice's medians, measured here or read back from a report folder.
+/// A path PostMark's traffic takes to the remote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Path {
+    /// Plain iSCSI to the target.
+    Plain,
+    /// Through a gateway in log mode ("report after complete"), then plain iSCSI.
+    Log,
+    /// Through a gateway in immediate mode ("immediate report"), then plain iSCSI.
+    Immediate,
+    /// Through a gateway in log mode over the link to a stics SG.
+    LogLink,
+}
+
+impl Path {
+    const ALL: [Path; 4] = [Path::Plain, Path::Log, Path::Immediate, Path::LogLink];
+
+    fn via(self) -> Via {
+        match self {
+            Path::Plain => Via::Plain,
+            Path::Log => Via::gateway("log"),
+            Path::Immediate => Via::gateway("immediate"),
+            Path::LogLink => Via::link("log"),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Path::Plain => "plain",
+            Path::Log => "log",
+            Path::Immediate => "immediate",
+            Path::LogLink => "log + link",
+        }
+    }
+}
+
+/// One row of the table: a slice's medians, measured here or read back from a report folder;
+/// a path not run is `None`.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 struct Slice {
     rate: String,
     pool: String,
     block: f64,
-    plain: f64,
-    log: f64,
-    immediate: f64,
+    #[serde(default)]
+    plain: Option<f64>,
+    #[serde(default)]
+    log: Option<f64>,
+    #[serde(default)]
+    immediate: Option<f64>,
     /// Plain iSCSI's IP bits per second of its run; absent from folders older than the column.
     #[serde(default)]
     plain_wan: Option<f64>,
-    /// The gateway's WAN bytes in log mode over plain iSCSI's.
+    /// The gateway's WAN bytes in log mode over plain iSCSI's (both run in the same run).
     #[serde(default)]
     log_bytes: Option<f64>,
     /// The gateway in log mode over the link to a stics SG: run time, and WAN bytes over plain
-    /// iSCSI's; absent from folders older than the column.
+    /// iSCSI's (in the same run); absent from folders older than the column.
     #[serde(default)]
     link: Option<f64>,
     #[serde(default)]
     link_bytes: Option<f64>,
     fsck: String,
+}
+
+impl Slice {
+    /// Takes the paths `other` (the same slice, from a later run) has: added where this one left
+    /// them out, replacing where both have them (returned, so that the report says so). What
+    /// relates two paths (WAN bytes over plain iSCSI's) comes along only with the path it was
+    /// measured with.
+    fn join(&mut self, other: Slice) -> Vec<Path> {
+        let mut replaced = Vec::new();
+        let mut take = |path: Path, mine: &mut Option<f64>, theirs: Option<f64>| {
+            let Some(t) = theirs else { return false };
+            if mine.is_some() {
+                replaced.push(path);
+            }
+            *mine = Some(t);
+            true
+        };
+        if take(Path::Plain, &mut self.plain, other.plain) {
+            self.plain_wan = other.plain_wan;
+        }
+        if take(Path::Log, &mut self.log, other.log) {
+            self.log_bytes = other.log_bytes;
+        }
+        take(Path::Immediate, &mut self.immediate, other.immediate);
+        if take(Path::LogLink, &mut self.link, other.link) {
+            self.link_bytes = other.link_bytes;
+        }
+        if other.fsck != "clean" {
+            self.fsck = other.fsck;
+        }
+        replaced
+    }
 }
 
 fn pool(b: &Bench, name: &str, block: u64) -> Result<Pool> {
@@ -92,28 +168,37 @@ fn paper_range(rate: &str, mode: &str) -> (f64, f64) {
 
 pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     if !a.merge.is_empty() {
-        let slices = merged(a)?;
+        let (slices, notes) = merged(a)?;
         let caption = format!(
-            "PostMark run time, each row the medians of its own run (merged from {} folders: {}), {} over stics \
-             mount{}",
+            "PostMark run time, each path of a row the medians of its own run (merged from {} folders: {}), {} over \
+             stics mount{}",
             a.merge.len(),
             a.merge.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
             b.ext4_text(),
             super::fs::setup(b)
         );
-        return report(&slices, caption, b.remote_disk());
+        let mut r = report(&slices, caption, b.remote_disk())?;
+        for n in notes {
+            r.note(n);
+        }
+        return Ok(r);
     }
     let rates: Vec<String> = if b.quick() { a.rates.iter().take(1).cloned().collect() } else { a.rates.clone() };
     let blocks: Vec<u64> = if b.quick() { vec![4096] } else { a.blocks.clone() };
     let pools: Vec<String> = if b.quick() { vec!["small".into()] } else { a.pools.clone() };
-    let vias = [Via::Plain, Via::gateway("log"), Via::gateway("immediate"), Via::link("log")];
+    let paths: Vec<Path> = Path::ALL.into_iter().filter(|p| a.paths.is_empty() || a.paths.contains(p)).collect();
+    let vias: Vec<Via> = paths.iter().map(|p| p.via()).collect();
     let fs = if b.quick() { super::fs::fs_mib(b) } else { a.fs_mib };
     let delays = rates.iter().map(|r| one_way(&a.delay, r)).collect::<Result<Vec<String>>>()?;
     let wan = Wan::up(b, &format!("sbpm{}", std::process::id()), &["--delay", &delays[0]])?;
     let lun = b.work().join("remote.img");
     std::fs::File::create(&lun)?.set_len((a.fs_mib + 64) << 20)?;
     let target = wan.stics_target(b, "remote", "storage", &[&b.remote_medium(&lun)])?;
-    let sg = wan.stics_target_on(b, "sg", "storage", SG_PORT, &[&sg_lun(b, "sg", (a.fs_mib + 64) << 20)?])?;
+    let sg = if paths.contains(&Path::LogLink) {
+        Some(wan.stics_target_on(b, "sg", "storage", SG_PORT, &[&sg_lun(b, "sg", (a.fs_mib + 64) << 20)?])?)
+    } else {
+        None
+    };
     let bar = b.bar((rates.len() * blocks.len() * pools.len() * vias.len() * b.reps()) as u64, "postmark");
     let mut slices = Vec::new();
     for (rate, delay) in rates.iter().zip(&delays) {
@@ -121,14 +206,17 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         for p in &pools {
             for &block in &blocks {
                 let pool = pool(b, p, block)?;
-                let mut secs = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
-                let mut bytes = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+                let mut secs = vec![Vec::new(); vias.len()];
+                let mut bytes = vec![Vec::new(); vias.len()];
                 let mut clean = true;
                 for rep in 0..b.reps() {
                     for k in 0..vias.len() {
                         // Rotate the order so no path always runs first.
                         let i = (k + rep) % vias.len();
-                        let remote = if vias[i].is_link() { &sg.url } else { &target.url };
+                        let remote = match (&sg, vias[i].is_link()) {
+                            (Some(sg), true) => &sg.url,
+                            _ => &target.url,
+                        };
                         let r = postmark_via(b, &wan, remote, &vias[i], fs, &pool)?;
                         clean &= r.fsck_clean;
                         secs[i].push(r.seconds);
@@ -136,20 +224,23 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
                         bar.inc(1);
                     }
                 }
-                let m = secs.map(|s| Stat::of(&s).median);
-                let wan_bytes = bytes.map(|s| Stat::of(&s).median);
+                let at = |path: Path| paths.iter().position(|&q| q == path);
+                let time = |path: Path| at(path).map(|i| Stat::of(&secs[i]).median);
+                let wan_bytes = |path: Path| at(path).map(|i| Stat::of(&bytes[i]).median);
+                let plain_bytes = wan_bytes(Path::Plain);
+                let over_plain = |path: Path| wan_bytes(path).zip(plain_bytes).map(|(g, p)| g / p);
                 slices.push(Slice {
                     rate: rate.clone(),
                     pool: p.clone(),
                     block: block as f64,
-                    plain: m[0],
-                    log: m[1],
-                    immediate: m[2],
+                    plain: time(Path::Plain),
+                    log: time(Path::Log),
+                    immediate: time(Path::Immediate),
                     // Plain iSCSI's bytes all cross during its run; a gateway's partly after it.
-                    plain_wan: Some(wan_bytes[0] * 8.0 / m[0]),
-                    log_bytes: Some(wan_bytes[1] / wan_bytes[0]),
-                    link: Some(m[3]),
-                    link_bytes: Some(wan_bytes[3] / wan_bytes[0]),
+                    plain_wan: plain_bytes.zip(time(Path::Plain)).map(|(n, t)| n * 8.0 / t),
+                    log_bytes: over_plain(Path::Log),
+                    link: time(Path::LogLink),
+                    link_bytes: over_plain(Path::LogLink),
                     fsck: (if clean { "clean" } else { "ERRORS" }).into(),
                 });
             }
@@ -193,9 +284,12 @@ fn one_way(delay: &str, rate: &str) -> Result<String> {
     Ok(format!("{:.2}us", rtt / 2.0 * 1e6))
 }
 
-/// The rows of the report folders in `a.merge`, ordered by `a.rates`, `a.pools` and block size.
-fn merged(a: &Args) -> Result<Vec<Slice>> {
+/// The rows of the report folders in `a.merge`, ordered by `a.rates`, `a.pools` and block size;
+/// a slice in several folders takes each path from the last folder that has it.
+/// With them, a note for each path a later folder ran again and replaced.
+fn merged(a: &Args) -> Result<(Vec<Slice>, Vec<String>)> {
     let mut slices: Vec<(Slice, &std::path::Path)> = Vec::new();
+    let mut notes = Vec::new();
     for dir in &a.merge {
         let path = [dir.join("postmark").join("table-1.json"), dir.join("table-1.json")]
             .into_iter()
@@ -216,19 +310,25 @@ fn merged(a: &Args) -> Result<Vec<Slice>> {
         };
         for row in rows {
             let s: Slice = serde_json::from_value(row).map_err(|e| bad(format!("not a postmark row: {e}")))?;
-            if let Some((_, other)) =
-                slices.iter().find(|(o, _)| (&o.rate, &o.pool, o.block) == (&s.rate, &s.pool, s.block))
-            {
-                return Err(Error::Invalid(format!(
-                    "{} and {} both hold {} {} {} B: merge each slice once",
-                    other.display(),
-                    dir.display(),
-                    s.rate,
-                    s.pool,
-                    s.block
-                )));
+            match slices.iter_mut().find(|(o, _)| (&o.rate, &o.pool, o.block) == (&s.rate, &s.pool, s.block)) {
+                None => slices.push((s, dir)),
+                Some((o, last)) => {
+                    let key = format!("{} {} {} B", o.rate, o.pool, o.block);
+                    if *last == dir.as_path() {
+                        return Err(Error::Invalid(format!("{}: {key} is there twice", path.display())));
+                    }
+                    // The same slice from a later run: it adds the paths the earlier ones left
+                    // out and replaces those it ran again.
+                    for p in o.join(s) {
+                        notes.push(format!(
+                            "{key}: {} is the run in {}, which replaced an earlier one.",
+                            p.name(),
+                            dir.display()
+                        ));
+                    }
+                    *last = dir;
+                }
             }
-            slices.push((s, dir));
         }
     }
     let rank = |order: &[String], x: &str| order.iter().position(|o| o == x).unwrap_or(order.len());
@@ -238,7 +338,7 @@ fn merged(a: &Args) -> Result<Vec<Slice>> {
             .cmp(&(rank(&a.rates, &y.rate), &y.rate, rank(&a.pools, &y.pool), &y.pool))
             .then(x.block.total_cmp(&y.block))
     });
-    Ok(slices)
+    Ok((slices, notes))
 }
 
 /// The table, the figure (speedup against block size, a curve per mode, pool and rate) and the
@@ -278,9 +378,9 @@ fn report(slices: &[Slice], caption: String, disk: Option<stics_disk::Preset>) -
             s.rate.as_str().into(),
             s.pool.as_str().into(),
             s.block.into(),
-            s.plain.into(),
-            s.log.into(),
-            s.immediate.into(),
+            s.plain.unwrap_or(f64::NAN).into(),
+            s.log.unwrap_or(f64::NAN).into(),
+            s.immediate.unwrap_or(f64::NAN).into(),
             range(ll, lh).into(),
             range(il, ih).into(),
             s.plain_wan.unwrap_or(f64::NAN).into(),
@@ -290,10 +390,10 @@ fn report(slices: &[Slice], caption: String, disk: Option<stics_disk::Preset>) -
             s.fsck.as_str().into(),
         ])?;
         let x = at(s.block);
-        curve(&mut curves, format!("log, {}, {}", s.pool, s.rate)).push((x, s.plain / s.log));
-        curve(&mut curves, format!("immediate, {}, {}", s.pool, s.rate)).push((x, s.plain / s.immediate));
-        if let Some(link) = s.link {
-            curve(&mut curves, format!("log + link, {}, {}", s.pool, s.rate)).push((x, s.plain / link));
+        for (path, time) in [(Path::Log, s.log), (Path::Immediate, s.immediate), (Path::LogLink, s.link)] {
+            if let Some((plain, time)) = s.plain.zip(time) {
+                curve(&mut curves, format!("{}, {}, {}", path.name(), s.pool, s.rate)).push((x, plain / time));
+            }
         }
         // The paper's range at every block size, so that the axis takes it in: once per rate,
         // whatever the pools.
@@ -360,14 +460,14 @@ fn report(slices: &[Slice], caption: String, disk: Option<stics_disk::Preset>) -
 /// The link's run time against today's gateway (goal: no worse) and its WAN bytes against plain
 /// iSCSI's, for a slice that ran it.
 fn link_reading(s: &Slice) -> Option<String> {
-    let link = s.link?;
+    let (link, log) = (s.link?, s.log?);
     let bytes = s.link_bytes.map(|x| format!("; {x:.2}× plain iSCSI's WAN bytes")).unwrap_or_default();
     Some(format!(
         "{} {} {} B: log + link ran {:.2}× the time of log mode over plain destage (goal: at most 1.00×){bytes}.",
         s.rate,
         s.pool,
         s.block,
-        link / s.log
+        link / log
     ))
 }
 
@@ -408,7 +508,8 @@ mod tests {
         std::fs::create_dir_all(&c).unwrap();
         let linked = row("100mbit", "small", 8192).replace(r#""fsck""#, r#""link": 120.0, "link_bytes": 0.25, "fsck""#);
         std::fs::write(c.join("table-1.json"), format!("[{linked}]")).unwrap();
-        let slices = merged(&args(vec![a, b, c])).unwrap();
+        let (slices, notes) = merged(&args(vec![a, b, c])).unwrap();
+        assert!(notes.is_empty(), "{notes:?}");
         let keys: Vec<(&str, &str, f64)> = slices.iter().map(|s| (s.rate.as_str(), s.pool.as_str(), s.block)).collect();
         assert_eq!(
             keys,
@@ -460,6 +561,43 @@ mod tests {
     }
 
     #[test]
+    fn a_path_run_again_alone_replaces_it_in_the_run_that_has_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let all = row("100mbit", "large", 4096).replace(r#""fsck""#, r#""link": 120.0, "link_bytes": 0.25, "fsck""#);
+        let first = folder(dir.path(), "first", &format!("[{all}]"));
+        // Log mode alone on a quieter machine: no plain iSCSI in its run, so no ratio of bytes.
+        let again = r#"[{"rate": "100mbit", "pool": "large", "block": 4096, "plain": null, "log": 100.0,
+            "immediate": null, "log_speedup": null, "paper_log": "", "immediate_speedup": null,
+            "paper_immediate": "", "plain_wan": null, "log_bytes": null, "link": null, "link_speedup": null,
+            "link_bytes": null, "fsck": "clean"}]"#;
+        let again = folder(dir.path(), "again", again);
+        // A slice only the later folder has is added whole.
+        let other = folder(dir.path(), "other", &format!("[{}]", row("1gbit", "large", 4096)));
+        let (slices, notes) = merged(&args(vec![first, again.clone(), other])).unwrap();
+        assert_eq!(slices.len(), 2);
+        let s = &slices[0];
+        assert_eq!((s.plain, s.log, s.immediate, s.link), (Some(150.0), Some(100.0), Some(140.0), Some(120.0)));
+        assert_eq!((s.plain_wan, s.log_bytes, s.link_bytes), (Some(2e8), None, Some(0.25)));
+        assert_eq!(
+            notes,
+            [format!("100mbit large 4096 B: log is the run in {}, which replaced an earlier one.", again.display())]
+        );
+        assert_eq!(
+            link_reading(s).unwrap().split(':').nth(1).unwrap(),
+            " log + link ran 1.20× the time of log mode over plain destage (goal"
+        );
+        let rows = report(&slices, "merged".into(), None).unwrap().sections[0].table.rows_json();
+        assert_eq!(rows[0]["log_speedup"], 1.5);
+        assert!(rows[0]["log_bytes"].is_null(), "{rows}");
+        // A run of one path alone has no speedup to draw, and says so by leaving it blank.
+        let (alone, _) = merged(&args(vec![again])).unwrap();
+        let r = report(&alone, "alone".into(), None).unwrap();
+        assert!(r.sections[0].table.rows_json()[0]["log_speedup"].is_null());
+        let fig = r.sections[0].figure.as_ref().unwrap();
+        assert!(fig.series.iter().all(|s| s.label.starts_with("paper")), "no curve of ours without plain iSCSI");
+    }
+
+    #[test]
     fn lan_is_half_the_papers_round_trip_at_its_two_rates() {
         assert_eq!(one_way("lan", "100mbit").unwrap(), "64.50us");
         assert_eq!(one_way("lan", "1gbit").unwrap(), "53.39us");
@@ -474,9 +612,10 @@ mod tests {
         let e = err(args(vec![dir.path().join("none")]));
         assert!(e.contains("no postmark report"), "{e}");
         let a = folder(dir.path(), "a", &format!("[{}]", row("1gbit", "small", 4096)));
-        let b = folder(dir.path(), "b", &row("1gbit", "small", 4096));
-        let e = err(args(vec![a.clone(), b]));
-        assert!(e.contains("both hold 1gbit small 4096") && e.contains("merge each slice once"), "{e}");
+        let twice =
+            folder(dir.path(), "twice", &format!("[{}, {}]", row("1gbit", "small", 4096), row("1gbit", "small", 4096)));
+        let e = err(args(vec![a.clone(), twice]));
+        assert!(e.contains("twice/postmark/table-1.json: 1gbit small 4096 B is there twice"), "{e}");
         let torn = folder(dir.path(), "torn", "[{\"rate\": ");
         assert!(err(args(vec![torn])).contains("table-1.json"));
         let other = folder(dir.path(), "other", r#"[{"size": 4096, "lat": 1e-5}]"#);
