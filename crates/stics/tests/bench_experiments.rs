@@ -109,12 +109,13 @@ fn postmark_merges_the_committed_full_size_slices_into_one_table_and_figure() {
     let rates: Vec<&str> = rows.iter().map(|r| r["rate"].as_str().unwrap()).collect();
     assert!(rates.windows(2).all(|w| !(w[0] == "1gbit" && w[1] == "100mbit")), "{rates:?}");
     assert!(std::fs::metadata(&png).unwrap().len() > 10_000, "a drawn figure");
-    // A slice given twice is refused, by name.
+    // A folder given twice is refused, by name.
     let twice = format!("{},{}", slices[0], slices[0]);
     let run =
         Command::new(env!("CARGO_BIN_EXE_stics")).args(["bench", "postmark", "--merge", &twice]).output().unwrap();
     assert!(!run.status.success());
-    assert!(String::from_utf8_lossy(&run.stderr).contains("merge each slice once"));
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(err.contains(&format!("{} is given twice: merge each folder once", slices[0])), "{err}");
 }
 
 /// A file system unmounted here while another mount namespace has it lives on in that one, its

@@ -290,7 +290,10 @@ fn one_way(delay: &str, rate: &str) -> Result<String> {
 fn merged(a: &Args) -> Result<(Vec<Slice>, Vec<String>)> {
     let mut slices: Vec<(Slice, &std::path::Path)> = Vec::new();
     let mut notes = Vec::new();
-    for dir in &a.merge {
+    for (i, dir) in a.merge.iter().enumerate() {
+        if a.merge[..i].contains(dir) {
+            return Err(Error::Invalid(format!("{} is given twice: merge each folder once", dir.display())));
+        }
         let path = [dir.join("postmark").join("table-1.json"), dir.join("table-1.json")]
             .into_iter()
             .find(|p| p.is_file())
@@ -612,6 +615,8 @@ mod tests {
         let e = err(args(vec![dir.path().join("none")]));
         assert!(e.contains("no postmark report"), "{e}");
         let a = folder(dir.path(), "a", &format!("[{}]", row("1gbit", "small", 4096)));
+        let e = err(args(vec![a.clone(), a.clone()]));
+        assert!(e.contains("/a is given twice: merge each folder once"), "{e}");
         let twice =
             folder(dir.path(), "twice", &format!("[{}, {}]", row("1gbit", "small", 4096), row("1gbit", "small", 4096)));
         let e = err(args(vec![a.clone(), twice]));
