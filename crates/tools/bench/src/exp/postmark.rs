@@ -67,15 +67,6 @@ impl Path {
             Path::LogLink => Via::link("log"),
         }
     }
-
-    fn name(self) -> &'static str {
-        match self {
-            Path::Plain => "plain",
-            Path::Log => "log",
-            Path::Immediate => "immediate",
-            Path::LogLink => "log + link",
-        }
-    }
 }
 
 /// One row of the table: a slice's medians, measured here or read back from a report folder;
@@ -325,7 +316,7 @@ fn merged(a: &Args) -> Result<(Vec<Slice>, Vec<String>)> {
                     for p in o.join(s) {
                         notes.push(format!(
                             "{key}: {} is the run in {}, which replaced an earlier one.",
-                            p.name(),
+                            p.via().label(),
                             dir.display()
                         ));
                     }
@@ -395,7 +386,7 @@ fn report(slices: &[Slice], caption: String, disk: Option<stics_disk::Preset>) -
         let x = at(s.block);
         for (path, time) in [(Path::Log, s.log), (Path::Immediate, s.immediate), (Path::LogLink, s.link)] {
             if let Some((plain, time)) = s.plain.zip(time) {
-                curve(&mut curves, format!("{}, {}, {}", path.name(), s.pool, s.rate)).push((x, plain / time));
+                curve(&mut curves, format!("{}, {}, {}", path.via().label(), s.pool, s.rate)).push((x, plain / time));
             }
         }
         // The paper's range at every block size, so that the axis takes it in: once per rate,
