@@ -347,3 +347,39 @@ async fn destage_reading_the_log_does_not_count_as_host_reads() {
     assert_eq!((s.read_blocks_cache, s.read_blocks_remote, s.read_cache_hits), (0, 0, 0), "{s:?}");
     cache.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_through_counts_the_remote_unreachable_while_a_write_or_a_flush_goes_unanswered() {
+    // A write-through flush went to the remote without the answer timeout a write had: with the
+    // link cut while the host's flush was in flight, health said "healthy" for as long as the
+    // initiator kept trying to reconnect.
+    for op in [Op::Write, Op::Flush] {
+        let remote = Arc::new(FaultDev::new(512, 4096, 3));
+        let mut conf = cfg(Mode::WriteThrough);
+        conf.answer_timeout = Duration::from_millis(200);
+        let cache = Arc::new(Cache::open(log_dev(32), remote.clone(), b"r", conf).await.expect("opens"));
+        cache.write(8, stamp_run(8, 8, 1, BS), false).await.expect("write");
+        remote.add_rule(Rule::delay(op, Duration::from_secs(2)));
+        let c = Arc::clone(&cache);
+        let hung = tokio::spawn(async move {
+            match op {
+                Op::Write => c.write(8, stamp_run(8, 8, 2, BS), false).await,
+                _ => c.flush().await,
+            }
+        });
+        let mut state = State::Healthy;
+        for _ in 0..150 {
+            state = cache.status().health.state;
+            if state == State::Degraded || hung.is_finished() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(state, State::Degraded, "{op:?} unanswered past the answer timeout: {:?}", cache.status());
+        assert_eq!(cache.status().health.kind, Some("unreachable"));
+        remote.clear_rules();
+        hung.await.expect("joins").expect("the request succeeds once the remote answers");
+        assert_eq!(cache.status().health.state, State::Healthy, "{op:?} answered");
+        Arc::try_unwrap(cache).expect("one owner").close().await;
+    }
+}

@@ -376,7 +376,7 @@ impl Cache {
             // Write-through writes went to the remote directly: its cache is flushed too.
             if clean && !log_writer::persist_checkpoint(&self.inner).await {
                 if self.inner.cfg.mode == Mode::WriteThrough {
-                    self.inner.remote.flush().await?;
+                    self.on_remote(None, self.inner.remote.flush(), |_| {}).await?;
                 }
                 return Ok(());
             }
@@ -671,7 +671,18 @@ impl Cache {
     where
         F: std::future::Future<Output = Result<(), BlockError>>,
     {
-        // A remote that leaves the request unanswered for long counts unreachable meanwhile.
+        self.on_remote(Some(lba), run, |c| c.direct_done(lba, blocks)).await
+    }
+
+    /// Runs a request on the remote for the host (write-through), and tells the core how it
+    /// went: `done` first, then the answer or the failure, which health reports. A remote that
+    /// leaves the request unanswered for longer than the answer timeout counts unreachable
+    /// meanwhile, whatever the request: a flush in flight when the link is cut waits as long as
+    /// a write does.
+    async fn on_remote<F>(&self, lba: Option<u64>, run: F, done: impl FnOnce(&mut Core)) -> Result<(), BlockError>
+    where
+        F: std::future::Future<Output = Result<(), BlockError>>,
+    {
         let mut run = std::pin::pin!(run);
         let r = match tokio::time::timeout(self.inner.cfg.answer_timeout, &mut run).await {
             Ok(r) => r,
@@ -683,10 +694,10 @@ impl Cache {
         };
         {
             let mut c = lock(&self.inner.core);
-            c.direct_done(lba, blocks);
+            done(&mut c);
             match &r {
                 Ok(()) => c.remote_answered(Instant::now()),
-                Err(e) => c.remote_failed(e, Some(lba), Instant::now()),
+                Err(e) => c.remote_failed(e, lba, Instant::now()),
             }
         }
         report(&self.inner);
@@ -859,15 +870,7 @@ impl BlockDev for Cache {
 
     async fn flush(&self) -> Result<(), BlockError> {
         match self.submit(false, |c| Ok(c.flush())).await? {
-            Submitted::Remote => {
-                let r = self.inner.remote.flush().await;
-                match &r {
-                    Ok(()) => lock(&self.inner.core).remote_answered(Instant::now()),
-                    Err(e) => lock(&self.inner.core).remote_failed(e, None, Instant::now()),
-                }
-                report(&self.inner);
-                r.map_err(host_facing)
-            }
+            Submitted::Remote => self.on_remote(None, self.inner.remote.flush(), |_| {}).await,
             Submitted::Done | Submitted::Wait(_) => Ok(()),
         }
     }
