@@ -293,6 +293,20 @@ impl Wan {
         Ok(Target { proc, url: format!("iscsi://{addr}:{port}/{STICS_IQN}/0"), ctl: None })
     }
 
+    /// The commands a stics target or gateway in `role`'s namespace, whose `--metrics` listens on
+    /// `metrics`, has answered so far.
+    pub fn waits(&self, b: &Bench, role: &str, metrics: &str) -> Result<Waits> {
+        b.need(&["curl"])?;
+        let mut cmd = self.exec(role, Path::new("curl"));
+        cmd.args(["-sf", &format!("http://{metrics}/metrics")]);
+        Ok(Waits::parse(&b.run(&mut cmd)?.stdout))
+    }
+
+    /// [`Wan::waits`] of a gateway: the host's commands it answered.
+    pub fn gateway_waits(&self, b: &Bench, g: &Gateway) -> Result<Waits> {
+        self.waits(b, &g.role, &g.metrics)
+    }
+
     /// `/status` of a target or gateway in `role`'s namespace whose `--metrics` listens on
     /// `metrics`.
     pub fn target_status(&self, b: &Bench, role: &str, metrics: &str) -> Result<serde_json::Value> {
@@ -302,6 +316,69 @@ impl Wan {
         let out = b.run(&mut cmd)?;
         serde_json::from_str(&out.stdout)
             .map_err(|e| Error::Output { what: format!("/status at {metrics} in {role}"), detail: e.to_string() })
+    }
+}
+
+/// The SCSI commands a stics target or gateway answered, by kind (`read`, `write`, `flush`,
+/// `other`): how many, and their latencies summed (from each command's start to its response),
+/// from the `stics_target_commands` and `stics_target_command_latency_seconds` families of its
+/// `/metrics`, summed over its LUNs.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Waits(pub std::collections::BTreeMap<String, Wait>);
+
+/// Commands of one kind and their latencies summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Wait {
+    pub commands: f64,
+    pub secs: f64,
+}
+
+impl Waits {
+    /// Reads a `/metrics` page (Prometheus text format); other families are skipped.
+    pub fn parse(text: &str) -> Waits {
+        let mut w = Waits::default();
+        for line in text.lines() {
+            let Some((name, rest)) = line.split_once('{') else { continue };
+            let is_count = name == "stics_target_commands_total";
+            if !is_count && name != "stics_target_command_latency_seconds_sum" {
+                continue;
+            }
+            let Some((labels, value)) = rest.rsplit_once('}') else { continue };
+            let kind = labels.split(',').find_map(|l| l.strip_prefix("kind=\"")?.strip_suffix('"'));
+            let (Some(kind), Ok(value)) = (kind, value.trim().parse::<f64>()) else { continue };
+            let e = w.0.entry(kind.to_owned()).or_default();
+            if is_count {
+                e.commands += value;
+            } else {
+                e.secs += value;
+            }
+        }
+        w
+    }
+
+    /// What was answered since `earlier`, a reading of the same process.
+    pub fn since(&self, earlier: &Waits) -> Waits {
+        let mut w = self.clone();
+        for (kind, e) in &mut w.0 {
+            let before = earlier.0.get(kind).copied().unwrap_or_default();
+            e.commands -= before.commands;
+            e.secs -= before.secs;
+        }
+        w.0.retain(|_, e| e.commands > 0.0);
+        w
+    }
+
+    /// The sum of `runs` readings' kinds, divided by `runs`: what one run answered on average.
+    pub fn mean(runs: &[Waits]) -> Waits {
+        let mut w = Waits::default();
+        for r in runs {
+            for (kind, e) in &r.0 {
+                let m = w.0.entry(kind.clone()).or_default();
+                m.commands += e.commands / runs.len() as f64;
+                m.secs += e.secs / runs.len() as f64;
+            }
+        }
+        w
     }
 }
 
@@ -457,5 +534,39 @@ impl Drop for Wan {
     fn drop(&mut self) {
         let _ = Command::new(&self.stics).args(["wan", "--name", &self.name, "down"]).output();
         crate::env::forget(&Undo::Wan { stics: self.stics.clone(), name: self.name.clone() });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_read_commands_and_summed_latency_by_kind_from_metrics() {
+        let page = r#"# HELP stics_target_commands SCSI commands by kind.
+# TYPE stics_target_commands counter
+stics_target_commands_total{target="iqn.2024-01.org.stics.bench:gateway",lun="0",kind="read"} 10
+stics_target_commands_total{target="iqn.2024-01.org.stics.bench:gateway",lun="0",kind="write"} 4
+stics_target_commands_total{target="iqn.2024-01.org.stics.bench:gateway",lun="1",kind="write"} 2
+stics_target_failed_commands_total{target="iqn.2024-01.org.stics.bench:gateway",lun="0",kind="read"} 1
+stics_target_command_latency_seconds_sum{target="iqn.2024-01.org.stics.bench:gateway",lun="0",kind="read"} 0.5
+stics_target_command_latency_seconds_count{target="iqn.2024-01.org.stics.bench:gateway",lun="0",kind="read"} 10
+stics_target_command_latency_seconds_bucket{le="0.001",target="iqn.2024-01.org.stics.bench:gateway",lun="0",kind="read"} 3
+stics_target_command_latency_seconds_sum{target="iqn.2024-01.org.stics.bench:gateway",lun="0",kind="write"} 0.25
+stics_cache_dirty_bytes{target="iqn.2024-01.org.stics.bench:gateway",lun="0"} 4096
+"#;
+        let w = Waits::parse(page);
+        assert_eq!(w.0.len(), 2, "{w:?}");
+        assert_eq!(w.0["read"], Wait { commands: 10.0, secs: 0.5 });
+        assert_eq!(w.0["write"], Wait { commands: 6.0, secs: 0.25 }, "summed over LUNs");
+        let earlier = Waits::parse(&page.replace("} 10\n", "} 8\n").replace("} 0.5\n", "} 0.1\n"));
+        let d = w.since(&earlier);
+        assert_eq!(d.0["read"].commands, 2.0);
+        assert!((d.0["read"].secs - 0.4).abs() < 1e-12);
+        assert!(!d.0.contains_key("write"), "a kind with no command since is left out: {d:?}");
+        let m = Waits::mean(&[w.clone(), d]);
+        assert_eq!(m.0["read"].commands, 6.0);
+        assert_eq!(m.0["write"].commands, 3.0);
+        assert_eq!(Waits::parse("garbage{kind=\"read\"\n{}\n"), Waits::default());
     }
 }

@@ -45,7 +45,8 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         for rep in 0..b.reps() {
             for k in 0..vias.len() {
                 let i = (k + rep) % vias.len();
-                secs[i].push(postmark_via(b, &wan, &target.url, &vias[i].1, super::fs::fs_mib(b), &pool)?.seconds);
+                secs[i]
+                    .push(postmark_via(b, &wan, &target.url, None, &vias[i].1, super::fs::fs_mib(b), &pool)?.seconds);
                 bar.inc(1);
             }
         }

@@ -58,7 +58,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         for rep in 0..b.reps() {
             for k in 0..vias.len() {
                 let i = (k + rep) % vias.len();
-                let r = postmark_via(b, &wan, &target.url, &vias[i].1, super::fs::fs_mib(b), &pool)?;
+                let r = postmark_via(b, &wan, &target.url, None, &vias[i].1, super::fs::fs_mib(b), &pool)?;
                 tps[i].push(pool.transactions as f64 / r.seconds);
                 bar.inc(1);
             }

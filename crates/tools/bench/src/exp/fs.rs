@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::env::{forget, remember, Undo};
-use crate::peers::{Gateway, Wan};
+use crate::peers::{Gateway, Waits, Wan};
 use crate::{Bench, Error, Proc, Result};
 
 /// A PostMark configuration (its defaults: file sizes 500 B to 9.77 KB).
@@ -45,6 +45,17 @@ pub struct Run {
     pub fsck_clean: bool,
     /// What a gateway over the link shipped (its `/status` `groups`), None otherwise.
     pub groups: Option<Groups>,
+    /// Over the same span: the host's commands a gateway answered (None without one), and the
+    /// commands the remote answered (None when its metrics were not asked for).
+    pub gateway_waits: Option<Waits>,
+    pub remote_waits: Option<Waits>,
+}
+
+/// Where a stics target's `--metrics` listens: its role's namespace and `host:port` there.
+#[derive(Debug, Clone, Copy)]
+pub struct Metrics<'a> {
+    pub role: &'a str,
+    pub addr: &'a str,
 }
 
 /// The groups a gateway shipped to a stics SG, from its `/status`.
@@ -317,7 +328,9 @@ fn written(b: &Bench, fs: &Path) -> Result<u64> {
 }
 
 /// Runs PostMark `pool` on a fresh ext4 of `fs_mib` MiB over `url`, from `role`'s namespace of
-/// `wan`. With `gateway`, it is drained before counting starts and after the run.
+/// `wan`. With `gateway`, it is drained before counting starts and after the run. The commands
+/// the gateway and the remote (at `remote`'s metrics) answered are counted over the same span.
+#[expect(clippy::too_many_arguments, reason = "one run's setup, each argument a different part")]
 pub fn postmark(
     b: &Bench,
     wan: &Wan,
@@ -326,6 +339,7 @@ pub fn postmark(
     fs_mib: u64,
     pool: &Pool,
     gateway: Option<&Gateway>,
+    remote: Option<Metrics<'_>>,
 ) -> Result<Run> {
     b.need(&["postmark", "mkfs.ext4", "e2fsck", "findmnt"])?;
     let lun = b.work().join("export");
@@ -338,6 +352,13 @@ pub fn postmark(
     if let Some(g) = gateway {
         wan.gateway_drain(b, g)?;
     }
+    let waits = |at: &str| -> Result<(Option<Waits>, Option<Waits>)> {
+        let g = gateway.map(|g| wan.gateway_waits(b, g)).transpose()?;
+        let r = remote.map(|m| wan.waits(b, m.role, m.addr)).transpose()?;
+        tracing::debug!(at, ?g, ?r, "commands answered so far");
+        Ok((g, r))
+    };
+    let (g0, r0) = waits("before the run")?;
     let c0 = wan.counts(b)?;
     let w0 = written(b, fs)?;
     let cfg = b.work().join("pm.cfg");
@@ -360,6 +381,7 @@ pub fn postmark(
         wan.gateway_drain(b, g)?;
     }
     let c1 = wan.counts(b)?;
+    let (g1, r1) = waits("after the run")?;
     let fsck_clean = fsck_clean(lun);
     drop(m);
     Ok(Run {
@@ -370,6 +392,8 @@ pub fn postmark(
         host_bytes,
         fsck_clean,
         groups: None,
+        gateway_waits: g1.zip(g0).map(|(after, before)| after.since(&before)),
+        remote_waits: r1.zip(r0).map(|(after, before)| after.since(&before)),
     })
 }
 
@@ -504,12 +528,20 @@ pub const SG_PORT: u16 = 3262;
 /// The SG's `--metrics` address in the storage namespace.
 pub const SG_METRICS: &str = "127.0.0.1:9119";
 
-/// PostMark from the host namespace over `remote` (a target in the storage namespace), either
-/// straight or through a fresh gateway that is stopped, its log removed and its reservation
-/// released afterwards.
-pub fn postmark_via(b: &Bench, wan: &Wan, remote: &str, via: &Via, fs_mib: u64, pool: &Pool) -> Result<Run> {
+/// PostMark from the host namespace over `remote` (a target in the storage namespace, whose
+/// commands are counted when its `metrics` are given), either straight or through a fresh
+/// gateway that is stopped, its log removed and its reservation released afterwards.
+pub fn postmark_via(
+    b: &Bench,
+    wan: &Wan,
+    remote: &str,
+    metrics: Option<Metrics<'_>>,
+    via: &Via,
+    fs_mib: u64,
+    pool: &Pool,
+) -> Result<Run> {
     match via {
-        Via::Plain => postmark(b, wan, "host", remote, fs_mib, pool, None),
+        Via::Plain => postmark(b, wan, "host", remote, fs_mib, pool, None, metrics),
         Via::Gateway { mode, ram, read_cache, log, side, .. } => {
             let path = b.work().join("gateway-log.img");
             let _ = std::fs::remove_file(&path);
@@ -531,7 +563,7 @@ pub fn postmark_via(b: &Bench, wan: &Wan, remote: &str, via: &Via, fs_mib: u64, 
             let remote_of_gateway = g.remote.clone();
             // The host's mkfs, PostMark and e2fsck talk to the gateway; it is drained around the run.
             let url = g.url.clone();
-            let mut run = postmark(b, wan, "host", &url, fs_mib, pool, Some(&g));
+            let mut run = postmark(b, wan, "host", &url, fs_mib, pool, Some(&g), metrics);
             if let Ok(r) = &mut run {
                 r.groups = wan.gateway_status(b, &g)?.get("groups").and_then(Groups::of);
             }

@@ -149,7 +149,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     for via in &vias {
         let remote = if via.is_link() { &sg.url } else { &target.url };
         let before = if via.is_link() { Some(SgReads::of(b, &wan)?) } else { None };
-        let r = postmark_via(b, &wan, remote, via, super::fs::fs_mib(b), &pool)?;
+        let r = postmark_via(b, &wan, remote, None, via, super::fs::fs_mib(b), &pool)?;
         if let Some(before) = before {
             sg_reads.push((via.label(), before, SgReads::of(b, &wan)?));
         }

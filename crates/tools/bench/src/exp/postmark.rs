@@ -6,9 +6,9 @@ use stics_report::plot::{Figure, Series};
 use stics_report::{Column, Table};
 
 use super::curve;
-use super::fs::{postmark_via, sg_lun, Pool, Via, SG_PORT};
+use super::fs::{postmark_via, sg_lun, Metrics, Pool, Via, SG_METRICS, SG_PORT};
 use crate::paper;
-use crate::peers::Wan;
+use crate::peers::{Waits, Wan};
 use crate::{Bench, Error, Report, Result, Stat};
 
 /// Options of `stics bench postmark`.
@@ -140,6 +140,46 @@ fn pool(b: &Bench, name: &str, block: u64) -> Result<Pool> {
     Ok(Pool { files, transactions, block })
 }
 
+/// Where the remote target's metrics listen, in the storage namespace.
+const REMOTE_METRICS: &str = "127.0.0.1:9121";
+
+/// One row of the second table: the commands one side of a path answered per run, by kind.
+#[derive(Debug, Clone, PartialEq)]
+struct WaitRow {
+    rate: String,
+    pool: String,
+    block: f64,
+    path: Path,
+    /// "gateway" (the host's commands) or "remote" (the target's or the SG's).
+    at: &'static str,
+    kind: String,
+    commands: f64,
+    secs: f64,
+}
+
+impl WaitRow {
+    /// The rows of one path's readings over its repetitions, means per run.
+    fn of(s: &Slice, path: Path, at: &'static str, runs: &[Waits]) -> Vec<WaitRow> {
+        if runs.is_empty() {
+            return Vec::new();
+        }
+        Waits::mean(runs)
+            .0
+            .into_iter()
+            .map(|(kind, w)| WaitRow {
+                rate: s.rate.clone(),
+                pool: s.pool.clone(),
+                block: s.block,
+                path,
+                at,
+                kind,
+                commands: w.commands,
+                secs: w.secs,
+            })
+            .collect()
+    }
+}
+
 /// The paper's range for `mode` at `rate`, as speedups over plain iSCSI (low, high).
 fn paper_range(rate: &str, mode: &str) -> (f64, f64) {
     let (fig, line) = match rate {
@@ -159,7 +199,12 @@ fn paper_range(rate: &str, mode: &str) -> (f64, f64) {
 
 pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     if !a.merge.is_empty() {
-        let (slices, notes) = merged(a)?;
+        let (slices, mut notes) = merged(a)?;
+        notes.push(
+            "The commands each side answered (the second table of a measured run) are not merged: each folder \
+             holds its own."
+                .into(),
+        );
         let caption = format!(
             "PostMark run time, each path of a row the medians of its own run (merged from {} folders: {}), {} over \
              stics mount{}",
@@ -168,7 +213,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
             b.ext4_text(),
             super::fs::setup(b)
         );
-        let mut r = report(&slices, caption, b.remote_disk())?;
+        let mut r = report(&slices, &[], caption, b.remote_disk())?;
         for n in notes {
             r.note(n);
         }
@@ -184,14 +229,23 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
     let wan = Wan::up(b, &format!("sbpm{}", std::process::id()), &["--delay", &delays[0]])?;
     let lun = b.work().join("remote.img");
     std::fs::File::create(&lun)?.set_len((a.fs_mib + 64) << 20)?;
-    let target = wan.stics_target(b, "remote", "storage", &[&b.remote_medium(&lun)])?;
+    let target = wan.stics_target_on_with(
+        b,
+        "remote",
+        "storage",
+        3260,
+        &[&b.remote_medium(&lun)],
+        &["--metrics", REMOTE_METRICS],
+    )?;
     let sg = if paths.contains(&Path::LogLink) {
-        Some(wan.stics_target_on(b, "sg", "storage", SG_PORT, &[&sg_lun(b, "sg", (a.fs_mib + 64) << 20)?])?)
+        let luns = [sg_lun(b, "sg", (a.fs_mib + 64) << 20)?];
+        Some(wan.stics_target_on_with(b, "sg", "storage", SG_PORT, &[&luns[0]], &["--metrics", SG_METRICS])?)
     } else {
         None
     };
     let bar = b.bar((rates.len() * blocks.len() * pools.len() * vias.len() * b.reps()) as u64, "postmark");
     let mut slices = Vec::new();
+    let mut waits = Vec::new();
     for (rate, delay) in rates.iter().zip(&delays) {
         wan.set(b, &["--rate", rate, "--delay", delay])?;
         for p in &pools {
@@ -199,19 +253,23 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
                 let pool = pool(b, p, block)?;
                 let mut secs = vec![Vec::new(); vias.len()];
                 let mut bytes = vec![Vec::new(); vias.len()];
+                let (mut at_gateway, mut at_remote) = (vec![Vec::new(); vias.len()], vec![Vec::new(); vias.len()]);
                 let mut clean = true;
                 for rep in 0..b.reps() {
                     for k in 0..vias.len() {
                         // Rotate the order so no path always runs first.
                         let i = (k + rep) % vias.len();
-                        let remote = match (&sg, vias[i].is_link()) {
-                            (Some(sg), true) => &sg.url,
-                            _ => &target.url,
+                        let (remote, addr) = match (&sg, vias[i].is_link()) {
+                            (Some(sg), true) => (&sg.url, SG_METRICS),
+                            _ => (&target.url, REMOTE_METRICS),
                         };
-                        let r = postmark_via(b, &wan, remote, &vias[i], fs, &pool)?;
+                        let metrics = Metrics { role: "storage", addr };
+                        let r = postmark_via(b, &wan, remote, Some(metrics), &vias[i], fs, &pool)?;
                         clean &= r.fsck_clean;
                         secs[i].push(r.seconds);
                         bytes[i].push(r.bytes as f64);
+                        at_gateway[i].extend(r.gateway_waits);
+                        at_remote[i].extend(r.remote_waits);
                         bar.inc(1);
                     }
                 }
@@ -220,7 +278,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
                 let wan_bytes = |path: Path| at(path).map(|i| Stat::of(&bytes[i]).median);
                 let plain_bytes = wan_bytes(Path::Plain);
                 let over_plain = |path: Path| wan_bytes(path).zip(plain_bytes).map(|(g, p)| g / p);
-                slices.push(Slice {
+                let slice = Slice {
                     rate: rate.clone(),
                     pool: p.clone(),
                     block: block as f64,
@@ -233,7 +291,12 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
                     link: time(Path::LogLink),
                     link_bytes: over_plain(Path::LogLink),
                     fsck: (if clean { "clean" } else { "ERRORS" }).into(),
-                });
+                };
+                for (i, &path) in paths.iter().enumerate() {
+                    waits.extend(WaitRow::of(&slice, path, "gateway", &at_gateway[i]));
+                    waits.extend(WaitRow::of(&slice, path, "remote", &at_remote[i]));
+                }
+                slices.push(slice);
             }
         }
     }
@@ -252,7 +315,7 @@ pub fn run(b: &Bench, a: &Args) -> Result<Report> {
         b.reps(),
         b.ext4_text(),
     );
-    report(&slices, caption, b.remote_disk())
+    report(&slices, &waits, caption, b.remote_disk())
 }
 
 /// The one-way delay for `rate`: `delay` itself, or for `lan` half of seed 004's measured LAN
@@ -336,8 +399,9 @@ fn merged(a: &Args) -> Result<(Vec<Slice>, Vec<String>)> {
 }
 
 /// The table, the figure (speedup against block size, a curve per mode, pool and rate) and the
-/// reading of `slices`; `disk` names the disk model the remote's medium sat behind, if any.
-fn report(slices: &[Slice], caption: String, disk: Option<stics_disk::Preset>) -> Result<Report> {
+/// reading of `slices`, and the commands each side answered (`waits`, a second table when there
+/// are any); `disk` names the disk model the remote's medium sat behind, if any.
+fn report(slices: &[Slice], waits: &[WaitRow], caption: String, disk: Option<stics_disk::Preset>) -> Result<Report> {
     let mut t = Table::new(vec![
         Column::new("rate", "link", "", 1.0),
         Column::new("pool", "pool", "", 1.0),
@@ -418,6 +482,17 @@ fn report(slices: &[Slice], caption: String, disk: Option<stics_disk::Preset>) -
         "Seed 004 Figs. 6–7: PostMark, plain iSCSI against the gateway in log and immediate modes",
     );
     r.section(caption, t, Some(fig));
+    if !waits.is_empty() {
+        r.section(
+            "The SCSI commands each side answered per run (means over the repetitions), by kind, from mkfs done to \
+             the gateway drained after the run: at the gateway, the host's; at the remote, the target's (plain \
+             iSCSI's commands, or a gateway's destage and read misses) or the SG's. Latency runs from a command's \
+             start (its data in) to its response; the sum counts commands in flight together once each, so it may \
+             pass the run time.",
+            wait_table(waits)?,
+            None,
+        );
+    }
     let here = match disk {
         None => "Here the remote is a page-cached file, so plain iSCSI pays only the network and the target's \
                  software: the gateway's gain is what it saves of that, and immediate mode adds what a local \
@@ -449,6 +524,34 @@ fn report(slices: &[Slice], caption: String, disk: Option<stics_disk::Preset>) -
          touches the LUN unless the host's memory is bounded (--host-memory).",
     );
     Ok(r)
+}
+
+fn wait_table(rows: &[WaitRow]) -> Result<Table> {
+    let mut t = Table::new(vec![
+        Column::new("rate", "link", "", 1.0),
+        Column::new("pool", "pool", "", 1.0),
+        Column::new("block", "block", "B", 1.0),
+        Column::new("path", "path", "", 1.0),
+        Column::new("at", "at", "", 1.0),
+        Column::new("kind", "kind", "", 1.0),
+        Column::new("commands", "commands", "", 1.0),
+        Column::new("mean", "mean latency", "ms", 1e3),
+        Column::new("secs", "latency summed", "s", 1.0),
+    ])?;
+    for w in rows {
+        t.push(vec![
+            w.rate.as_str().into(),
+            w.pool.as_str().into(),
+            w.block.into(),
+            w.path.via().label().into(),
+            w.at.into(),
+            w.kind.as_str().into(),
+            w.commands.into(),
+            (w.secs / w.commands).into(),
+            w.secs.into(),
+        ])?;
+    }
+    Ok(t)
 }
 
 /// The link's run time against today's gateway (goal: no worse) and its WAN bytes against plain
@@ -522,7 +625,7 @@ mod tests {
              1.00×); 0.25× plain iSCSI's WAN bytes."
         );
         assert_eq!(link_reading(&slices[1]), None);
-        let r = report(&slices, "merged".into(), None).unwrap();
+        let r = report(&slices, &[], "merged".into(), None).unwrap();
         let rows = r.sections[0].table.rows_json();
         assert_eq!(rows.as_array().unwrap().len(), 4);
         assert!(rows[1]["plain_wan"].is_null(), "{rows}");
@@ -580,15 +683,43 @@ mod tests {
             link_reading(s).unwrap().split(':').nth(1).unwrap(),
             " log + link ran 1.20× the time of log mode over plain destage (goal"
         );
-        let rows = report(&slices, "merged".into(), None).unwrap().sections[0].table.rows_json();
+        let rows = report(&slices, &[], "merged".into(), None).unwrap().sections[0].table.rows_json();
         assert_eq!(rows[0]["log_speedup"], 1.5);
         assert!(rows[0]["log_bytes"].is_null(), "{rows}");
         // A run of one path alone has no speedup to draw, and says so by leaving it blank.
         let (alone, _) = merged(&args(vec![again])).unwrap();
-        let r = report(&alone, "alone".into(), None).unwrap();
+        let r = report(&alone, &[], "alone".into(), None).unwrap();
         assert!(r.sections[0].table.rows_json()[0]["log_speedup"].is_null());
         let fig = r.sections[0].figure.as_ref().unwrap();
         assert!(fig.series.iter().all(|s| s.label.starts_with("paper")), "no curve of ours without plain iSCSI");
+    }
+
+    #[test]
+    fn a_measured_run_adds_the_commands_each_side_answered_as_a_second_table() {
+        let slices = vec![serde_json::from_str::<Slice>(&row("100mbit", "large", 4096)).unwrap()];
+        let page = |kind: &str, n: u32, secs: f64| {
+            Waits::parse(&format!(
+                "stics_target_commands_total{{target=\"t\",lun=\"0\",kind=\"{kind}\"}} {n}\n\
+                 stics_target_command_latency_seconds_sum{{target=\"t\",lun=\"0\",kind=\"{kind}\"}} {secs}\n"
+            ))
+        };
+        // Two repetitions of log mode: the table gives one run's mean.
+        let runs = [page("read", 100, 2.0), page("read", 300, 6.0)];
+        let mut waits = WaitRow::of(&slices[0], Path::Log, "gateway", &runs);
+        waits.extend(WaitRow::of(&slices[0], Path::Plain, "remote", &[page("write", 50, 1.0)]));
+        waits.extend(WaitRow::of(&slices[0], Path::Immediate, "remote", &[]));
+        let r = report(&slices, &waits, "measured".into(), None).unwrap();
+        assert_eq!(r.sections.len(), 2);
+        let rows = r.sections[1].table.rows_json();
+        assert_eq!(rows.as_array().unwrap().len(), 2, "{rows}");
+        assert_eq!(
+            (&rows[0]["path"], &rows[0]["at"], &rows[0]["kind"]),
+            (&"log".into(), &"gateway".into(), &"read".into())
+        );
+        assert_eq!((rows[0]["commands"].as_f64(), rows[0]["secs"].as_f64()), (Some(200.0), Some(4.0)));
+        assert_eq!(rows[0]["mean"].as_f64(), Some(0.02));
+        assert_eq!((&rows[1]["path"], &rows[1]["at"]), (&"plain".into(), &"remote".into()));
+        assert_eq!(report(&slices, &[], "merged".into(), None).unwrap().sections.len(), 1);
     }
 
     #[test]
