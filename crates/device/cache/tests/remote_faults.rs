@@ -383,3 +383,49 @@ async fn write_through_counts_the_remote_unreachable_while_a_write_or_a_flush_go
         Arc::try_unwrap(cache).expect("one owner").close().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_read_the_remote_leaves_unanswered_counts_it_unreachable_but_never_hides_a_lasting_failure() {
+    // With nothing to destage, a host whose reads hung on a cut link saw the cache "healthy".
+    let remote = Arc::new(FaultDev::new(512, 4096, 5));
+    let mut conf = cfg(Mode::WriteThrough);
+    conf.answer_timeout = Duration::from_millis(200);
+    let cache = Arc::new(Cache::open(log_dev(32), remote.clone(), b"r", conf.clone()).await.expect("opens"));
+    remote.add_rule(Rule::delay(Op::Read, Duration::from_secs(2)));
+    let c = Arc::clone(&cache);
+    let read = tokio::spawn(async move { c.read(1024, 8).await });
+    let mut state = State::Healthy;
+    for _ in 0..150 {
+        state = cache.status().health.state;
+        if state == State::Degraded || read.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(state, State::Degraded, "a read unanswered past the answer timeout: {:?}", cache.status());
+    assert_eq!(cache.status().health.kind, Some("unreachable"));
+    remote.clear_rules();
+    read.await.expect("joins").expect("the read succeeds once the remote answers");
+    assert_eq!(cache.status().health.state, State::Healthy, "its answer shows the remote is back");
+    Arc::try_unwrap(cache).expect("one owner").close().await;
+
+    // A remote that refuses destage's writes stays reported so while a read waits on it.
+    let remote = Arc::new(FaultDev::new(512, 4096, 6));
+    remote.add_rule(Rule::error(Op::Write, ErrorKind::NoSpace));
+    conf.mode = Mode::Log;
+    let cache = Cache::open(log_dev(32), remote.clone(), b"r", conf).await.expect("opens");
+    cache.write(0, stamp_run(0, 8, 1, BS), false).await.expect("the log takes it");
+    let stalled = async {
+        while cache.status().health.state != State::Stalled {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), stalled).await.expect("destage stalls on the full remote");
+    remote.add_rule(Rule::delay(Op::Read, Duration::from_millis(600)));
+    cache.read(2048, 8).await.expect("a slow read still succeeds");
+    let s = cache.status();
+    assert_eq!((s.health.state, s.health.kind), (State::Stalled, Some("no_space")), "{s:?}");
+    remote.clear_rules();
+    tokio::time::timeout(Duration::from_secs(30), cache.drain()).await.expect("drains").expect("after the repair");
+    cache.close().await;
+}

@@ -492,6 +492,30 @@ impl Core {
         self.changes.extend(change);
     }
 
+    /// A host's read found the remote unreachable or busy (`err`), or has waited on it past the
+    /// answer timeout: the cache is degraded, unless a failure is in force already (destage's,
+    /// which says more). A read's other errors concern its blocks, not the remote.
+    pub fn read_failed(&mut self, err: &BlockError, now: Instant) {
+        let kind = ErrorKind::of(err);
+        if !kind.transient() || self.health.failure().is_some() {
+            return;
+        }
+        let (_, change) =
+            self.health.failed(kind, err.to_string(), None, now, self.cfg.retry_delay, self.cfg.retry_max);
+        self.changes.extend(change);
+    }
+
+    /// The remote answered a host's read at `now`. With nothing to destage, nothing else would
+    /// show that the remote is back, so the answer ends an unreachable or busy failure; with
+    /// dirty data, destage's own progress does.
+    pub fn read_answered(&mut self, now: Instant) {
+        let transient = self.health.failure().is_some_and(|f| f.kind.transient());
+        if transient && self.destage.quiet() && self.is_clean() {
+            let change = self.health.succeeded(false, now);
+            self.changes.extend(change);
+        }
+    }
+
     /// A write-through request the remote answered at `now`: progress, as an epoch is.
     pub fn remote_answered(&mut self, now: Instant) {
         let change = self.health.succeeded(false, now);

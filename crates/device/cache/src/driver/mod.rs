@@ -793,7 +793,7 @@ async fn resolve(inner: &Inner, pieces: Vec<Piece>) -> Result<(Bytes, Vec<(u64, 
             }
             Piece::Remote { lba, blocks } => {
                 remote_blocks += u64::from(blocks);
-                let data = inner.remote.read(lba, blocks).await?;
+                let data = remote_read(inner, lba, blocks).await?;
                 out.extend_from_slice(&data);
                 fetched.push((lba, data));
             }
@@ -803,6 +803,30 @@ async fn resolve(inner: &Inner, pieces: Vec<Piece>) -> Result<(Bytes, Vec<(u64, 
     n.read_blocks_cache += cache_blocks;
     n.read_blocks_remote += remote_blocks;
     Ok((out.freeze(), fetched))
+}
+
+/// A host read's blocks from the remote. A remote that leaves it unanswered past the answer
+/// timeout counts unreachable meanwhile (see [`Core::read_failed`]); its answer may end that.
+async fn remote_read(inner: &Inner, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
+    let mut run = std::pin::pin!(inner.remote.read(lba, blocks));
+    let r = match tokio::time::timeout(inner.cfg.answer_timeout, &mut run).await {
+        Ok(r) => r,
+        Err(_) => {
+            let silent = BlockError::Unreachable(format!(
+                "a read of block {lba} unanswered for {:.0} s",
+                inner.cfg.answer_timeout.as_secs_f64()
+            ));
+            lock(&inner.core).read_failed(&silent, Instant::now());
+            report(inner);
+            run.await
+        }
+    };
+    match &r {
+        Ok(_) => lock(&inner.core).read_answered(Instant::now()),
+        Err(e) => lock(&inner.core).read_failed(e, Instant::now()),
+    }
+    report(inner);
+    r
 }
 
 #[async_trait]
