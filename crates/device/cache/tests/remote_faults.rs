@@ -348,6 +348,25 @@ async fn destage_reading_the_log_does_not_count_as_host_reads() {
     cache.close().await;
 }
 
+/// Waits up to 1.5 s for `cache` to report the remote unreachable while `pending`, a request
+/// the remote delays longer than the answer timeout, is still unanswered.
+async fn expect_unreachable_while<T>(cache: &Cache, pending: &tokio::task::JoinHandle<T>, what: &str) {
+    let mut state = State::Healthy;
+    for _ in 0..150 {
+        state = cache.status().health.state;
+        if state == State::Degraded || pending.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let s = cache.status();
+    assert_eq!(
+        (state, s.health.kind),
+        (State::Degraded, Some("unreachable")),
+        "{what} unanswered past the answer timeout: {s:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_through_counts_the_remote_unreachable_while_a_write_or_a_flush_goes_unanswered() {
     // A write-through flush went to the remote without the answer timeout a write had: with the
@@ -367,16 +386,7 @@ async fn write_through_counts_the_remote_unreachable_while_a_write_or_a_flush_go
                 _ => c.flush().await,
             }
         });
-        let mut state = State::Healthy;
-        for _ in 0..150 {
-            state = cache.status().health.state;
-            if state == State::Degraded || hung.is_finished() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(state, State::Degraded, "{op:?} unanswered past the answer timeout: {:?}", cache.status());
-        assert_eq!(cache.status().health.kind, Some("unreachable"));
+        expect_unreachable_while(&cache, &hung, &format!("{op:?}")).await;
         remote.clear_rules();
         hung.await.expect("joins").expect("the request succeeds once the remote answers");
         assert_eq!(cache.status().health.state, State::Healthy, "{op:?} answered");
@@ -394,16 +404,7 @@ async fn a_host_read_the_remote_leaves_unanswered_counts_it_unreachable_but_neve
     remote.add_rule(Rule::delay(Op::Read, Duration::from_secs(2)));
     let c = Arc::clone(&cache);
     let read = tokio::spawn(async move { c.read(1024, 8).await });
-    let mut state = State::Healthy;
-    for _ in 0..150 {
-        state = cache.status().health.state;
-        if state == State::Degraded || read.is_finished() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(state, State::Degraded, "a read unanswered past the answer timeout: {:?}", cache.status());
-    assert_eq!(cache.status().health.kind, Some("unreachable"));
+    expect_unreachable_while(&cache, &read, "a read").await;
     remote.clear_rules();
     read.await.expect("joins").expect("the read succeeds once the remote answers");
     assert_eq!(cache.status().health.state, State::Healthy, "its answer shows the remote is back");
