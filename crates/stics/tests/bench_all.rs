@@ -55,6 +55,7 @@ const KEYS: &[(&str, usize, &[&str])] = &[
     ("cache-location", 1, &["delay"]),
     ("congestion", 1, &["load"]),
     ("postmark", 1, &["pool", "rate", "block"]),
+    ("postmark", 2, &["path", "at", "kind"]),
     ("packets", 1, &["path"]),
     ("packets", 2, &["op"]),
     ("write-model", 2, &["rtt", "loss", "size"]),
@@ -210,6 +211,14 @@ fn promises(dir: &Path) {
         positive(r, "plain");
         positive(r, "log");
         positive(r, "immediate");
+    }
+    // Every path's writes were counted where the host sent them: at the remote for plain
+    // iSCSI, at the gateway otherwise.
+    let waits = rows("postmark", 2);
+    for path in ["plain", "log", "immediate", "log + link"] {
+        let at = if path == "plain" { "remote" } else { "gateway" };
+        let w = waits.iter().find(|r| r["path"] == path && r["at"] == at && r["kind"] == "write");
+        positive(w.unwrap_or_else(|| panic!("no {path} writes at the {at}: {waits:#?}")), "commands");
     }
 
     let traffic = rows("packets", 1);

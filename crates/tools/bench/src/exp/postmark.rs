@@ -158,23 +158,27 @@ struct WaitRow {
 }
 
 impl WaitRow {
-    /// The rows of one path's readings over its repetitions, means per run.
+    /// The rows of one path's readings over its repetitions, means per run: one per kind the
+    /// target counts, zeros for a kind that saw no command, so that every run has the same rows.
     fn of(s: &Slice, path: Path, at: &'static str, runs: &[Waits]) -> Vec<WaitRow> {
         if runs.is_empty() {
             return Vec::new();
         }
-        Waits::mean(runs)
-            .0
+        let mean = Waits::mean(runs);
+        ["read", "write", "flush", "other"]
             .into_iter()
-            .map(|(kind, w)| WaitRow {
-                rate: s.rate.clone(),
-                pool: s.pool.clone(),
-                block: s.block,
-                path,
-                at,
-                kind,
-                commands: w.commands,
-                secs: w.secs,
+            .map(|kind| {
+                let w = mean.0.get(kind).copied().unwrap_or_default();
+                WaitRow {
+                    rate: s.rate.clone(),
+                    pool: s.pool.clone(),
+                    block: s.block,
+                    path,
+                    at,
+                    kind: kind.to_owned(),
+                    commands: w.commands,
+                    secs: w.secs,
+                }
             })
             .collect()
     }
@@ -487,7 +491,7 @@ fn report(slices: &[Slice], waits: &[WaitRow], caption: String, disk: Option<sti
             "The SCSI commands each side answered per run (means over the repetitions), by kind, from mkfs done to \
              the gateway drained after the run: at the gateway, the host's; at the remote, the target's (plain \
              iSCSI's commands, or a gateway's destage and read misses) or the SG's. Latency runs from a command's \
-             start (its data in) to its response; the sum counts commands in flight together once each, so it may \
+             start (its data in) to its response (0 for a kind with no command); the sum counts commands in flight together once each, so it may \
              pass the run time.",
             wait_table(waits)?,
             None,
@@ -547,7 +551,7 @@ fn wait_table(rows: &[WaitRow]) -> Result<Table> {
             w.at.into(),
             w.kind.as_str().into(),
             w.commands.into(),
-            (w.secs / w.commands).into(),
+            (if w.commands > 0.0 { w.secs / w.commands } else { 0.0 }).into(),
             w.secs.into(),
         ])?;
     }
@@ -711,14 +715,21 @@ mod tests {
         let r = report(&slices, &waits, "measured".into(), None).unwrap();
         assert_eq!(r.sections.len(), 2);
         let rows = r.sections[1].table.rows_json();
-        assert_eq!(rows.as_array().unwrap().len(), 2, "{rows}");
+        assert_eq!(rows.as_array().unwrap().len(), 8, "every kind for each side that ran: {rows}");
         assert_eq!(
             (&rows[0]["path"], &rows[0]["at"], &rows[0]["kind"]),
             (&"log".into(), &"gateway".into(), &"read".into())
         );
         assert_eq!((rows[0]["commands"].as_f64(), rows[0]["secs"].as_f64()), (Some(200.0), Some(4.0)));
         assert_eq!(rows[0]["mean"].as_f64(), Some(0.02));
-        assert_eq!((&rows[1]["path"], &rows[1]["at"]), (&"plain".into(), &"remote".into()));
+        assert_eq!(
+            (rows[1]["kind"].as_str(), rows[1]["commands"].as_f64(), rows[1]["mean"].as_f64()),
+            (Some("write"), Some(0.0), Some(0.0))
+        );
+        assert_eq!(
+            (&rows[5]["path"], &rows[5]["at"], &rows[5]["kind"]),
+            (&"plain".into(), &"remote".into(), &"write".into())
+        );
         assert_eq!(report(&slices, &[], "merged".into(), None).unwrap().sections.len(), 1);
     }
 
