@@ -296,10 +296,15 @@ impl Wan {
     /// The commands a stics target or gateway in `role`'s namespace, whose `--metrics` listens on
     /// `metrics`, has answered so far.
     pub fn waits(&self, b: &Bench, role: &str, metrics: &str) -> Result<Waits> {
+        Ok(Waits::parse(&self.get(b, role, metrics, "/metrics")?))
+    }
+
+    /// The body of `GET path` from `metrics` (`host:port`) in `role`'s namespace.
+    fn get(&self, b: &Bench, role: &str, metrics: &str, path: &str) -> Result<String> {
         b.need(&["curl"])?;
         let mut cmd = self.exec(role, Path::new("curl"));
-        cmd.args(["-sf", &format!("http://{metrics}/metrics")]);
-        Ok(Waits::parse(&b.run(&mut cmd)?.stdout))
+        cmd.args(["-sf", &format!("http://{metrics}{path}")]);
+        Ok(b.run(&mut cmd)?.stdout)
     }
 
     /// [`Wan::waits`] of a gateway: the host's commands it answered.
@@ -310,11 +315,7 @@ impl Wan {
     /// `/status` of a target or gateway in `role`'s namespace whose `--metrics` listens on
     /// `metrics`.
     pub fn target_status(&self, b: &Bench, role: &str, metrics: &str) -> Result<serde_json::Value> {
-        b.need(&["curl"])?;
-        let mut cmd = self.exec(role, Path::new("curl"));
-        cmd.args(["-sf", &format!("http://{metrics}/status")]);
-        let out = b.run(&mut cmd)?;
-        serde_json::from_str(&out.stdout)
+        serde_json::from_str(&self.get(b, role, metrics, "/status")?)
             .map_err(|e| Error::Output { what: format!("/status at {metrics} in {role}"), detail: e.to_string() })
     }
 }

@@ -683,15 +683,8 @@ impl Cache {
     where
         F: std::future::Future<Output = Result<(), BlockError>>,
     {
-        let mut run = std::pin::pin!(run);
-        let r = match tokio::time::timeout(self.inner.cfg.answer_timeout, &mut run).await {
-            Ok(r) => r,
-            Err(_) => {
-                lock(&self.inner.core).remote_silent(self.inner.cfg.answer_timeout, Instant::now());
-                report(&self.inner);
-                run.await
-            }
-        };
+        let timeout = self.inner.cfg.answer_timeout;
+        let r = answered(&self.inner, run, |c| c.remote_silent(timeout, Instant::now())).await;
         {
             let mut c = lock(&self.inner.core);
             done(&mut c);
@@ -805,22 +798,32 @@ async fn resolve(inner: &Inner, pieces: Vec<Piece>) -> Result<(Bytes, Vec<(u64, 
     Ok((out.freeze(), fetched))
 }
 
-/// A host read's blocks from the remote. A remote that leaves it unanswered past the answer
-/// timeout counts unreachable meanwhile (see [`Core::read_failed`]); its answer may end that.
-async fn remote_read(inner: &Inner, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
-    let mut run = std::pin::pin!(inner.remote.read(lba, blocks));
-    let r = match tokio::time::timeout(inner.cfg.answer_timeout, &mut run).await {
+/// Waits for `run`, a request on the remote; once it has gone unanswered for the answer
+/// timeout, `silent` tells the core so (and the change is logged) before waiting on.
+async fn answered<T>(
+    inner: &Inner,
+    run: impl std::future::Future<Output = Result<T, BlockError>>,
+    silent: impl FnOnce(&mut Core),
+) -> Result<T, BlockError> {
+    let mut run = std::pin::pin!(run);
+    match tokio::time::timeout(inner.cfg.answer_timeout, &mut run).await {
         Ok(r) => r,
         Err(_) => {
-            let silent = BlockError::Unreachable(format!(
-                "a read of block {lba} unanswered for {:.0} s",
-                inner.cfg.answer_timeout.as_secs_f64()
-            ));
-            lock(&inner.core).read_failed(&silent, Instant::now());
+            silent(&mut lock(&inner.core));
             report(inner);
             run.await
         }
-    };
+    }
+}
+
+/// A host read's blocks from the remote. A remote that leaves it unanswered past the answer
+/// timeout counts unreachable meanwhile (see [`Core::read_failed`]); its answer may end that.
+async fn remote_read(inner: &Inner, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
+    let silent = BlockError::Unreachable(format!(
+        "a read of block {lba} unanswered for {:.0} s",
+        inner.cfg.answer_timeout.as_secs_f64()
+    ));
+    let r = answered(inner, inner.remote.read(lba, blocks), |c| c.read_failed(&silent, Instant::now())).await;
     match &r {
         Ok(_) => lock(&inner.core).read_answered(Instant::now()),
         Err(e) => lock(&inner.core).read_failed(e, Instant::now()),
