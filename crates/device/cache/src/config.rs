@@ -95,7 +95,9 @@ pub struct Config {
     pub throttle_from: f64,
     /// Log fill (0–1) from which destage keeps its whole pipeline in flight; below it, two
     /// epochs: while the log has room, destage is background work and leaves the machine to
-    /// the host.
+    /// the host. While host reads go to the remote, destage sends one write at a time below it,
+    /// and nothing below half of it. The dirty index's fill of `index_bytes` counts as the
+    /// log's.
     pub deep_destage_from: f64,
     /// First pause after a failure the remote or the log may get over by itself (a lost
     /// connection, a busy device); it doubles with each failure in a row up to `retry_max`.

@@ -24,7 +24,7 @@ use stics_block::BlockError;
 use super::{Core, ErrorKind, Loc, Piece};
 
 /// How long after the last host read that went to the remote destage still gives way to reads
-/// (see [`Core::reads_first`]).
+/// (see [`Core::destage_limit`]).
 pub(crate) const READS_RECENT: Duration = Duration::from_secs(1);
 
 /// One remote operation of destage.
@@ -399,7 +399,7 @@ impl Core {
                 self.destage.solo = true;
             }
         }
-        let limit = if self.reads_first(now) { 1 } else { self.cfg.destage_inflight.max(1) };
+        let limit = self.destage_limit(now);
         let mut inflight = self.destage.inflight();
         let mut i = 0;
         loop {
@@ -441,29 +441,45 @@ impl Core {
         out
     }
 
-    /// Whether destage gives way to host reads at `now`. Seed 004's level-2 destage is
+    /// How many destage writes may be in flight at `now`. Seed 004's level-2 destage is
     /// background work that a new request interrupts: reads that miss share the remote's disk
-    /// with destage's writes, and a remote that serves in arrival order makes each read wait
-    /// behind every write queued before it. So while the log has room (below
-    /// `deep_destage_from`), nothing hurries destage and no lag bound is set, destage keeps one
-    /// write in flight while host reads have gone to the remote within [`READS_RECENT`]: a read
-    /// waits behind one at most, and destage still moves. The log absorbs the difference; past
-    /// `deep_destage_from` destage runs its whole pipeline again. Groups to an SG are not held
-    /// back: the SG's journal, not its disk, takes them.
-    fn reads_first(&mut self, now: Instant) -> bool {
+    /// with destage's writes, a disk does not stop a write it has begun, and one that serves in
+    /// arrival order makes each read wait behind every write queued before it. So while host
+    /// reads have gone to the remote within [`READS_RECENT`] and nothing hurries destage (no
+    /// drain, no lag bound), destage gives way in proportion to the log's room, as bcache's
+    /// writeback keeps a share of its cache dirty: below half of `deep_destage_from` it sends
+    /// nothing new (the log takes the writes, and reads of them never reach the remote), up to
+    /// `deep_destage_from` one write at a time (a read waits behind one at most, and destage
+    /// still moves), and past it the whole pipeline. The dirty index's fill counts as the
+    /// log's does: host writes wait when either is full, and only destage empties them. Groups to an SG are not held back: the
+    /// SG's journal, not its disk, takes them.
+    fn destage_limit(&mut self, now: Instant) -> usize {
+        let full = self.cfg.destage_inflight.max(1);
         let d = &mut self.destage;
         if self.read.waiting() || self.read.remote_plans != d.reads_seen {
             d.reads_seen = self.read.remote_plans;
             d.reads_at = Some(now);
         }
         let recent = d.reads_at.is_some_and(|t| now.saturating_duration_since(t) < READS_RECENT);
-        recent && self.cfg.max_lag.is_none() && self.shallow()
+        if !recent || self.cfg.max_lag.is_some() || !self.shallow() {
+            return full;
+        }
+        // Nothing new below half of the deep fill, one write at a time above it.
+        usize::from(self.dirty_fill() >= self.cfg.deep_destage_from / 2.0)
     }
 
-    /// Destage is background work now: the log is below `deep_destage_from` and nothing hurries
-    /// it. Then it keeps two epochs in flight, not its whole pipeline.
+    /// Destage is background work now: the log and the dirty index are below
+    /// `deep_destage_from` and nothing hurries it. Then it keeps two epochs in flight, not its
+    /// whole pipeline.
     fn shallow(&self) -> bool {
-        !self.hurried() && self.log_fill() < self.cfg.deep_destage_from
+        !self.hurried() && self.dirty_fill() < self.cfg.deep_destage_from
+    }
+
+    /// The larger of the log's fill and the dirty index's (0–1): destage alone empties both,
+    /// and host writes wait when either is full.
+    fn dirty_fill(&self) -> f64 {
+        let index = self.index_extents() as f64 / self.cfg.max_extents() as f64;
+        self.log_fill().max(index)
     }
 
     /// At `now`, with commands outstanding that the remote has left unanswered for longer than

@@ -888,26 +888,53 @@ fn max_lag_holds_when_the_link_is_the_bottleneck() {
     assert_eq!(c.newest_data, data_blocks(c.newest.iter()), "the count kept matches one made afresh");
 }
 
+/// A core in `immediate` mode with eight scattered writes logged (eight destage writes, four in
+/// flight at most), destage giving way from `deep` on, and `index_bytes` of index.
+fn loaded_for_reads(deep: f64, index_bytes: u64) -> Core {
+    let cfg = Config { deep_destage_from: deep, index_bytes, ..cfg(Mode::Immediate) };
+    let mut c = Core::new(cfg, layout(false), [1; 16], cp());
+    for i in 0..8 {
+        c.write(100 + 10 * i, blocks(1, 1), false).expect("write");
+    }
+    log_all(&mut c);
+    c
+}
+
+fn destage_writes(ios: &[DestageIo]) -> usize {
+    ios.iter().filter(|io| matches!(io, DestageIo::Write { .. })).count()
+}
+
 #[test]
-fn while_the_log_has_room_destage_gives_way_to_reads_of_the_remote() {
-    // Eight scattered writes in a log with room: eight destage writes, four in flight at most.
-    let loaded = || {
-        let mut c = Core::new(Config { deep_destage_from: 0.5, ..cfg(Mode::Immediate) }, layout(false), [1; 16], cp());
-        for i in 0..8 {
-            c.write(100 + 10 * i, blocks(1, 1), false).expect("write");
-        }
-        log_all(&mut c);
-        c
-    };
-    let mut c = loaded();
+fn while_the_log_has_room_destage_sends_nothing_new_in_front_of_reads_of_the_remote() {
+    let mut c = loaded_for_reads(0.5, 64 << 20);
+    assert!(c.log_fill() < 0.25, "the log has room");
     let t0 = now();
     let read = c.read(0, 4).expect("plan");
     assert!(read.has_remote());
-    let writes = |ios: &[DestageIo]| ios.iter().filter(|io| matches!(io, DestageIo::Write { .. })).count();
-    // While a read waits for the remote, and after it ended: one write in flight at a time.
+    assert!(c.next_destage(0, t0).is_empty(), "a read waits for the remote");
+    c.finish_read(read.generation, &[(0, blocks(4, 0))]);
+    let later = t0 + destage::READS_RECENT / 2;
+    assert!(c.next_destage(0, later).is_empty(), "a read went to the remote a moment ago");
+    // No read for a while: the whole pipeline again.
+    assert_eq!(destage_writes(&c.next_destage(0, t0 + destage::READS_RECENT)), 4);
+    // A drain does not give way.
+    let mut d = loaded_for_reads(0.5, 64 << 20);
+    let _read = d.read(0, 4).expect("plan");
+    d.hurry(true);
+    assert_eq!(destage_writes(&d.next_destage(0, t0)), 4);
+}
+
+#[test]
+fn past_half_the_deep_fill_destage_keeps_one_write_in_flight_in_front_of_reads() {
+    // The log a little past half of `deep_destage_from`.
+    let fill = loaded_for_reads(0.5, 64 << 20).log_fill();
+    let mut c = loaded_for_reads(fill * 1.5, 64 << 20);
+    let t0 = now();
+    let read = c.read(0, 4).expect("plan");
+    assert!(read.has_remote());
     for step in 0..3 {
         let ios = c.next_destage(0, t0);
-        assert_eq!(writes(&ios), 1, "step {step}");
+        assert_eq!(destage_writes(&ios), 1, "step {step}");
         assert!(c.next_destage(0, t0).is_empty(), "one in flight already");
         let Some(DestageIo::Write { id, .. }) = ios.into_iter().next() else { panic!("a write") };
         c.destage_done(id, t0);
@@ -915,11 +942,18 @@ fn while_the_log_has_room_destage_gives_way_to_reads_of_the_remote() {
             c.finish_read(read.generation, &[(0, blocks(4, 0))]);
         }
     }
-    // No read for a while: the whole pipeline again.
-    assert_eq!(writes(&c.next_destage(0, t0 + destage::READS_RECENT)), 4);
-    // A drain does not give way either.
-    let mut d = loaded();
-    let _read = d.read(0, 4).expect("plan");
-    d.hurry(true);
-    assert_eq!(writes(&d.next_destage(0, t0)), 4);
+    assert_eq!(destage_writes(&c.next_destage(0, t0 + destage::READS_RECENT)), 4);
+}
+
+#[test]
+fn a_dirty_index_filling_up_keeps_destage_moving_in_front_of_reads() {
+    // Host writes wait when the index is full, and only destage empties it: reads must not
+    // hold destage while the index fills, even with the log nearly empty. Sixteen extents (the
+    // eight writes and their epoch's) in room for forty: past half of the deep fill.
+    let mut c = loaded_for_reads(0.5, 40 * crate::config::EXTENT_COST);
+    assert!(c.log_fill() < 0.25, "the log has room");
+    let extents = c.index_extents();
+    assert!((10..20).contains(&extents), "the index is past an eighth full, not a quarter: {extents}");
+    let _read = c.read(0, 4).expect("plan");
+    assert_eq!(destage_writes(&c.next_destage(0, now())), 1);
 }
