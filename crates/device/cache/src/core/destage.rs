@@ -451,8 +451,8 @@ impl Core {
     /// nothing new (the log takes the writes, and reads of them never reach the remote), up to
     /// `deep_destage_from` one write at a time (a read waits behind one at most, and destage
     /// still moves), and past it the whole pipeline. The dirty index's fill counts as the
-    /// log's does: host writes wait when either is full, and only destage empties them. Groups to an SG are not held back: the
-    /// SG's journal, not its disk, takes them.
+    /// log's does: host writes wait when either is full, and only destage empties them. Groups
+    /// to an SG are not held back: the SG's journal, not its disk, takes them.
     fn destage_limit(&mut self, now: Instant) -> usize {
         let full = self.cfg.destage_inflight.max(1);
         let d = &mut self.destage;
