@@ -348,19 +348,30 @@ fn the_log_thrown_away_leaves_an_sg_whose_ext4_replays_and_fscks_clean() {
 fn iscsi_test_cu_has_no_failures_on_the_sg_lun_nor_through_a_gateway_over_the_link() {
     let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let sg = sg(dir.path(), 1024);
-    let sg_url = sg.url(0);
-    let suite = |url: &str, what: &str| {
-        let out = Command::new("iscsi-test-cu").args(["-d", "--test=ALL", url]).output().expect("iscsi-test-cu");
+    let (alone, linked) = (dir.path().join("alone"), dir.path().join("linked"));
+    std::fs::create_dir(&alone).unwrap();
+    std::fs::create_dir(&linked).unwrap();
+    // Two SGs, one for each run, so that both run at once (the suite mostly waits on round
+    // trips): the gateway's reservation on its SG's LUN would refuse the other run's writes.
+    let (sg_alone, sg_linked) = (sg(&alone, 1024), sg(&linked, 1024));
+    let (_gw, port, metrics) =
+        gateway_with_metrics(&sg_linked.url(0), &linked.join("log"), "log", &linked.join("gw.log"));
+    let suite = |url: String, what: &'static str| {
+        let out = Command::new("iscsi-test-cu").args(["-d", "--test=ALL", &url]).output().expect("iscsi-test-cu");
         let text = String::from_utf8_lossy(&[out.stdout, out.stderr].concat()).into_owned();
-        let counts = stics_bench::cu::count(&text);
+        (what, stics_bench::cu::count(&text))
+    };
+    let results: Vec<_> = std::thread::scope(|s| {
+        let runs = [
+            s.spawn(|| suite(sg_alone.url(0), "on the SG's LUN")),
+            s.spawn(|| suite(url(port), "through a gateway over the link")),
+        ];
+        runs.into_iter().map(|r| r.join().expect("a run panicked")).collect()
+    });
+    for (what, counts) in results {
         assert_eq!(counts.tests, 230, "{what}: every test ran: {counts:?}");
         assert_eq!(counts.failed, Vec::<String>::new(), "{what}: no failures: {counts:?}");
-    };
-    suite(&sg_url, "on the SG's LUN");
-    let (_gw, port, metrics) =
-        gateway_with_metrics(&sg_url, &dir.path().join("log"), "log", &dir.path().join("gw.log"));
-    suite(&url(port), "through a gateway over the link");
+    }
     http(metrics, "POST /drain");
     assert!(groups(metrics)["groups"].as_u64().unwrap() > 0, "the suite's writes went as groups");
 }
