@@ -29,23 +29,15 @@ use common::*;
 
 #[test]
 fn iscsi_test_cu_all_has_no_failures_through_the_gateway_in_each_mode() {
-    // Each mode has its own remote and gateway, so both run at once: the suite waits on round
-    // trips far more than it computes.
-    let run = |mode: &'static str| {
-        let remote = SticsTarget::with_file_lun(Path::new(BIN), 1024, &[]);
-        let dir = tempfile::tempdir().unwrap();
-        let (_gw, port) = gateway(&remote.url(0), &dir.path().join("log"), mode, &dir.path().join("gw.log"));
-        let out = Command::new("iscsi-test-cu").args(["-d", "--test=ALL", &url(port)]).output().expect("iscsi-test-cu");
-        (mode, stics_bench::cu::count(&String::from_utf8_lossy(&[out.stdout, out.stderr].concat())))
-    };
-    let results: Vec<_> = std::thread::scope(|s| {
-        let runs: Vec<_> = ["log", "immediate"].map(|mode| s.spawn(move || run(mode))).into_iter().collect();
-        runs.into_iter().map(|r| r.join().expect("a mode's run panicked")).collect()
-    });
-    for (mode, counts) in results {
-        assert_eq!(counts.tests, 230, "{mode}: every test ran: {counts:?}");
-        assert_eq!(counts.failed, Vec::<String>::new(), "{mode}: no failures: {counts:?}");
-    }
+    // Each mode has its own remote and gateway, so that both runs go side by side.
+    let (log_remote, immediate_remote) =
+        (SticsTarget::with_file_lun(Path::new(BIN), 1024, &[]), SticsTarget::with_file_lun(Path::new(BIN), 1024, &[]));
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (_log_gw, log_port) = gateway(&log_remote.url(0), &d.join("log-mode.log"), "log", &d.join("log-mode.err"));
+    let (_immediate_gw, immediate_port) =
+        gateway(&immediate_remote.url(0), &d.join("immediate.log"), "immediate", &d.join("immediate.err"));
+    iscsi_test_cu_all(&[("log", url(log_port)), ("immediate", url(immediate_port))]);
 }
 
 #[test]

@@ -351,27 +351,12 @@ fn iscsi_test_cu_has_no_failures_on_the_sg_lun_nor_through_a_gateway_over_the_li
     let (alone, linked) = (dir.path().join("alone"), dir.path().join("linked"));
     std::fs::create_dir(&alone).unwrap();
     std::fs::create_dir(&linked).unwrap();
-    // Two SGs, one for each run, so that both run at once (the suite mostly waits on round
-    // trips): the gateway's reservation on its SG's LUN would refuse the other run's writes.
+    // Two SGs, one for each run, so that both go side by side: the gateway's reservation on
+    // its SG's LUN would refuse the other run's writes.
     let (sg_alone, sg_linked) = (sg(&alone, 1024), sg(&linked, 1024));
     let (_gw, port, metrics) =
         gateway_with_metrics(&sg_linked.url(0), &linked.join("log"), "log", &linked.join("gw.log"));
-    let suite = |url: String, what: &'static str| {
-        let out = Command::new("iscsi-test-cu").args(["-d", "--test=ALL", &url]).output().expect("iscsi-test-cu");
-        let text = String::from_utf8_lossy(&[out.stdout, out.stderr].concat()).into_owned();
-        (what, stics_bench::cu::count(&text))
-    };
-    let results: Vec<_> = std::thread::scope(|s| {
-        let runs = [
-            s.spawn(|| suite(sg_alone.url(0), "on the SG's LUN")),
-            s.spawn(|| suite(url(port), "through a gateway over the link")),
-        ];
-        runs.into_iter().map(|r| r.join().expect("a run panicked")).collect()
-    });
-    for (what, counts) in results {
-        assert_eq!(counts.tests, 230, "{what}: every test ran: {counts:?}");
-        assert_eq!(counts.failed, Vec::<String>::new(), "{what}: no failures: {counts:?}");
-    }
+    iscsi_test_cu_all(&[("on the SG's LUN", sg_alone.url(0)), ("through a gateway over the link", url(port))]);
     http(metrics, "POST /drain");
     assert!(groups(metrics)["groups"].as_u64().unwrap() > 0, "the suite's writes went as groups");
 }

@@ -20,6 +20,29 @@ use stics_testkit::proc::{run_ok, spawn, spawn_stics, wait_mounted, wait_port, G
 pub const BIN: &str = env!("CARGO_BIN_EXE_stics");
 pub const GATEWAY_IQN: &str = "iqn.2024-01.org.stics.test:gateway";
 
+/// Runs libiscsi's whole suite (`iscsi-test-cu -d --test=ALL`) against each `(what, url)`, the
+/// runs side by side (the suite waits on round trips far more than it computes), and checks
+/// that every test of each run ran and that none failed.
+pub fn iscsi_test_cu_all(runs: &[(&str, String)]) {
+    let results: Vec<_> = std::thread::scope(|s| {
+        let runs: Vec<_> = runs
+            .iter()
+            .map(|(what, url)| {
+                s.spawn(move || {
+                    let out =
+                        Command::new("iscsi-test-cu").args(["-d", "--test=ALL", url]).output().expect("iscsi-test-cu");
+                    (what, stics_bench::cu::count(&String::from_utf8_lossy(&[out.stdout, out.stderr].concat())))
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().expect("a run of the suite panicked")).collect()
+    });
+    for (what, counts) in results {
+        assert_eq!(counts.tests, 230, "{what}: every test ran: {counts:?}");
+        assert_eq!(counts.failed, Vec::<String>::new(), "{what}: no failures: {counts:?}");
+    }
+}
+
 /// A gateway process on a free port, in front of `remote`, with its log at `log`.
 pub fn gateway(remote: &str, log: &Path, mode: &str, stderr: &Path) -> (Guard, u16) {
     gateway_with(remote, log, mode, stderr, &[])
