@@ -125,9 +125,9 @@ pub struct Config {
     /// sequential.
     pub read_ahead_bytes: u64,
     /// Oldest a write the remote does not hold yet may get (`None`: no bound but the log's
-    /// size). On an SG, host writes wait (as for a full log) while the data not on the SG would
-    /// take more than half of it to ship at the rate measured, and groups are kept small
-    /// enough to ship in a quarter of it.
+    /// size). Host writes wait (as for a full log) while the oldest is older, or the data the
+    /// remote lacks would take more than half of it to destage (on an SG: to ship) at the rate
+    /// measured; groups to an SG are kept small enough to ship in a quarter of it.
     pub max_lag: Option<Duration>,
     /// zstd level groups are compressed at (1 is fast and, on a WAN, as good as higher levels
     /// on the bytes that matter; see `stics bench packets`).

@@ -98,10 +98,10 @@ pub struct Args {
     pub index_memory: String,
 
     /// Oldest a write the remote does not hold yet may get, in seconds (the recovery point a
-    /// lost gateway leaves). Beyond it host writes wait, as for a full log; to a stics SG, they
-    /// also wait while what it lacks would take more than half of it to ship at the rate
-    /// measured, and groups are kept small enough to cross the link in a quarter of it.
-    /// Default: no bound but the log's size.
+    /// lost gateway leaves). Host writes wait, as for a full log, while the oldest is older, or
+    /// what the remote lacks would take more than half of it to destage (to a stics SG: to
+    /// ship) at the rate measured; groups to an SG are kept small enough to cross the link in a
+    /// quarter of it. Default: no bound but the log's size.
     #[arg(long, value_name = "SECS")]
     pub max_lag: Option<u64>,
 

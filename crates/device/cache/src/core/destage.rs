@@ -27,6 +27,14 @@ use super::{Core, ErrorKind, Loc, Piece};
 /// (see [`Core::destage_limit`]).
 pub(crate) const READS_RECENT: Duration = Duration::from_secs(1);
 
+/// Oldest a write the remote lacks may get while destage sends nothing in front of reads: past
+/// it destage keeps one write in flight however much room the log has, as the kernel writes back
+/// pages dirty for longer than `dirty_expire_centisecs` (30 s) however busy the disk is.
+pub(crate) const HOLD_MAX: Duration = Duration::from_secs(30);
+
+/// Shortest stretch plain destage's rate is measured over.
+const RATE_WINDOW: Duration = Duration::from_millis(250);
+
 /// One remote operation of destage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DestageIo {
@@ -155,6 +163,8 @@ struct EpochDestage {
     beyond: Vec<u64>,
     /// Blocks in this epoch and those it covers (for [`Core::pipeline_allows`]).
     blocks: u64,
+    /// Of those, the ones that hold data (not zeros): what the destage rate counts.
+    data: u64,
     /// The remote's reset count when the epoch began: a flush answered after it changed
     /// proves nothing.
     resets: u64,
@@ -184,6 +194,15 @@ struct Resume {
     resets: u64,
 }
 
+/// Plain destage's rate being measured: data retired over the time destage had work out.
+#[derive(Debug, Default)]
+struct RateWindow {
+    bytes: u64,
+    busy: Duration,
+    /// Since when destage has had work out (`None`: idle).
+    since: Option<Instant>,
+}
+
 /// Destage in progress: one epoch at a time, or many in a row on an ordered remote.
 #[derive(Debug, Default)]
 pub(crate) struct Destage {
@@ -211,6 +230,11 @@ pub(crate) struct Destage {
     /// one outstanding or new.
     reads_seen: u64,
     reads_at: Option<Instant>,
+    /// Data bytes per second plain destage moved while it had work out (smoothed): what a lag
+    /// bound's backlog drains at.
+    pub(crate) rate: Option<f64>,
+    /// The measurement under way.
+    window: RateWindow,
     /// Shipping groups to an SG.
     pub(crate) groups: super::group::Groups,
 }
@@ -438,21 +462,24 @@ impl Core {
         if was_quiet && !out.is_empty() {
             self.destage.heard = Some(now);
         }
+        if !out.is_empty() {
+            self.destage.window.since.get_or_insert(now);
+        }
         out
     }
 
-    /// How many destage writes may be in flight at `now`. Seed 004's level-2 destage is
-    /// background work that a new request interrupts: reads that miss share the remote's disk
-    /// with destage's writes, a disk does not stop a write it has begun, and one that serves in
-    /// arrival order makes each read wait behind every write queued before it. So while host
-    /// reads have gone to the remote within [`READS_RECENT`] and nothing hurries destage (no
-    /// drain, no lag bound), destage gives way in proportion to the log's room, as bcache's
-    /// writeback keeps a share of its cache dirty: below half of `deep_destage_from` it sends
-    /// nothing new (the log takes the writes, and reads of them never reach the remote), up to
-    /// `deep_destage_from` one write at a time (a read waits behind one at most, and destage
-    /// still moves), and past it the whole pipeline. The dirty index's fill counts as the
-    /// log's does: host writes wait when either is full, and only destage empties them. Groups
-    /// to an SG are not held back: the SG's journal, not its disk, takes them.
+    /// How many destage writes may be in flight at `now`. Seed 004's level-2 destage is background
+    /// work that a new request interrupts: reads that miss share the remote's disk with destage's
+    /// writes, a disk does not stop a write it has begun, and one that serves in arrival order
+    /// makes each read wait behind every write queued before it. So while host reads have gone to
+    /// the remote within [`READS_RECENT`] and nothing hurries destage (no drain, no lag bound),
+    /// destage gives way in proportion to the log's room, as bcache's writeback keeps a share of
+    /// its cache dirty: below half of `deep_destage_from` it sends nothing new (the log takes the
+    /// writes, and reads of them never reach the remote; once a write has waited [`HOLD_MAX`],
+    /// one), up to `deep_destage_from` one write at a time (a read waits behind one at most, and
+    /// destage still moves), and past it the whole pipeline. The dirty index's fill counts as the
+    /// log's does: host writes wait when either is full, and only destage empties them. Groups to
+    /// an SG are not held back: the SG's journal, not its disk, takes them.
     fn destage_limit(&mut self, now: Instant) -> usize {
         let full = self.cfg.destage_inflight.max(1);
         let d = &mut self.destage;
@@ -464,8 +491,9 @@ impl Core {
         if !recent || self.cfg.max_lag.is_some() || !self.shallow() {
             return full;
         }
-        // Nothing new below half of the deep fill, one write at a time above it.
-        usize::from(self.dirty_fill() >= self.cfg.deep_destage_from / 2.0)
+        // Nothing new below half of the deep fill (while no write waited too long), one write
+        // at a time above it.
+        usize::from(self.dirty_fill() >= self.cfg.deep_destage_from / 2.0 || self.lag(now) >= HOLD_MAX)
     }
 
     /// Destage is background work now: the log and the dirty index are below
@@ -549,12 +577,9 @@ impl Core {
             },
         };
         let bs = u64::from(self.layout.block_size);
-        let total_blocks: u64 = covers
-            .iter()
-            .chain([&epoch])
-            .filter_map(|e| self.epochs.get(e))
-            .map(stics_block::extent::ExtentMap::blocks)
-            .sum();
+        let maps = || covers.iter().chain([&epoch]).filter_map(|e| self.epochs.get(e));
+        let total_blocks: u64 = maps().map(stics_block::extent::ExtentMap::blocks).sum();
+        let data: u64 = maps().map(|m| super::data_blocks(m.iter())).sum();
         let pipelined = self.layout.ordered_remote && !self.destage.solo;
         if pipelined {
             // Within the pipeline's limits, counted from the durable checkpoint: every epoch
@@ -590,6 +615,7 @@ impl Core {
             covers,
             beyond,
             blocks: total_blocks,
+            data,
             resets,
             pipelined,
         });
@@ -727,6 +753,7 @@ impl Core {
             if !done.pipelined {
                 self.destage.solo = false;
             }
+            self.measure_destage(done.data, now);
             if self.groups_on() {
                 self.plain_epoch_done();
             }
@@ -741,6 +768,25 @@ impl Core {
             self.changes.extend(change);
         }
         moved
+    }
+
+    /// Counts `data` blocks retired at `now` into the destage rate: data over the time destage
+    /// had epochs out, in windows of at least [`RATE_WINDOW`] (epochs in a pipeline retire in
+    /// bursts, and one epoch alone says little; an idle destage is not slow).
+    fn measure_destage(&mut self, data: u64, now: Instant) {
+        let bs = u64::from(self.layout.block_size);
+        let d = &mut self.destage;
+        let w = &mut d.window;
+        w.bytes += data * bs;
+        if let Some(since) = w.since {
+            w.busy += now.saturating_duration_since(since);
+            w.since = (!d.active.is_empty()).then_some(now);
+        }
+        if w.busy >= RATE_WINDOW {
+            let r = w.bytes as f64 / w.busy.as_secs_f64();
+            d.rate = Some(d.rate.map_or(r, |old| 0.7 * old + 0.3 * r));
+            (w.bytes, w.busy) = (0, Duration::ZERO);
+        }
     }
 
     pub(crate) fn epoch_on_remote(&mut self, epoch: u64) {

@@ -166,11 +166,12 @@ impl Core {
     /// The age of the oldest write alone comes too late: by the time it passes the bound, the
     /// host has written as much as the log takes while the link ships a fraction of it, and the
     /// lag goes on growing for as long as that backlog takes to ship. So the backlog itself is
-    /// bounded: a write comes in only while what is not on the SG yet ships in half the budget at
-    /// the rate measured (before the first group, while it is under two of the smallest groups);
-    /// its own group takes at most a quarter more ([`Core::group_cap`]).
+    /// bounded: a write comes in only while what is not on the remote yet ships in half the
+    /// budget at the rate measured (groups' to an SG, plain destage's to any other remote;
+    /// before the first measurement, while it is under two of the smallest groups); a group
+    /// takes at most a quarter more ([`Core::group_cap`]), an epoch what its limits allow.
     pub(crate) fn over_lag(&self, bytes: u64, now: Instant) -> bool {
-        let Some(max) = self.cfg.max_lag.filter(|_| self.groups_on()) else { return false };
+        let Some(max) = self.cfg.max_lag else { return false };
         if self.lag(now) > max {
             return true;
         }
@@ -178,9 +179,10 @@ impl Core {
         backlog > 0 && backlog + bytes > self.backlog_budget(max)
     }
 
-    /// Bytes of data not on the SG that ship within half of `max_lag`.
+    /// Bytes of data not on the remote that ship within half of `max_lag`.
     pub(crate) fn backlog_budget(&self, max_lag: Duration) -> u64 {
-        match self.destage.groups.raw_rate {
+        let rate = if self.groups_on() { self.destage.groups.raw_rate } else { self.destage.rate };
+        match rate {
             Some(r) => ((r * max_lag.as_secs_f64() / 2.0) as u64).max(MIN_GROUP_BYTES),
             None => 2 * MIN_GROUP_BYTES,
         }

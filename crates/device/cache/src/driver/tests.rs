@@ -324,3 +324,78 @@ async fn dropped_blocks_never_reach_the_remote_and_stay_dropped_after_a_restart(
     assert_eq!(remote.read(100, 4).await.unwrap(), stamp_run(100, 4, 2, 512));
     cache.close().await;
 }
+
+/// A remote that takes one write at a time at `rate` bytes per second (a disk, a thin link),
+/// with no command order to pipeline on.
+struct Slow {
+    dev: MemDev,
+    rate: f64,
+    busy: tokio::sync::Mutex<()>,
+}
+
+#[async_trait]
+impl BlockDev for Slow {
+    fn geometry(&self) -> Geometry {
+        self.dev.geometry()
+    }
+    fn volatile_cache(&self) -> bool {
+        true
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, BlockError> {
+        self.dev.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), BlockError> {
+        let _one = self.busy.lock().await;
+        tokio::time::sleep(Duration::from_secs_f64(data.len() as f64 / self.rate)).await;
+        self.dev.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> Result<(), BlockError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_lag_bounds_how_far_a_slow_plain_remote_falls_behind() {
+    // The host writes about eight times faster than the remote takes writes; with no bound the
+    // remote would be most of the run behind at its end.
+    let max_lag = Duration::from_secs(2);
+    let log: Arc<dyn BlockDev> = Arc::new(MemDev::new(512, 128 << 11));
+    let remote = Arc::new(Slow {
+        dev: MemDev::new(512, 32 << 11),
+        rate: 1.0 * 1024.0 * 1024.0,
+        busy: tokio::sync::Mutex::new(()),
+    });
+    let cfg = Config { max_lag: Some(max_lag), ..opts(Mode::Immediate) };
+    let cache = Arc::new(Cache::open(log, remote.clone(), b"slow", cfg).await.expect("opens"));
+    let run = Duration::from_secs(10);
+    let writer = {
+        let cache = Arc::clone(&cache);
+        tokio::spawn(async move {
+            let start = tokio::time::Instant::now();
+            let mut i = 0u64;
+            while start.elapsed() < run {
+                let lba = (i * 7919 % 1024) * 64;
+                cache.write(lba, stamp_run(lba, 64, i, 512), false).await.expect("write");
+                if i % 8 == 7 {
+                    cache.flush().await.expect("flush");
+                }
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(4)).await;
+            }
+            i
+        })
+    };
+    let mut worst = 0.0f64;
+    while !writer.is_finished() {
+        worst = worst.max(cache.status().destage_lag_secs);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let written = writer.await.expect("writer");
+    let bound = max_lag.as_secs_f64();
+    assert!(worst < 1.5 * bound, "the remote fell {worst:.2} s behind under a bound of {bound} s");
+    assert!(written > 200, "the host wrote only {written} times");
+    cache.drain().await.expect("drained");
+    let last = written - 1;
+    let lba = (last * 7919 % 1024) * 64;
+    assert_eq!(remote.dev.read(lba, 64).await.expect("remote"), stamp_run(lba, 64, last, 512));
+}
