@@ -2,8 +2,8 @@
 //! suite and `qemu-img convert` through it; SIGKILL at random moments, a remote killed and
 //! restarted, a cut WAN link and a lost log under verified writes; ext4 and PostMark on it; one
 //! writer per remote LUN (a second gateway and stray initiators are kept out); in front of tgt,
-//! a connection cut under destage. With the `rbd` feature, the SIGKILL test again with the
-//! remote over a Ceph RBD image behind an 8 ms WAN.
+//! a connection cut under destage; `--max-lag` over a remote slower than the host. With the
+//! `rbd` feature, the SIGKILL test again with the remote over a Ceph RBD image behind an 8 ms WAN.
 
 use std::path::Path;
 use std::process::Command;
@@ -818,4 +818,44 @@ fn forward_until_sync(
         }
     }
     let _ = up.shutdown(std::net::Shutdown::Both);
+}
+
+#[test]
+fn max_lag_bounds_how_far_a_slow_remote_falls_behind_a_faster_host() {
+    // --max-lag held only in front of a stics SG: over any other remote the gateway took writes
+    // as fast as its log did, and the remote fell as far behind as the log's size allowed.
+    let remote = SticsTarget::with_luns(Path::new(BIN), IQN, &["disk(mem:256MiB, model=as010a1)"]);
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = free_port();
+    let (_gw, port) = gateway_with(
+        &remote.url(0),
+        &dir.path().join("log"),
+        "log",
+        &dir.path().join("gw.log"),
+        &["--max-lag", "2", "--metrics", &format!("127.0.0.1:{metrics}")],
+    );
+    assert!(wait_port(metrics, Duration::from_secs(20)), "no metrics endpoint");
+    let (rt, lun) = open(port);
+    let started = Instant::now();
+    let (mut worst, mut polled, mut written) = (0.0f64, started, 0u64);
+    // 64 KiB writes scattered over the LUN: the disk model seeks for each.
+    let spread = (256 << 20) / (64 << 10);
+    while started.elapsed() < Duration::from_secs(12) {
+        let lba = (written * 7919 % spread) * 128;
+        rt.block_on(lun.write(lba, stamp_run(lba, 128, written, 512), false)).unwrap();
+        written += 1;
+        if polled.elapsed() >= Duration::from_millis(100) {
+            worst = worst.max(status(metrics)["destage_lag_secs"].as_f64().expect("lag"));
+            polled = Instant::now();
+        }
+    }
+    assert!(worst < 3.0, "the remote fell {worst:.2} s behind under --max-lag 2");
+    let s = status(metrics);
+    assert!(s["remote_write_bytes"].as_u64().unwrap_or(0) > 0, "destage moved nothing: {s}");
+    http(metrics, "POST /drain");
+    let (rt2, direct) = open_url(&remote.url(0));
+    let last = written - 1;
+    let lba = (last * 7919 % spread) * 128;
+    assert_eq!(rt2.block_on(direct.read(lba, 128)).unwrap(), stamp_run(lba, 128, last, 512), "the last write");
+    drop((rt, lun));
 }
