@@ -822,6 +822,39 @@ fn a_terabyte_discard_is_one_extent_of_one_group() {
     assert!(g.raw_bytes == 0 && g.sources.is_empty());
 }
 
+/// A host that writes 32 KiB at a random place each millisecond it is let in (32 MiB/s),
+/// flushing every fourth write, over a log that takes everything at once.
+struct FastHost {
+    rng: u64,
+    writes: u64,
+}
+
+impl Default for FastHost {
+    fn default() -> Self {
+        FastHost { rng: 0x2545_f491_4f6c_dd1d, writes: 0 }
+    }
+}
+
+impl FastHost {
+    /// One millisecond at `t` over a LUN of `num_blocks` blocks.
+    fn step(&mut self, c: &mut Core, t: Instant, num_blocks: u64) {
+        if !matches!(c.admit(32 << 10, t), Admit::Full | Admit::Refuse(_)) {
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            c.write((self.rng % (num_blocks / 64)) * 64, blocks(64, (self.writes % 251) as u8), false).unwrap();
+            self.writes += 1;
+            if self.writes.is_multiple_of(4) {
+                c.flush();
+            }
+        }
+        log_all(c);
+        if let Some(cp) = c.take_checkpoint() {
+            c.checkpoint_durable(cp);
+        }
+    }
+}
+
 #[test]
 fn max_lag_holds_when_the_link_is_the_bottleneck() {
     // A host that writes eight times faster than the link ships, against a 2 s bound: the age
@@ -837,26 +870,13 @@ fn max_lag_holds_when_the_link_is_the_bottleneck() {
     let mut c = Core::new(cfg, l, [1; 16], cp());
     let start = now();
     let step = Duration::from_millis(1);
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut host = FastHost::default();
     let mut out: Option<(GroupPlan, u64, Instant, Instant)> = None;
-    let (mut worst, mut shipped, mut writes) = (Duration::ZERO, 0u64, 0u64);
+    let (mut worst, mut shipped) = (Duration::ZERO, 0u64);
     let secs = 30;
     for i in 0..secs * 1000 {
         let t = start + step * i;
-        if !matches!(c.admit(32 << 10, t), Admit::Full | Admit::Refuse(_)) {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            c.write((rng % (l.num_blocks / 64)) * 64, blocks(64, (i % 251) as u8), false).unwrap();
-            writes += 1;
-            if writes % 4 == 0 {
-                c.flush();
-            }
-        }
-        log_all(&mut c);
-        if let Some(cp) = c.take_checkpoint() {
-            c.checkpoint_durable(cp);
-        }
+        host.step(&mut c, t, l.num_blocks);
         if let Some((plan, encoded, sent, done)) = out.take() {
             if t >= done {
                 c.group_committed(plan.seq, encoded, done - sent, t);
@@ -1005,28 +1025,15 @@ fn plain_remote_under_max_lag(ordered: bool) -> (Duration, f64, Option<f64>) {
     let mut c = Core::new(cfg, l, [1; 16], cp());
     let start = now();
     let step = Duration::from_millis(1);
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut host = FastHost::default();
     // Answers the remote owes: when, and to what (a write's id, or an epoch's flush).
     let mut owed: std::collections::VecDeque<(Instant, Result<u64, u64>)> = std::collections::VecDeque::new();
     let mut free_at = start;
-    let (mut worst, mut moved, mut writes) = (Duration::ZERO, 0u64, 0u64);
+    let (mut worst, mut moved) = (Duration::ZERO, 0u64);
     let secs = 30;
     for i in 0..secs * 1000 {
         let t = start + step * i;
-        if !matches!(c.admit(32 << 10, t), Admit::Full | Admit::Refuse(_)) {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            c.write((rng % (l.num_blocks / 64)) * 64, blocks(64, (i % 251) as u8), false).unwrap();
-            writes += 1;
-            if writes % 4 == 0 {
-                c.flush();
-            }
-        }
-        log_all(&mut c);
-        if let Some(cp) = c.take_checkpoint() {
-            c.checkpoint_durable(cp);
-        }
+        host.step(&mut c, t, l.num_blocks);
         while owed.front().is_some_and(|(at, _)| *at <= t) {
             match owed.pop_front().map(|(_, what)| what) {
                 Some(Ok(id)) => {
