@@ -536,8 +536,11 @@ async fn a_gateway_keeps_no_more_tokens_than_its_bound_and_ships_what_it_gives_u
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(a.token_stats().surrenders >= 16, "{:?}", a.token_stats());
-    let held_at_sg = sg.token_status();
-    assert!(held_at_sg.held_exclusive <= 4, "{held_at_sg:?}");
+    // A gateway forgets a token as it sends the release; the SG counts it until it takes it.
+    while sg.token_status().held_exclusive > 4 {
+        assert!(std::time::Instant::now() < deadline, "the SG counts {:?}", sg.token_status());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for seg in 0..16 {
         assert_eq!(stamp_of(&sg.read(seg * SEG + 3, 1).await.unwrap()), seg + 1, "segment {seg} on the SG");
     }
