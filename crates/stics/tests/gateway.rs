@@ -826,15 +826,13 @@ fn max_lag_bounds_how_far_a_slow_remote_falls_behind_a_faster_host() {
     // as fast as its log did, and the remote fell as far behind as the log's size allowed.
     let remote = SticsTarget::with_luns(Path::new(BIN), IQN, &["disk(mem:256MiB, model=as010a1)"]);
     let dir = tempfile::tempdir().unwrap();
-    let metrics = free_port();
-    let (_gw, port) = gateway_with(
+    let (_gw, port, metrics) = gateway_with_metrics_and(
         &remote.url(0),
         &dir.path().join("log"),
         "log",
         &dir.path().join("gw.log"),
-        &["--max-lag", "2", "--metrics", &format!("127.0.0.1:{metrics}")],
+        &["--max-lag", "2"],
     );
-    assert!(wait_port(metrics, Duration::from_secs(20)), "no metrics endpoint");
     let (rt, lun) = open(port);
     let started = Instant::now();
     let (mut worst, mut polled, mut written) = (0.0f64, started, 0u64);

@@ -66,8 +66,21 @@ pub fn gateway_with(remote: &str, log: &Path, mode: &str, stderr: &Path, extra: 
 
 /// A gateway with its status endpoint: (process, iSCSI port, metrics port).
 pub fn gateway_with_metrics(remote: &str, log: &Path, mode: &str, stderr: &Path) -> (Guard, u16, u16) {
+    gateway_with_metrics_and(remote, log, mode, stderr, &[])
+}
+
+/// [`gateway_with_metrics`] with `extra` arguments (`--max-lag`, ...).
+pub fn gateway_with_metrics_and(
+    remote: &str,
+    log: &Path,
+    mode: &str,
+    stderr: &Path,
+    extra: &[&str],
+) -> (Guard, u16, u16) {
     let metrics = free_port();
-    let (g, port) = gateway_with(remote, log, mode, stderr, &["--metrics", &format!("127.0.0.1:{metrics}")]);
+    let m = format!("127.0.0.1:{metrics}");
+    let args: Vec<&str> = extra.iter().copied().chain(["--metrics", m.as_str()]).collect();
+    let (g, port) = gateway_with(remote, log, mode, stderr, &args);
     assert!(wait_port(metrics, Duration::from_secs(20)), "no metrics endpoint; see {}", stderr.display());
     (g, port, metrics)
 }
