@@ -248,16 +248,13 @@ async fn an_operator_breaks_a_silent_writer_s_token_and_its_late_group_is_refuse
 /// A `stics gateway --shared` in front of the SG's LUN, its log and stderr in `dir` under `name`:
 /// (process, iSCSI port, metrics port).
 fn shared_gateway(sg: &SticsTarget, dir: &Path, name: &str, mode: &str) -> (stics_testkit::proc::Guard, u16, u16) {
-    let metrics = stics_testkit::net::free_port();
-    let (g, port) = gateway_with(
+    gateway_with_metrics_and(
         &sg.url(0),
         &dir.join(format!("{name}.log")),
         mode,
         &dir.join(format!("{name}.err")),
-        &["--shared", "--metrics", &format!("127.0.0.1:{metrics}")],
-    );
-    assert!(stics_testkit::proc::wait_port(metrics, Duration::from_secs(20)), "{name}: no metrics endpoint");
-    (g, port, metrics)
+        &["--shared"],
+    )
 }
 
 /// File `i` of the volume: where it lives and what it holds.
