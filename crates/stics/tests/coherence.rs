@@ -447,15 +447,13 @@ fn a_gateway_cut_off_holds_its_segment_until_the_sg_breaks_it_and_its_voided_wri
     let sg = sg(dir.path(), breaking_journal_lun(dir.path(), 5, 8), metrics);
     let proxy = stics_testkit::net::Proxy::start(sg.port);
     let via = format!("iscsi://127.0.0.1:{}/{}/0", proxy.port, "iqn.2024-01.org.stics.test:sg");
-    let c_metrics = stics_testkit::net::free_port();
-    let (mut c, c_port) = gateway_with(
+    let (mut c, c_port, c_metrics) = gateway_with_metrics_and(
         &via,
         &dir.path().join("c.log"),
         "log",
         &dir.path().join("c.err"),
-        &["--shared", "--lease", "5", "--metrics", &format!("127.0.0.1:{c_metrics}")],
+        &["--shared", "--lease", "5"],
     );
-    assert!(stics_testkit::proc::wait_port(c_metrics, Duration::from_secs(20)));
     let (mut a, a_port) = gateway_with(
         &sg.url(0),
         &dir.path().join("a.log"),
@@ -901,13 +899,12 @@ fn the_history_checker_refuses_a_stale_read_a_lost_write_and_a_read_from_the_fut
 fn a_gateway_started_with_max_tokens_keeps_no_more_and_ships_what_it_gives_up() {
     let dir = tempfile::tempdir().unwrap();
     let sg = sg(dir.path(), journal_lun(dir.path()), stics_testkit::net::free_port());
-    let metrics = stics_testkit::net::free_port();
-    let (_a, a_port) = gateway_with(
+    let (_a, a_port, metrics) = gateway_with_metrics_and(
         &sg.url(0),
         &dir.path().join("a.log"),
         "log",
         &dir.path().join("a.err"),
-        &["--shared", "--max-tokens", "3", "--metrics", &format!("127.0.0.1:{metrics}")],
+        &["--shared", "--max-tokens", "3"],
     );
     let (_b, b_port, _) = shared_gateway(&sg, dir.path(), "b", "log");
     let (rt, lun) = common::open(a_port);
