@@ -116,6 +116,15 @@ impl ReadCache {
         }
     }
 
+    /// Most blocks it holds (0: no read cache).
+    pub fn capacity(&self) -> usize {
+        match &self.store {
+            Store::Off => 0,
+            Store::Lru(c) => c.cap().get(),
+            Store::S3(c) => c.capacity() as usize,
+        }
+    }
+
     /// Blocks held.
     pub fn len(&self) -> usize {
         match &self.store {

@@ -800,8 +800,10 @@ impl Core {
                 let gone = super::data_blocks(gone.iter().map(|(s, e, v)| (*s, *e, v)));
                 debug_assert!(self.newest_data >= gone);
                 self.newest_data = self.newest_data.saturating_sub(gone);
-                // Remote data read before this may predate the write now on the remote.
-                self.invalidate(s, e);
+                // Remote data read before this may predate the write now on the remote. The read
+                // cache's copy of these blocks, if any, is this write's or a newer one's: every
+                // write empties its range there, and remote data never enters it for a dirty block.
+                self.stamp(s, e);
             }
         }
         self.destaged_epoch = epoch;

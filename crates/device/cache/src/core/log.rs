@@ -506,7 +506,7 @@ impl Core {
             for p in &writes {
                 if p.kind.has_slots() {
                     self.log.pending_bytes -= p.data.len() as u64;
-                    self.relocate(p.lba, u64::from(p.blocks), p.write_seq, p.epoch, slot);
+                    self.relocate(p.lba, &p.data, p.write_seq, p.epoch, slot);
                     slot += u64::from(p.blocks) * bs;
                 }
             }

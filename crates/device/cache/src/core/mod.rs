@@ -296,18 +296,37 @@ impl Core {
         self.invalidate(lba, end);
     }
 
-    /// Points the parts of a write still indexed at its log slots once its record is durable.
-    pub(crate) fn relocate(&mut self, lba: u64, blocks: u64, write_seq: u64, epoch: u64, slot: u64) {
+    /// Points the parts of a write (`data` at `lba`) still indexed at its log slots once its
+    /// record is durable, and puts a copy of the parts that are still the newest into the read
+    /// cache (seed 004's DRAM cache holds what was written as well as what was read): reads of
+    /// them are answered from DRAM, before destage and after it.
+    pub(crate) fn relocate(&mut self, lba: u64, data: &Bytes, write_seq: u64, epoch: u64, slot: u64) {
         let bs = u64::from(self.layout.block_size);
-        let end = lba + blocks;
-        let mut to_log = |s: u64, _e: u64, v: &mut Version| {
+        let end = lba + data.len() as u64 / bs;
+        let mut newest: Vec<(u64, u64)> = Vec::new();
+        self.newest.update(lba, end, |s, e, v| {
             if v.write_seq == write_seq {
                 v.loc = Loc::Log(slot + (s.max(lba) - lba) * bs);
+                newest.push((s.max(lba), e.min(end)));
             }
-        };
-        self.newest.update(lba, end, &mut to_log);
+        });
         if let Some(m) = self.epochs.get_mut(&epoch) {
-            m.update(lba, end, &mut to_log);
+            m.update(lba, end, |s, _e, v| {
+                if v.write_seq == write_seq {
+                    v.loc = Loc::Log(slot + (s.max(lba) - lba) * bs);
+                }
+            });
+        }
+        if self.read.cache.capacity() == 0 {
+            return;
+        }
+        // One copy per block: a slice would keep the whole write's buffer alive.
+        for (s, e) in newest {
+            for (i, chunk) in
+                data[((s - lba) * bs) as usize..((e - lba) * bs) as usize].chunks_exact(bs as usize).enumerate()
+            {
+                self.read.cache.insert(s + i as u64, Bytes::copy_from_slice(chunk));
+            }
         }
     }
 

@@ -1,5 +1,7 @@
 //! Read planning: where each block of a host read is (RAM, the log, zeros, the read cache or the
 //! remote), read-ahead for sequential readers, and which remote data may enter the read cache.
+//! The read cache also holds copies of logged writes while they are the newest (`relocate`), so
+//! it is asked before the log as well as before the remote.
 //!
 //! Remote data read for a plan may be stale by the time it arrives: the block may have been
 //! written and destaged meanwhile. Each run of blocks that leaves the dirty index (or that a
@@ -146,15 +148,25 @@ impl Core {
                     Some(Piece::Zero { blocks }) => *blocks += n,
                     _ => pieces.push(Piece::Zero { blocks: n }),
                 },
+                // The read cache holds a copy of a logged write while it is the newest (see
+                // `relocate`): DRAM answers before the log device does.
                 Loc::Log(off) => {
-                    let off = off + (from - s) * bs;
-                    match pieces.last_mut() {
-                        Some(Piece::Log { offset, blocks }) if *offset + u64::from(*blocks) * bs == off => *blocks += n,
-                        _ => {
-                            // Records are separated by their headers, so a run of adjacent slots
-                            // lies in one record: it is looked up once per run.
-                            pieces.push(Piece::Log { offset: off, blocks: n });
-                            pinned.extend(log.record_of(off));
+                    for b in from..to {
+                        if let Some(block) = read.cache.get(b) {
+                            pieces.push(Piece::Ram(block));
+                            continue;
+                        }
+                        let off = off + (b - s) * bs;
+                        match pieces.last_mut() {
+                            Some(Piece::Log { offset, blocks }) if *offset + u64::from(*blocks) * bs == off => {
+                                *blocks += 1;
+                            }
+                            _ => {
+                                // Records are separated by their headers, so a run of adjacent
+                                // slots lies in one record: it is looked up once per run.
+                                pieces.push(Piece::Log { offset: off, blocks: 1 });
+                                pinned.extend(log.record_of(off));
+                            }
                         }
                     }
                 }
@@ -240,8 +252,15 @@ impl Core {
     /// Remote data for blocks `start..end` read before now may be stale: it never enters the
     /// read cache, and the read cache forgets them.
     pub(crate) fn invalidate(&mut self, start: u64, end: u64) {
+        self.read.cache.remove_range(start, end);
+        self.stamp(start, end);
+    }
+
+    /// Remote data for blocks `start..end` read before now may be stale: it never enters the
+    /// read cache. What the read cache holds of them stays: that is for a write's blocks that
+    /// just reached the remote, where the cache can only hold that write's copy or a newer one.
+    pub(crate) fn stamp(&mut self, start: u64, end: u64) {
         let r = &mut self.read;
-        r.cache.remove_range(start, end);
         r.clock += 1;
         if !r.waiting() {
             return;

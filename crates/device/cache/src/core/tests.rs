@@ -218,7 +218,8 @@ fn the_next_epoch_is_destaged_only_after_the_checkpoint_is_durable() {
 
 #[test]
 fn reads_merge_ram_log_zeros_and_remote_in_block_order() {
-    let mut c = core(Mode::Immediate);
+    // Without a read cache, logged blocks are read from their slots.
+    let mut c = Core::new(Config { read_cache_bytes: 0, ..cfg(Mode::Immediate) }, layout(false), [1; 16], cp());
     c.write(2, blocks(2, 1), false).expect("write");
     log_all(&mut c);
     c.write(4, blocks(1, 2), false).expect("write");
@@ -249,9 +250,67 @@ fn remote_data_is_cached_unless_a_destage_raced_it() {
     let (_, sync) = destage_epoch(&mut c);
     assert!(c.synced(sync.expect("sync"), 0, now()));
     c.finish_read(stale.generation, &[(8, blocks(2, 0))]);
-    assert_eq!(c.read(9, 1).expect("plan").pieces, vec![Piece::Remote { lba: 9, blocks: 1 }]);
+    // Block 9 reads as the write (the read cache's copy of it), not the stale remote data.
+    assert!(matches!(&c.read(9, 1).expect("plan").pieces[..], [Piece::Ram(b)] if b[..] == blocks(1, 1)[..]));
     // Block 8 was not written: its data is good and cached.
-    assert!(matches!(&c.read(8, 1).expect("plan").pieces[..], [Piece::Ram(_)]));
+    assert!(matches!(&c.read(8, 1).expect("plan").pieces[..], [Piece::Ram(b)] if b[0] == 0));
+}
+
+#[test]
+fn a_logged_write_is_read_from_dram_before_and_after_destage() {
+    for mode in [Mode::Log, Mode::Immediate] {
+        let mut c = core(mode);
+        c.write(2, blocks(3, 4), false).expect("write");
+        log_all(&mut c);
+        let plan = c.read(0, 6).expect("plan");
+        assert_eq!(plan.pieces.len(), 5, "{mode:?}: {:?}", plan.pieces);
+        assert!(plan.pieces[1..4].iter().all(|p| matches!(p, Piece::Ram(b) if b[..] == blocks(1, 4)[..])));
+        assert!(plan.pinned.is_empty(), "{mode:?}: no log slot is read");
+        c.unpin(&plan.pinned);
+        drain(&mut c);
+        let plan = c.read(2, 3).expect("plan");
+        assert!(plan.pieces.iter().all(|p| matches!(p, Piece::Ram(b) if b[..] == blocks(1, 4)[..])), "{mode:?}");
+        assert!(!plan.has_remote(), "{mode:?}: destaged blocks stay in DRAM");
+    }
+}
+
+#[test]
+fn only_the_newest_write_of_a_block_enters_the_read_cache() {
+    let mut c = core(Mode::Immediate);
+    c.write(7, blocks(2, 1), false).expect("write");
+    c.write(8, blocks(1, 2), false).expect("write");
+    log_all(&mut c);
+    drain(&mut c);
+    let plan = c.read(7, 2).expect("plan");
+    assert!(matches!(&plan.pieces[..], [Piece::Ram(a), Piece::Ram(b)] if a[0] == 1 && b[0] == 2), "{:?}", plan.pieces);
+    // A write whose record becomes durable after a newer write to the block came in.
+    c.write(20, blocks(1, 5), false).expect("write");
+    let first = c.next_record().expect("a record");
+    c.write(20, blocks(1, 6), false).expect("write");
+    c.record_durable(first.seq);
+    assert!(matches!(&c.read(20, 1).expect("plan").pieces[..], [Piece::Ram(b)] if b[0] == 6));
+    drain(&mut c);
+    assert!(matches!(&c.read(20, 1).expect("plan").pieces[..], [Piece::Ram(b)] if b[0] == 6));
+}
+
+#[test]
+fn a_zeroed_or_forgotten_block_loses_its_copy_and_an_evicted_one_is_read_from_its_slot() {
+    let mut c = core(Mode::Log);
+    c.write(30, blocks(2, 3), false).expect("write");
+    log_all(&mut c);
+    c.zero(30, 1, false).expect("zero");
+    c.forget(31, 1).expect("forget");
+    log_all(&mut c);
+    let plan = c.read(30, 2).expect("plan");
+    assert_eq!(plan.pieces, vec![Piece::Zero { blocks: 1 }, Piece::Remote { lba: 31, blocks: 1 }]);
+    // More writes than the read cache holds (64 blocks): the first ones are read from the log.
+    c.write(100, blocks(96, 8), false).expect("write");
+    log_all(&mut c);
+    let plan = c.read(100, 96).expect("plan");
+    assert!(matches!(plan.pieces[0], Piece::Log { blocks: 32, .. }), "{:?}", &plan.pieces[..2]);
+    assert!(plan.pieces[1..].iter().all(|p| matches!(p, Piece::Ram(b) if b[0] == 8)));
+    assert_eq!(plan.pinned.len(), 1);
+    c.unpin(&plan.pinned);
 }
 
 #[test]
