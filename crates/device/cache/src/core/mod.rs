@@ -303,18 +303,23 @@ impl Core {
     pub(crate) fn relocate(&mut self, lba: u64, data: &Bytes, write_seq: u64, epoch: u64, slot: u64) {
         let bs = u64::from(self.layout.block_size);
         let end = lba + data.len() as u64 / bs;
+        // True for this write's parts, which it points at their slots.
+        let to_log = |s: u64, v: &mut Version| {
+            let ours = v.write_seq == write_seq;
+            if ours {
+                v.loc = Loc::Log(slot + (s.max(lba) - lba) * bs);
+            }
+            ours
+        };
         let mut newest: Vec<(u64, u64)> = Vec::new();
         self.newest.update(lba, end, |s, e, v| {
-            if v.write_seq == write_seq {
-                v.loc = Loc::Log(slot + (s.max(lba) - lba) * bs);
+            if to_log(s, v) {
                 newest.push((s.max(lba), e.min(end)));
             }
         });
         if let Some(m) = self.epochs.get_mut(&epoch) {
             m.update(lba, end, |s, _e, v| {
-                if v.write_seq == write_seq {
-                    v.loc = Loc::Log(slot + (s.max(lba) - lba) * bs);
-                }
+                to_log(s, v);
             });
         }
         if self.read.cache.capacity() == 0 {
