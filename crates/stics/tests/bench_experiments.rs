@@ -1,6 +1,6 @@
-//! What `stics bench` does around its experiments: an interrupted run cleans up after itself, and
-//! the full-size PostMark slices merge into one table. The experiments themselves run whole in
-//! `bench_all.rs`.
+//! What `stics bench` does around its experiments: an interrupted run cleans up after itself, the
+//! full-size PostMark slices merge into one table, and a read cache policy reaches its gateways.
+//! The experiments themselves run whole in `bench_all.rs`.
 
 use std::process::Command;
 
@@ -147,4 +147,36 @@ fn an_ext4_another_mount_namespace_still_has_is_named_not_checked() {
     released(&img, Duration::from_secs(30)).expect("gone with the namespace that had it");
     let fsck = Command::new("e2fsck").arg("-fn").arg(&img).output().unwrap();
     assert!(fsck.status.success(), "{}", String::from_utf8_lossy(&fsck.stdout));
+}
+
+/// `--read-cache-policy` reaches the gateways the bench starts (the commands it keeps say so and
+/// the caption names the policy); a policy the gateway does not know is refused before anything
+/// starts.
+#[test]
+fn a_read_cache_policy_reaches_the_gateways_and_an_unknown_one_is_refused() {
+    let _serial = stics_testkit::proc::one_at_a_time();
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_stics"))
+        .args(["bench", "postmark", "--quick", "--reps", "1", "--paths", "immediate", "--read-cache-policy", "lru"])
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .expect("run stics bench");
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let commands = std::fs::read_to_string(out.path().join("postmark/commands.txt")).unwrap();
+    let gateways: Vec<&str> = commands.lines().filter(|l| l.contains(" gateway ")).collect();
+    assert!(!gateways.is_empty(), "{commands}");
+    for g in &gateways {
+        assert!(g.contains("--policy lru"), "{g}");
+    }
+    let report = std::fs::read_to_string(out.path().join("postmark/report.md")).unwrap();
+    assert!(report.contains("the gateway's read cache LRU"), "{report}");
+
+    let run = Command::new(env!("CARGO_BIN_EXE_stics"))
+        .args(["bench", "postmark", "--quick", "--read-cache-policy", "fifo"])
+        .output()
+        .unwrap();
+    assert!(!run.status.success());
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(err.contains("fifo") && err.contains("s3fifo") && err.contains("lru"), "{err}");
 }

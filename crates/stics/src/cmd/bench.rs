@@ -69,6 +69,11 @@ struct Common {
     /// 004's log was an IDE disk (as010a1 is its Maxtor); default the file as it is.
     #[arg(long, global = true, value_name = "MODEL")]
     log_disk: Option<stics_disk::Preset>,
+    /// The read cache policy of every gateway (`stics gateway --policy`): lru, as seed 004's,
+    /// keeps a written block while it is among the most recently used; s3fifo, the gateway's
+    /// default, lets a block through a small probation queue first.
+    #[arg(long, global = true, value_name = "POLICY", value_parser = ["s3fifo", "lru"])]
+    read_cache_policy: Option<String>,
     /// Mount the benchmarks' ext4 with its default options (an ordinary file system, as seed
     /// 004 ran PostMark) instead of `-o sync`, which makes every write reach the device.
     #[arg(long, global = true)]
@@ -207,6 +212,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         host_memory: c.host_memory,
         remote_disk: c.remote_disk,
         log_disk: c.log_disk,
+        read_cache_policy: c.read_cache_policy.clone(),
         ext4_default: c.ext4_default,
         loop_direct_io: c.loop_direct_io,
     })?;

@@ -34,6 +34,8 @@ pub struct Options {
     pub remote_disk: Option<stics_disk::Preset>,
     /// Put every gateway's log behind this disk model (seed 004's log disk).
     pub log_disk: Option<stics_disk::Preset>,
+    /// Every gateway's read cache policy (`stics gateway --policy`); `None` keeps its default.
+    pub read_cache_policy: Option<String>,
     /// Mount the benchmarks' ext4 with its default options instead of `-o sync`.
     pub ext4_default: bool,
     /// Put the loop device under the host's ext4 on direct I/O (see [`crate::exp::fs::mount_ext4`]).
@@ -170,6 +172,11 @@ impl Bench {
     /// The disk model under gateways' logs, if any.
     pub fn log_disk(&self) -> Option<stics_disk::Preset> {
         self.opts.log_disk
+    }
+
+    /// The read cache policy every gateway is started with, if not its default.
+    pub fn read_cache_policy(&self) -> Option<&str> {
+        self.opts.read_cache_policy.as_deref()
     }
 
     /// The disk model under remote LUNs, if any.

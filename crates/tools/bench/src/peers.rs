@@ -458,6 +458,9 @@ impl Wan {
             .args(["--log", &o.log, "--mode", &o.mode, "--ram", &o.ram, "--read-cache", &o.read_cache])
             .args(&o.extra)
             .args(["--metrics", &metrics]);
+        if let Some(p) = b.read_cache_policy() {
+            cmd.args(["--policy", p]);
+        }
         let mut proc = b.spawn(name, &mut cmd)?;
         self.wait_port(&mut proc, role, "127.0.0.1", port)?;
         self.wait_port(&mut proc, role, "127.0.0.1", 9110 + n)?;
@@ -489,6 +492,9 @@ impl Wan {
             .args(["--metrics", "127.0.0.1:9100"]);
         if let Some(m) = b.log_disk() {
             cmd.args(["--log-disk", m.name()]);
+        }
+        if let Some(p) = b.read_cache_policy() {
+            cmd.args(["--policy", p]);
         }
         let mut proc = b.spawn(name, &mut cmd)?;
         self.wait_port(&mut proc, role, addr, port)?;

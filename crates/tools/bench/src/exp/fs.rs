@@ -513,6 +513,9 @@ pub fn setup(b: &Bench) -> String {
     if let Some(m) = b.log_disk() {
         s += &format!("; the gateway's log on the {m} disk model");
     }
+    if let Some(p) = b.read_cache_policy() {
+        s += &format!("; the gateway's read cache {}", if p == "lru" { "LRU" } else { "S3-FIFO" });
+    }
     if let Some(m) = b.host_memory() {
         s += &format!("; the host's memory bounded to {} MiB by a memory cgroup", m >> 20);
     }
