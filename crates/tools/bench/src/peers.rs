@@ -452,25 +452,7 @@ impl Wan {
         remote: &str,
         o: &GatewayOptions,
     ) -> Result<Gateway> {
-        let (port, metrics) = (3270 + n, format!("127.0.0.1:{}", 9110 + n));
-        let mut cmd = self.exec(role, b.stics());
-        cmd.args(["gateway", "--listen", &format!("127.0.0.1:{port}"), "--iqn", GATEWAY_IQN, "--remote", remote])
-            .args(["--log", &o.log, "--mode", &o.mode, "--ram", &o.ram, "--read-cache", &o.read_cache])
-            .args(&o.extra)
-            .args(["--metrics", &metrics]);
-        if let Some(p) = b.read_cache_policy() {
-            cmd.args(["--policy", p]);
-        }
-        let mut proc = b.spawn(name, &mut cmd)?;
-        self.wait_port(&mut proc, role, "127.0.0.1", port)?;
-        self.wait_port(&mut proc, role, "127.0.0.1", 9110 + n)?;
-        Ok(Gateway {
-            proc,
-            url: format!("iscsi://127.0.0.1:{port}/{GATEWAY_IQN}/0"),
-            metrics,
-            remote: remote.to_owned(),
-            role: role.to_owned(),
-        })
+        self.start_gateway(b, name, role, ("127.0.0.1", 3270 + n, 9110 + n), remote, o, None)
     }
 
     /// `stics gateway` in `role`'s namespace serving on `addr`:3261 (so that it may share the
@@ -485,12 +467,30 @@ impl Wan {
         o: &GatewayOptions,
     ) -> Result<Gateway> {
         let port = if addr == "127.0.0.1" { 3260 } else { 3261 };
+        self.start_gateway(b, name, role, (addr, port, 9100), remote, o, b.log_disk())
+    }
+
+    /// `stics gateway` in `role`'s namespace serving on `addr:port` with its metrics on
+    /// 127.0.0.1:`metrics_port`, caching `remote`, its log behind `log_disk` if given; returns
+    /// once both ports answer.
+    #[allow(clippy::too_many_arguments)]
+    fn start_gateway(
+        &self,
+        b: &Bench,
+        name: &str,
+        role: &str,
+        (addr, port, metrics_port): (&str, u16, u16),
+        remote: &str,
+        o: &GatewayOptions,
+        log_disk: Option<stics_disk::Preset>,
+    ) -> Result<Gateway> {
+        let metrics = format!("127.0.0.1:{metrics_port}");
         let mut cmd = self.exec(role, b.stics());
         cmd.args(["gateway", "--listen", &format!("{addr}:{port}"), "--iqn", GATEWAY_IQN, "--remote", remote])
             .args(["--log", &o.log, "--mode", &o.mode, "--ram", &o.ram, "--read-cache", &o.read_cache])
             .args(&o.extra)
-            .args(["--metrics", "127.0.0.1:9100"]);
-        if let Some(m) = b.log_disk() {
+            .args(["--metrics", &metrics]);
+        if let Some(m) = log_disk {
             cmd.args(["--log-disk", m.name()]);
         }
         if let Some(p) = b.read_cache_policy() {
@@ -498,11 +498,11 @@ impl Wan {
         }
         let mut proc = b.spawn(name, &mut cmd)?;
         self.wait_port(&mut proc, role, addr, port)?;
-        self.wait_port(&mut proc, role, "127.0.0.1", 9100)?;
+        self.wait_port(&mut proc, role, "127.0.0.1", metrics_port)?;
         Ok(Gateway {
             proc,
             url: format!("iscsi://{addr}:{port}/{GATEWAY_IQN}/0"),
-            metrics: "127.0.0.1:9100".into(),
+            metrics,
             remote: remote.to_owned(),
             role: role.to_owned(),
         })
